@@ -1,0 +1,83 @@
+"""StepModule: a Hugging Face Llama-family model rewritten to the step contract.
+
+It reuses the checkpoint's own submodules (embeddings, norms, projections, MLP, rotary embedding, head)
+and replaces only the attention core, so that the mask is the caller's general boolean mask
+[B, T, S + T] (chains, trees, holes, ragged batches) instead of a causal mask built inside the graph,
+and so that only the K/V of the T new tokens comes out. The same module is exported to ONNX and run by
+TorchBackend, so both backends compute the same function.
+
+Invariants: a row whose mask is all False produces finite garbage (never NaN), and is never read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specrt.errors import UnsupportedModelError
+from specrt.contract import SUPPORTED_MODEL_TYPES
+
+
+def check_supported(config) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type={model_type!r} is not supported by the step-graph exporter "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    rope = getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) == "dynamic":
+        raise UnsupportedModelError("dynamic RoPE scaling changes with sequence length and cannot be a static step graph")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class StepModule(nn.Module):
+    """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer."""
+
+    def __init__(self, hf_model):
+        super().__init__()
+        config = hf_model.config
+        check_supported(config)
+        self.hf = hf_model
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
+        # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]
+        inner = self.hf.model
+        batch, num_tokens = input_ids.shape
+        x = inner.embed_tokens(input_ids)  # [B, T, hidden]
+        cos, sin = inner.rotary_emb(x, position_ids)  # [B, T, D]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+        neg = torch.finfo(x.dtype).min
+        bias = torch.where(attention_mask, 0.0, neg).to(x.dtype).unsqueeze(1)  # [B, 1, T, S + T]
+        groups = self.num_heads // self.num_kv_heads
+        new_kv = []
+        for layer_idx, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin  # [B, H, T, D]
+            k = k * cos + _rotate_half(k) * sin  # [B, Hkv, T, D]
+            new_kv += [k, v]
+            keys = torch.cat([past[2 * layer_idx], k], dim=2)  # [B, Hkv, S + T, D]
+            values = torch.cat([past[2 * layer_idx + 1], v], dim=2)
+            if groups > 1:
+                keys = keys.repeat_interleave(groups, dim=1)  # [B, H, S + T, D]
+                values = values.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling + bias  # [B, H, T, S + T]
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = torch.matmul(probs, values).transpose(1, 2).reshape(batch, num_tokens, -1)  # [B, T, H*D]
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits = self.hf.lm_head(inner.norm(x)).float()  # [B, T, V]
+        return (logits, *new_kv)

@@ -1,0 +1,85 @@
+"""KVCache: the runtime-owned K/V of one model for a batch of sequences.
+
+One buffer [L, 2, B, Hkv, S, D] (S = capacity) holds every layer's keys (index 0) and values (index 1);
+`layer_views(l)` are contiguous [B, Hkv, S, D] slices bound in place as past_key.{l} / past_value.{l}.
+
+Invariants:
+- Sequence b's K/V occupies slots [0, lengths[b]); slots >= lengths[b] are garbage and every step's
+  attention mask hides them. Rolling back drafted rows is `truncate` (moving a length): free.
+- Only rows a caller chooses are written (`append`, `append_rows`): rejected drafts never enter.
+- Capacity grows in buckets (multiples of `bucket`, capped at `max_capacity`), never per token;
+  a growth copies the committed prefix once. Per-step work is independent of context length.
+- The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
+  module only slices and assigns, which both support.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specrt.errors import InvalidRequestError
+
+
+class KVCache:
+    def __init__(self, allocate: Callable[[tuple[int, ...]], object], num_layers: int, batch: int,
+                 num_kv_heads: int, head_dim: int, max_capacity: int, bucket: int = 128):
+        self._allocate = allocate  # shape -> zero-initialised array of the backend's kind
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.max_capacity = max_capacity
+        self.bucket = bucket
+        self.lengths = np.zeros(batch, dtype=np.int64)  # [B] rows each sequence has in the cache
+        self.capacity = 0
+        self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def layer_views(self, layer: int) -> tuple[object, object]:
+        """(keys, values) of one layer, each [B, Hkv, S, D], contiguous."""
+        return self.buffer[layer, 0], self.buffer[layer, 1]
+
+    def reserve(self, needed: int) -> bool:
+        """Make room for `needed` slots per sequence; returns True if the buffer was reallocated."""
+        if needed <= self.capacity:
+            return False
+        if needed > self.max_capacity:
+            raise InvalidRequestError(f"context of {needed} tokens exceeds the model's maximum of {self.max_capacity}")
+        capacity = min(self.max_capacity, -(-needed // self.bucket) * self.bucket)
+        grown = self._allocate((self.num_layers, 2, self.batch, self.num_kv_heads, capacity, self.head_dim))
+        used = int(self.lengths.max(initial=0))
+        grown[:, :, :, :, :used] = self.buffer[:, :, :, :, :used]
+        self.buffer, self.capacity = grown, capacity
+        return True
+
+    def append(self, new_kv, counts: Sequence[int]) -> None:
+        """Append the first counts[b] rows of new_kv [L, 2, B, Hkv, T, D] to each sequence b."""
+        for b, n in enumerate(counts):
+            if n:
+                start = int(self.lengths[b])
+                self.buffer[:, :, b, :, start:start + n] = new_kv[:, :, b, :, :n]
+                self.lengths[b] = start + n
+
+    def append_rows(self, new_kv, b: int, rows: Sequence[int]) -> None:
+        """Append chosen rows (e.g. an accepted tree path) of sequence b's new_kv, compacted in order."""
+        start = int(self.lengths[b])
+        for i, row in enumerate(rows):
+            self.buffer[:, :, b, :, start + i] = new_kv[:, :, b, :, row]
+        self.lengths[b] = start + len(rows)
+
+    def truncate(self, b: int, length: int) -> None:
+        """Roll sequence b back to `length` rows (drafted rows beyond it become garbage)."""
+        if not 0 <= length <= self.lengths[b]:
+            raise ValueError(f"cannot truncate sequence {b} from {self.lengths[b]} to {length}")
+        self.lengths[b] = length
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only the given batch rows (sequences that finished leave the batch)."""
+        rows = list(rows)
+        kept = self._allocate((self.num_layers, 2, len(rows), self.num_kv_heads, self.capacity, self.head_dim))
+        kept[...] = self.buffer[:, :, rows]
+        self.buffer, self.lengths = kept, self.lengths[rows].copy()

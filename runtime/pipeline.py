@@ -1,0 +1,155 @@
+"""Pipeline: the embedded API.
+
+    pipe = Pipeline.load("build/demo")                       # ONNX Runtime on the CPU
+    out = pipe.generate(["def add(a, b):"], method="sd", max_new_tokens=64)
+    out[0].text, out[0].token_ids, out[0].stats
+    for piece in pipe.stream("def add(a, b):"): print(piece, end="")
+
+Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive" has no drafter, "sd"
+drafts a chain with the draft model. Greedy when temperature == 0, lossless rejection sampling otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specrt.errors import BundleError, InvalidRequestError
+from specrt.manifest import load_manifest, model_entry
+from specrt.runtime.backends import BACKENDS, load_backend
+from specrt.runtime.drafters import DraftModelDrafter
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.scheduler import Scheduler, Sequence_
+from specrt.runtime.verify import make_verifier
+
+METHODS = ("autoregressive", "sd")
+
+
+@dataclass
+class Generation:
+    text: str  # decoded new tokens (special tokens skipped)
+    token_ids: list[int]  # new tokens only (EOS included when generation stopped at it)
+    finish_reason: str  # "eos" or "length"
+    prompt_tokens: int
+    stats: dict  # Stats.as_dict(): calls, accepted-length histogram, per-stage seconds
+
+
+class Pipeline:
+    def __init__(self, bundle: Path, manifest: dict, tokenizer, target, draft, bucket: int = 128):
+        self.bundle = bundle
+        self.manifest = manifest
+        self.tokenizer = tokenizer  # tokenizers.Tokenizer
+        self.target = target  # Backend
+        self.draft = draft  # Backend
+        self.eos_id = manifest.get("eos_token_id")
+        self.bucket = bucket
+        self.max_context = min(target.entry.max_positions, draft.entry.max_positions)
+
+    @classmethod
+    def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
+             verify: bool = True) -> "Pipeline":
+        """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest."""
+        from tokenizers import Tokenizer
+
+        if backend not in BACKENDS:
+            raise InvalidRequestError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        bundle = Path(bundle)
+        manifest = load_manifest(bundle, verify=verify)
+        tok_file = bundle / manifest["tokenizer"] / "tokenizer.json"
+        try:
+            tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as e:  # the tokenizers library raises its own exception type
+            raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
+        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device) for role in ("target", "draft")]
+        return cls(bundle, manifest, tokenizer, *models)
+
+    # -- requests -------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        else:
+            ids = [int(t) for t in prompt]
+            vocab = self.target.entry.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        if not ids:
+            raise InvalidRequestError("empty prompt: give at least one token")
+        return ids
+
+    def _scheduler(self, method: str, params: SamplingParams, num_draft_tokens: int) -> Scheduler:
+        if method not in METHODS:
+            raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+        if num_draft_tokens < 1:
+            raise InvalidRequestError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        drafter = DraftModelDrafter(self.draft, num_draft_tokens, self.bucket) if method == "sd" else None
+        return Scheduler(self.target, drafter, make_verifier(params), self.eos_id, self.bucket)
+
+    def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[Sequence_]:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        seqs = []
+        for i, p in enumerate(prompts):
+            ids = self.encode(p)
+            need = len(ids) + max_new_tokens + slack
+            if need > self.max_context:
+                raise InvalidRequestError(
+                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} and {slack} draft slots "
+                    f"it needs {need} positions, more than the context of {self.max_context}")
+            seqs.append(Sequence_(i, ids, max_new_tokens, slack))
+        return seqs
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
+                 max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0, num_draft_tokens: int = 4, batch_size: int = 1, progress: bool = False):
+        """Generate for each prompt (a string or token ids); a single string returns one Generation.
+
+        Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
+        """
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else list(prompts)
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+        if batch_size < 1:
+            raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
+        params = SamplingParams(temperature, top_k, top_p)
+        scheduler = self._scheduler(method, params, num_draft_tokens)
+        seqs = self._sequences(prompts, max_new_tokens, num_draft_tokens + 1 if method != "autoregressive" else 1)
+        rng = np.random.default_rng(seed)
+        batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
+        if progress:
+            from tqdm import tqdm
+            batches = tqdm(batches, desc=method, unit="batch")
+        for batch in batches:
+            for _ in scheduler.run(batch, params, rng):
+                pass
+        results = [self._result(s) for s in seqs]
+        return results[0] if single else results
+
+    def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               num_draft_tokens: int = 4) -> Iterator[str]:
+        """Yield text pieces of one prompt's continuation as rounds are accepted."""
+        params = SamplingParams(temperature, top_k, top_p)
+        scheduler = self._scheduler(method, params, num_draft_tokens)
+        seq = self._sequences([prompt], max_new_tokens, num_draft_tokens + 1)[0]
+        shown = ""
+        for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
+            text = self.decode(seq.new_tokens)
+            if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+                continue
+            if len(text) > len(shown):
+                yield text[len(shown):]
+                shown = text
+        text = self.decode(seq.new_tokens)
+        if len(text) > len(shown):
+            yield text[len(shown):]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)
+
+    def _result(self, s: Sequence_) -> Generation:
+        ids = [int(t) for t in s.new_tokens]
+        return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats.as_dict())

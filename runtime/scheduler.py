@@ -1,0 +1,162 @@
+"""Scheduler: the one decode loop. Every method is a Drafter + Verifier pair run by it.
+
+Per round, for the live sequences of a batch: the drafter proposes one DraftTree each; one target step
+scores root + nodes of every tree (ragged rows, no KV padding); the verifier picks each sequence's
+accepted path and bonus token; the target cache appends only the root and the accepted path
+(compacted), the drafter commits its own state; emitted tokens are appended, truncated at EOS and at
+max_new_tokens. Finished sequences leave the batch independently.
+
+Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the last token is the root.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specrt.runtime.backends import Backend
+from specrt.runtime.drafters import Drafter
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.step_inputs import pack_step
+from specrt.runtime.tree import DraftTree
+
+
+@dataclass
+class Stats:
+    target_calls: int = 0  # target steps this sequence took part in (prefill included)
+    draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
+    accepted: Counter = field(default_factory=Counter)  # {drafted tokens accepted in a round: rounds}
+    # wall seconds: prefill; per round, drafting, the target step, and host = round time outside any
+    # model call (draft or target); total = the whole generate call for this sequence's batch
+    seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "target": 0.0, "host": 0.0, "total": 0.0})
+
+    @property
+    def rounds(self) -> int:
+        return sum(self.accepted.values())
+
+    @property
+    def mean_accepted(self) -> float:
+        return sum(k * v for k, v in self.accepted.items()) / max(1, self.rounds)
+
+    def as_dict(self) -> dict:
+        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
+                "accepted_hist": dict(sorted(self.accepted.items())), "mean_accepted": self.mean_accepted,
+                "seconds": dict(self.seconds)}
+
+
+class Sequence_:
+    """One request's tokens in a preallocated buffer (appends never copy the history)."""
+
+    def __init__(self, index: int, prompt: Sequence[int], max_new_tokens: int, slack: int):
+        self.index = index  # position in the caller's list of prompts
+        self.prompt_len = len(prompt)
+        self.max_new_tokens = max_new_tokens
+        self._buf = np.zeros(len(prompt) + max_new_tokens + slack, dtype=np.int64)
+        self._buf[: len(prompt)] = prompt
+        self._len = len(prompt)
+        self.stats = Stats()
+        self.finished = False
+        self.finish_reason = None  # "eos" or "length"
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._buf[: self._len]
+
+    @property
+    def new_tokens(self) -> np.ndarray:
+        return self._buf[self.prompt_len: self._len]
+
+    def extend(self, emitted: Sequence[int], eos_id: int | None) -> list[int]:
+        """Append emitted tokens, stopping after EOS or at max_new_tokens; returns what was appended."""
+        room = self.max_new_tokens - (self._len - self.prompt_len)
+        out = list(emitted[:room])
+        if eos_id is not None and eos_id in out:
+            out = out[: out.index(eos_id) + 1]
+            self.finished, self.finish_reason = True, "eos"
+        self._buf[self._len: self._len + len(out)] = out
+        self._len += len(out)
+        if not self.finished and self._len - self.prompt_len >= self.max_new_tokens:
+            self.finished, self.finish_reason = True, "length"
+        return out
+
+
+class Scheduler:
+    def __init__(self, target: Backend, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128):
+        self.target = target
+        self.drafter = drafter
+        self.verifier = verifier
+        self.eos_id = eos_id
+        self.bucket = bucket
+
+    def run(self, seqs: list[Sequence_], params: SamplingParams, rng: np.random.Generator) -> Iterator[tuple[Sequence_, list[int]]]:
+        """Decode the batch; yields (sequence, tokens appended this round) as they come."""
+        t_start = time.perf_counter()
+        live = list(seqs)
+        cache = self.target.new_cache(len(live), self.bucket)
+        t0 = time.perf_counter()
+        feed = [s.tokens[:-1] for s in live]
+        if max(len(f) for f in feed):
+            cache.reserve(max(len(f) for f in feed))
+            ids, pos, mask = pack_step(cache, feed, [np.arange(len(f)) for f in feed])
+            _, new_kv = self.target.step(ids, pos, mask, cache)
+            cache.append(new_kv, [len(f) for f in feed])
+            for s in live:
+                s.stats.target_calls += 1
+        if self.drafter is not None:
+            self.drafter.start(live)
+            for s in live:
+                s.stats.draft_calls += 1
+        for s in live:
+            s.stats.seconds["prefill"] += time.perf_counter() - t0
+        while live:
+            t_round = time.perf_counter()
+            if self.drafter is not None:
+                trees = self.drafter.propose(live, params, rng)
+                t_draft, draft_calls = self.drafter.seconds, self.drafter.num_calls
+                t_draft_model = self.drafter.backend_seconds
+            else:
+                trees, t_draft, draft_calls, t_draft_model = [DraftTree.empty()] * len(live), 0.0, 0, 0.0
+            rows = [np.concatenate(([s.tokens[-1]], t.tokens)) for s, t in zip(live, trees)]
+            cache.reserve(int(max(cache.lengths + np.asarray([len(r) for r in rows]))))
+            positions = [cache.lengths[b] + t.depths() for b, t in enumerate(trees)]
+            blocks = [None if t.is_chain else t.mask() for t in trees]
+            ids, pos, mask = pack_step(cache, rows, positions, blocks)
+            t1 = time.perf_counter()
+            logits, new_kv = self.target.step(ids, pos, mask, cache)
+            t_target = time.perf_counter() - t1
+            verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng) for b, t in enumerate(trees)]
+            if all(t.is_chain for t in trees):  # accepted rows are a prefix: one slice copy each
+                cache.append(new_kv, [len(v.path) + 1 for v in verdicts])
+            else:
+                for b, v in enumerate(verdicts):
+                    cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
+            if self.drafter is not None:
+                self.drafter.commit(live, verdicts)
+            appended = []
+            for s, t, v in zip(live, trees, verdicts):
+                out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
+                appended.append(out)
+            t_total = time.perf_counter() - t_round
+            for s, v, out in zip(live, verdicts, appended):
+                st = s.stats
+                st.target_calls += 1
+                st.draft_calls += draft_calls
+                st.accepted[len(v.path)] += 1
+                st.seconds["draft"] += t_draft
+                st.seconds["target"] += t_target
+                st.seconds["host"] += t_total - t_draft_model - t_target
+            for s, out in zip(live, appended):
+                yield s, out
+            keep = [b for b, s in enumerate(live) if not s.finished]
+            if len(keep) < len(live):
+                live = [live[b] for b in keep]
+                if live:
+                    cache.keep(keep)
+                    if self.drafter is not None:
+                        self.drafter.keep(keep)
+        for s in seqs:
+            s.stats.seconds["total"] = time.perf_counter() - t_start

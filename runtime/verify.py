@@ -1,0 +1,74 @@
+"""Verifiers: from the target's logits over a DraftTree, the accepted path and the bonus token.
+
+`logits` rows follow the tree's step rows: row 0 is the root, row i + 1 is node i (see tree.py).
+
+- GreedyVerifier: follow the child whose token equals the target's argmax; bonus = argmax after the
+  path. Output is token-identical to greedy autoregressive decoding.
+- RejectionVerifier: lossless sampling (Leviathan et al. 2023; Chen et al. 2023), in SpecInfer's
+  multi-round form over siblings: at each node, try its children in order, accepting child x with
+  probability min(1, p(x) / q(x)); after a rejection p becomes norm(max(p - q, 0)). When no child is
+  accepted the bonus is sampled from the current p. For a chain this is exactly the classic rule, and
+  emitted tokens are distributed as the target's warped distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.runtime.sampling import SamplingParams, sample, warp
+from specrt.runtime.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    path: list[int]  # accepted nodes, root to leaf
+    bonus: int  # token emitted by the target after the path
+
+
+class GreedyVerifier:
+    def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+        best = logits.argmax(axis=-1)  # [N + 1]
+        path: list[int] = []
+        node = -1
+        if tree.is_chain:
+            matches = tree.tokens == best[:-1]
+            num = len(tree) if matches.all() else int(np.argmin(matches))
+            return Verdict(list(range(num)), int(best[num]))
+        while True:
+            hit = [c for c in tree.children(node) if tree.tokens[c] == best[node + 1]]
+            if not hit:
+                return Verdict(path, int(best[node + 1]))
+            node = int(hit[0])
+            path.append(node)
+
+
+class RejectionVerifier:
+    def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+        if len(tree) and tree.draft_probs is None:
+            raise ValueError("rejection sampling needs the draft distribution of every drafted token")
+        path: list[int] = []
+        node = -1
+        while True:
+            p = warp(logits[node + 1], params)
+            accepted = None
+            for child in tree.children(node):
+                x = int(tree.tokens[child])
+                q = tree.draft_probs[child]
+                if q[x] > 0 and rng.random() * q[x] < p[x]:  # accept with prob min(1, p(x)/q(x))
+                    accepted = int(child)
+                    break
+                residual = np.maximum(p - q, 0.0)
+                total = residual.sum()
+                if total <= 0:  # p == q on the support: any residual draw is as good as p
+                    break
+                p = residual / total
+            if accepted is None:
+                return Verdict(path, sample(p, rng))
+            node = accepted
+            path.append(node)
+
+
+def make_verifier(params: SamplingParams):
+    return GreedyVerifier() if params.greedy else RejectionVerifier()

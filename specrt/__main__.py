@@ -1,0 +1,5 @@
+import sys
+
+from specrt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""The `specrt` command line (also `python -m specrt`).
+
+    specrt models train | inflate      the demo pair
+    specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
+    specrt generate                    run a method from a bundle
+    specrt demo                        export the demo pair and compare methods on HumanEval prompts
+    specrt bench e2e                   end-to-end benchmark against Hugging Face and Optimum
+
+Errors the user can act on (specrt.errors.SpecrtError) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specrt.errors import SpecrtError
+
+DEMO_DIR = Path(__file__).parent / "models" / "demo"
+
+
+# -- shared argument groups ----------------------------------------------------------------------
+def add_bundle_args(p: argparse.ArgumentParser, default: str | None = "build/demo") -> None:
+    p.add_argument("--bundle", type=Path, default=Path(default) if default else None,
+                   required=default is None, help="bundle directory made by `specrt export` (default: %(default)s)")
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("backend")
+    g.add_argument("--backend", choices=["ort", "torch"], default="ort", help="ort = ONNX Runtime (default), torch = PyTorch")
+    g.add_argument("--threads", type=int, default=None, help="intra-op threads (default: the runtime's choice)")
+    g.add_argument("--device", default=None, help="torch device, e.g. cuda:0 (default: cuda if present, else cpu)")
+
+
+def add_generation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("--method", default="sd", help="autoregressive | sd (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--num-draft-tokens", type=int, default=4, help="gamma: drafted tokens per round")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, default=DEMO_DIR / "target", help="target checkpoint dir (default: demo)")
+    p.add_argument("--draft", type=Path, default=DEMO_DIR / "draft", help="draft checkpoint dir (default: demo)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default: the target's, else the demo's)")
+    p.add_argument("--out", type=Path, default=Path("build/demo"), help="bundle directory (default: %(default)s)")
+    p.add_argument("--no-check", action="store_true", help="skip the ONNX-vs-PyTorch parity check")
+
+
+def _tokenizer_dir(args) -> Path | None:
+    if args.tokenizer:
+        return args.tokenizer
+    if (args.target / "tokenizer.json").is_file():
+        return None
+    demo = DEMO_DIR / "tokenizer"
+    return demo if args.target.resolve().is_relative_to(DEMO_DIR.resolve()) else None
+
+
+# -- verbs -------------------------------------------------------------------------------------
+def cmd_models(args) -> None:
+    if args.models_cmd == "train":
+        from specrt.models.train import train_pair
+
+        train_pair(args.out)
+    else:
+        from specrt.models.inflate import InflateConfig, inflate
+
+        inflate(InflateConfig(src=args.src, out=args.out, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                              num_layers=args.layers, num_heads=args.heads, seed=args.seed))
+
+
+def cmd_export(args) -> None:
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    cfg = ExportConfig(target=args.target, draft=args.draft, out=args.out, tokenizer=_tokenizer_dir(args),
+                       check=not args.no_check)
+    manifest = export_bundle(cfg)
+    for role, p in manifest["parity"].items():
+        print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")
+    print(f"bundle written to {args.out}")
+
+
+def cmd_generate(args) -> None:
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
+    kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens)
+    if args.stream:
+        for piece in pipe.stream(args.prompt, **kw):
+            print(piece, end="", flush=True)
+        print()
+        return
+    out = pipe.generate(args.prompt, **kw)
+    print(args.prompt + out.text)
+    s = out.stats
+    print(f"\n[{len(out.token_ids)} tokens, {s['target_calls']} target calls, "
+          f"{len(out.token_ids) / max(1, s['target_calls']):.2f} tokens/call, {s['seconds']['total']:.3f} s]", file=sys.stderr)
+
+
+def cmd_demo(args) -> None:
+    from specrt.bench.demo import DemoConfig, run_demo
+
+    run_demo(DemoConfig(bundle=args.bundle, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                        threads=args.threads, backend=args.backend))
+
+
+def cmd_bench(args) -> None:
+    from specrt.bench.e2e import main_from_args
+
+    main_from_args(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    models = sub.add_parser("models", help="train or inflate the demo pair")
+    msub = models.add_subparsers(dest="models_cmd", required=True)
+    train = msub.add_parser("train", help="train tokenizer + target + draft on the stdlib source (CPU, ~30 min)")
+    train.add_argument("--out", type=Path, default=Path("build/models"))
+    inflate = msub.add_parser("inflate", help="function-preserving expansion of a checkpoint to a memory-bound size")
+    inflate.add_argument("--src", type=Path, default=DEMO_DIR / "target")
+    inflate.add_argument("--out", type=Path, default=Path("build/inflated/target"))
+    inflate.add_argument("--hidden", type=int, default=768)
+    inflate.add_argument("--intermediate", type=int, default=3072)
+    inflate.add_argument("--layers", type=int, default=16)
+    inflate.add_argument("--heads", type=int, default=12)
+    inflate.add_argument("--seed", type=int, default=0)
+    models.set_defaults(func=cmd_models)
+
+    exp = sub.add_parser("export", help="export a target + draft pair into a bundle")
+    add_export_args(exp)
+    exp.set_defaults(func=cmd_export)
+
+    gen = sub.add_parser("generate", help="generate from a bundle")
+    add_bundle_args(gen)
+    add_backend_args(gen)
+    add_generation_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="compare autoregressive and sd on HumanEval prompts")
+    add_bundle_args(demo)
+    add_backend_args(demo)
+    demo.add_argument("--num-prompts", type=int, default=10)
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True)
+    from specrt.bench.e2e import add_e2e_args
+
+    add_e2e_args(bsub.add_parser("e2e", help="end-to-end tokens/s against HF and Optimum baselines"))
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except SpecrtError as e:
+        print(f"specrt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The bundle manifest: one JSON file that says what a deployment directory holds.
+
+Layout of a bundle (paths relative to it):
+
+    manifest.json            this file's content (format, versions, models, I/O, hashes)
+    tokenizer/               Hugging Face fast tokenizer shared by both models
+    target.onnx, draft.onnx  step graphs (specrt.contract)
+    hf/target, hf/draft      the source checkpoints (TorchBackend runs these)
+
+Every file listed under "files" carries its sha256; `load_manifest(..., verify=True)` recomputes them,
+so a truncated or swapped file is refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.contract import MANIFEST, MANIFEST_FORMAT, ROLES
+from specrt.errors import BundleError
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    role: str  # "target" or "draft"
+    onnx: str  # relative path of the step graph
+    hf_dir: str  # relative path of the source checkpoint
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    dtype: str  # dtype of the K/V and activations, e.g. "float32"
+    num_params: int
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_tree(bundle: Path, rel_paths: list[str]) -> dict[str, str]:
+    """sha256 of every file under each relative path (file or directory)."""
+    out = {}
+    for rel in rel_paths:
+        p = bundle / rel
+        files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+        for f in files:
+            out[f.relative_to(bundle).as_posix()] = sha256_file(f)
+    return out
+
+
+def write_manifest(bundle: Path, data: dict) -> Path:
+    path = bundle / MANIFEST
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_manifest(bundle: str | Path, verify: bool = True) -> dict:
+    bundle = Path(bundle)
+    path = bundle / MANIFEST
+    if not bundle.is_dir():
+        raise BundleError(f"bundle directory {bundle} does not exist (create one with `specrt export`)")
+    if not path.is_file():
+        raise BundleError(f"{bundle} is not a specrt bundle: {MANIFEST} is missing (re-run `specrt export`)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{path} is not valid JSON ({e}); re-run `specrt export`") from None
+    if data.get("format") != MANIFEST_FORMAT:
+        raise BundleError(f"{path}: manifest format {data.get('format')!r}, this specrt reads {MANIFEST_FORMAT}")
+    for role in ROLES:
+        if role not in data.get("models", {}):
+            raise BundleError(f"{path}: no {role!r} model in the manifest")
+    if verify:
+        for rel, digest in data.get("files", {}).items():
+            f = bundle / rel
+            if not f.is_file():
+                raise BundleError(f"bundle {bundle} is missing {rel} (listed in {MANIFEST}); re-run `specrt export`")
+            if sha256_file(f) != digest:
+                raise BundleError(f"bundle {bundle}: {rel} does not match its sha256 in {MANIFEST} (corrupt or modified)")
+    return data
+
+
+def model_entry(manifest: dict, role: str) -> ModelEntry:
+    return ModelEntry(**manifest["models"][role])

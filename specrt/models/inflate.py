@@ -1,0 +1,117 @@
+"""Function-preserving inflation of a Llama checkpoint to a memory-bound size.
+
+The tiny demo target is overhead-bound (a step costs about as much for 64 tokens as for 1), so it cannot
+show what speculation buys on real hardware. Inflating it keeps its exact function while giving it the
+weight traffic of a ~150M-parameter model:
+
+- hidden dims d -> D: the original residual stream lives in dims [0, d); added dims stay exactly zero
+  because every write into the residual (embeddings, o_proj, down_proj) is zero there;
+- RMSNorm: with D - d zero dims, mean(x^2) shrinks by d/D, so norm weights on [0, d) are scaled by
+  sqrt(d/D) and eps by d/D, which makes every normalised value exactly the original's;
+- added attention heads and MLP units read the stream through random weights, but their output
+  projections are zero; added layers (after the original ones) have zero o_proj and down_proj, so they
+  are identities on the residual stream;
+- every weight that does not touch the function is random (N(0, 0.02)), not zero, so the model costs
+  what a dense model of its size costs.
+
+Logits equal the original's up to float rounding (tests/models/test_inflate.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.errors import SpecrtError
+
+
+@dataclass(frozen=True)
+class InflateConfig:
+    src: Path  # Hugging Face Llama checkpoint
+    out: Path
+    hidden_size: int = 768
+    intermediate_size: int = 3072
+    num_layers: int = 16
+    num_heads: int = 12
+    seed: int = 0
+    std: float = 0.02
+
+
+def inflate_model(model, cfg: InflateConfig):
+    """A new LlamaForCausalLM computing the same logits as `model`, at the configured size."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    old = model.config
+    head_dim = getattr(old, "head_dim", None) or old.hidden_size // old.num_attention_heads
+    groups = old.num_attention_heads // old.num_key_value_heads
+    d, big = old.hidden_size, cfg.hidden_size
+    if old.model_type != "llama":
+        raise SpecrtError(f"inflate handles Llama checkpoints, got model_type={old.model_type!r}")
+    if big < d or cfg.intermediate_size < old.intermediate_size or cfg.num_layers < old.num_hidden_layers \
+            or cfg.num_heads < old.num_attention_heads:
+        raise SpecrtError("inflate can only grow a model (hidden, intermediate, layers and heads must not shrink)")
+    if cfg.num_heads * head_dim != big or cfg.num_heads % groups:
+        raise SpecrtError(f"num_heads * head_dim ({cfg.num_heads} * {head_dim}) must equal hidden_size ({big}) "
+                          f"and num_heads must be a multiple of the GQA group size {groups}")
+    new_cfg = LlamaConfig(**{**old.to_dict(), "hidden_size": big, "intermediate_size": cfg.intermediate_size,
+                             "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+                             "num_key_value_heads": cfg.num_heads // groups, "head_dim": head_dim,
+                             "rms_norm_eps": old.rms_norm_eps * d / big})
+    torch.manual_seed(cfg.seed)
+    new = LlamaForCausalLM(new_cfg).eval()
+    scale = math.sqrt(d / big)
+    src = dict(model.named_parameters())
+
+    def rand_(t):
+        return t.normal_(0.0, cfg.std)
+
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            rand_(p)
+        new.model.embed_tokens.weight[:, d:] = 0
+        new.model.embed_tokens.weight[:, :d] = src["model.embed_tokens.weight"]
+        new.lm_head.weight[:, :d] = src["lm_head.weight"]
+        new.model.norm.weight[:d] = src["model.norm.weight"] * scale
+        q_rows, kv_rows = old.num_attention_heads * head_dim, old.num_key_value_heads * head_dim
+        inter = old.intermediate_size
+        for i, layer in enumerate(new.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.o_proj.weight.zero_()
+            mlp.down_proj.weight.zero_()
+            if i >= old.num_hidden_layers:
+                continue  # an added layer: random reads, zero writes -> identity on the stream
+            pre = f"model.layers.{i}."
+            layer.input_layernorm.weight[:d] = src[pre + "input_layernorm.weight"] * scale
+            layer.post_attention_layernorm.weight[:d] = src[pre + "post_attention_layernorm.weight"] * scale
+            attn.q_proj.weight[:q_rows, :d] = src[pre + "self_attn.q_proj.weight"]
+            attn.k_proj.weight[:kv_rows, :d] = src[pre + "self_attn.k_proj.weight"]
+            attn.v_proj.weight[:kv_rows, :d] = src[pre + "self_attn.v_proj.weight"]
+            attn.o_proj.weight[:d, :q_rows] = src[pre + "self_attn.o_proj.weight"]
+            mlp.gate_proj.weight[:inter, :d] = src[pre + "mlp.gate_proj.weight"]
+            mlp.up_proj.weight[:inter, :d] = src[pre + "mlp.up_proj.weight"]
+            mlp.down_proj.weight[:d, :inter] = src[pre + "mlp.down_proj.weight"]
+    new.generation_config = model.generation_config
+    return new
+
+
+def inflate(cfg: InflateConfig) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not (cfg.src / "config.json").is_file():
+        raise SpecrtError(f"{cfg.src} is not a Hugging Face checkpoint directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True, dtype=torch.float32).eval()
+    new = inflate_model(model, cfg)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    new.save_pretrained(cfg.out, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (cfg.src / f).is_file():
+            (cfg.out / f).write_bytes((cfg.src / f).read_bytes())
+    num_params = sum(p.numel() for p in new.parameters())
+    (cfg.out / "inflate.json").write_text(json.dumps({"src": str(cfg.src), "num_params": num_params,
+                                                      **{k: v for k, v in cfg.__dict__.items() if k not in ("src", "out")}}, indent=1))
+    print(f"inflated {cfg.src} -> {cfg.out}: {num_params / 1e6:.1f}M params")
+    return cfg.out
