@@ -33,9 +33,9 @@ class ExportConfig:
     check: bool = True  # parity against PyTorch after export
 
 
-def load_checkpoint(path: Path):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_config(path: Path):
+    """The checkpoint's config, refused early if the exporter cannot handle its architecture."""
+    from transformers import AutoConfig
 
     from specrt.export.step_module import check_supported
 
@@ -46,7 +46,18 @@ def load_checkpoint(path: Path):
     except (ValueError, KeyError) as e:
         raise UnsupportedModelError(f"{path}: cannot read config.json ({e})") from None
     check_supported(config)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return config
+
+
+def load_checkpoint(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load_config(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
     return model.eval()
 
 
@@ -58,9 +69,9 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def check_pair(target, draft, tokenizer, draft_tokenizer=None) -> None:
+def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> None:
     """Refuse a pair that cannot share token ids."""
-    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    tv, dv = target_config.vocab_size, draft_config.vocab_size
     if tv != dv:
         raise SpecrtError(f"draft and target vocabularies differ (target vocab_size={tv}, draft vocab_size={dv}); "
                           "speculative decoding needs one tokenizer for both")
@@ -132,8 +143,8 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
     stages = tqdm(total=7, desc="export", disable=not progress, unit="stage")
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target)
     draft_tok = load_tokenizer(cfg.draft) if any((cfg.draft / f).is_file() for f in TOKENIZER_FILES) else None
+    check_pair(load_config(cfg.target), load_config(cfg.draft), tokenizer, draft_tok)
     target, draft = load_checkpoint(cfg.target), load_checkpoint(cfg.draft)
-    check_pair(target, draft, tokenizer, draft_tok)
     stages.update()
     tok_dir = cfg.out / "tokenizer"
     shutil.rmtree(tok_dir, ignore_errors=True)

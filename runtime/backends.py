@@ -85,6 +85,8 @@ class OrtBackend(Backend):
         self._binding = self.session.io_binding()
         self._logits = _GrowingBuffer()
         self._new_kv = _GrowingBuffer()
+        self._bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
+        self._bound_out = None  # (logits, new_kv) arrays bound as outputs
 
     def allocate(self, shape):
         return np.zeros(shape, dtype=np.float32)
@@ -96,20 +98,30 @@ class OrtBackend(Backend):
         self._binding.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
 
     def _run(self, input_ids, position_ids, attention_mask, cache):
+        # Bindings persist across runs: only what changed since the last step is re-bound
+        # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).
         e = self.entry
         batch, num_tokens = input_ids.shape
         self._bind_in(contract.INPUT_IDS, np.ascontiguousarray(input_ids, dtype=np.int64))
         self._bind_in(contract.POSITION_IDS, np.ascontiguousarray(position_ids, dtype=np.int64))
         self._bind_in(contract.ATTENTION_MASK, np.ascontiguousarray(attention_mask, dtype=np.bool_))
+        bound = self._bound_cache
+        if bound is None or bound[0] is not cache.buffer or bound[1] != cache.buffer.shape:
+            for layer in range(e.num_layers):
+                keys, values = cache.layer_views(layer)
+                self._bind_in(contract.past_key(layer), keys)
+                self._bind_in(contract.past_value(layer), values)
+            self._bound_cache = (cache.buffer, cache.buffer.shape)
         logits = self._logits.view((batch, num_tokens, e.vocab_size))
         new_kv = self._new_kv.view((e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
-        self._bind_out(contract.LOGITS, logits)
-        for layer in range(e.num_layers):
-            keys, values = cache.layer_views(layer)
-            self._bind_in(contract.past_key(layer), keys)
-            self._bind_in(contract.past_value(layer), values)
-            self._bind_out(contract.new_key(layer), new_kv[layer, 0])
-            self._bind_out(contract.new_value(layer), new_kv[layer, 1])
+        out = self._bound_out
+        if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data \
+                or out[1].ctypes.data != new_kv.ctypes.data:
+            self._bind_out(contract.LOGITS, logits)
+            for layer in range(e.num_layers):
+                self._bind_out(contract.new_key(layer), new_kv[layer, 0])
+                self._bind_out(contract.new_value(layer), new_kv[layer, 1])
+            self._bound_out = (logits, new_kv)
         self.session.run_with_iobinding(self._binding)
         return logits, new_kv
 

@@ -28,6 +28,7 @@ from specrt.runtime.tree import DraftTree
 @dataclass
 class Stats:
     target_calls: int = 0  # target steps this sequence took part in (prefill included)
+    # rounds (decode steps of the target, prefill excluded) = sum(accepted.values())
     draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
     accepted: Counter = field(default_factory=Counter)  # {drafted tokens accepted in a round: rounds}
     # wall seconds: prefill; per round, drafting, the target step, and host = round time outside any
@@ -43,7 +44,7 @@ class Stats:
         return sum(k * v for k, v in self.accepted.items()) / max(1, self.rounds)
 
     def as_dict(self) -> dict:
-        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
+        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
                 "accepted_hist": dict(sorted(self.accepted.items())), "mean_accepted": self.mean_accepted,
                 "seconds": dict(self.seconds)}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specrt.errors import SpecrtError
 
-DEMO_DIR = Path(__file__).parent / "models" / "demo"
+from specrt.models import DEMO_DIR
 
 
 # -- shared argument groups ----------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""`specrt demo` (what `make demo` runs): export the committed demo pair if needed, then compare
+autoregressive and sd on HumanEval prompts with the e2e bench (no external baselines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.bench.e2e import E2EConfig, run_e2e
+
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    bundle: Path
+    num_prompts: int = 10
+    max_new_tokens: int = 64
+    threads: int | None = 2
+    backend: str = "ort"
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.manifest import MANIFEST
+    from specrt.models import DEMO_DIR
+
+    if not (cfg.bundle / MANIFEST).is_file():
+        print(f"exporting the demo pair to {cfg.bundle}")
+        export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=cfg.bundle,
+                                   tokenizer=DEMO_DIR / "tokenizer"))
+    data = run_e2e(E2EConfig(bundle=cfg.bundle, out=cfg.bundle.parent / "bench", label="make-demo",
+                             num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, runs=1,
+                             threads=cfg.threads or 2, baselines=()))
+    from specrt.bench.prompts import humaneval_prompts
+    from specrt.runtime.pipeline import Pipeline
+
+    prompt = humaneval_prompts(1)[0]
+    out = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads).generate(prompt, max_new_tokens=cfg.max_new_tokens)
+    print("sample (HumanEval/0, sd, greedy):\n" + prompt[-200:] + "\033[1m" + out.text + "\033[0m")
+    return data

@@ -1,0 +1,243 @@
+"""`specrt bench e2e`: end-to-end tokens/s of our methods and of Hugging Face / Optimum baselines.
+
+Same prompts (HumanEval, first N), greedy, batch 1, same thread count, same checkpoints (the bundle's
+hf/ copies), in one process. Each run decodes every prompt once per method; runs interleave methods so
+that drift hits all of them alike; we report the median over runs after one warm-up prompt per method,
+and ratios against our own autoregressive measured in the same run. Outputs JSON, Markdown and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specrt.bench.prompts import humaneval_prompts
+
+OURS = ("autoregressive", "sd")
+BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    bundle: Path
+    out: Path
+    label: str = "demo"
+    num_prompts: int = 30
+    max_new_tokens: int = 128
+    runs: int = 3
+    threads: int = 2
+    num_draft_tokens: int = 4
+    methods: tuple[str, ...] = OURS
+    baselines: tuple[str, ...] = BASELINES
+    prompt_lookup_tokens: int = 10
+
+
+@dataclass
+class MethodResult:
+    name: str
+    seconds: list[float] = field(default_factory=list)  # wall time of each run (all prompts)
+    tokens: int = 0  # new tokens per run
+    target_calls: int = 0  # target decode steps per run, prefill excluded (ours only)
+    host_seconds: float = 0.0  # per run, outside any model call (ours only)
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.median_s
+
+
+class _Ours:
+    def __init__(self, pipe, method: str, cfg: E2EConfig):
+        self.pipe, self.method, self.cfg = pipe, method, cfg
+
+    def __call__(self, prompts):
+        outs = self.pipe.generate(prompts, method=self.method, max_new_tokens=self.cfg.max_new_tokens,
+                                  num_draft_tokens=self.cfg.num_draft_tokens)
+        calls = sum(o.stats["rounds"] for o in outs)  # decode steps of the target (prefill excluded)
+        host = sum(o.stats["seconds"]["host"] for o in outs)
+        return [o.token_ids for o in outs], calls, host
+
+
+class _HF:
+    """HF generate on one prompt at a time; kwargs select plain / assisted / prompt lookup."""
+
+    def __init__(self, model, tokenizer, cfg: E2EConfig, **kwargs):
+        self.model, self.tok, self.cfg, self.kwargs = model, tokenizer, cfg, kwargs
+
+    def __call__(self, prompts):
+        import torch
+
+        outs = []
+        for p in prompts:
+            ids = self.tok(p, return_tensors="pt")
+            with torch.inference_mode():
+                seq = self.model.generate(**ids, do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
+                                          pad_token_id=self.tok.eos_token_id, **self.kwargs)
+            # prompt lookup may overshoot max_new_tokens by a few tokens: truncate before comparing
+            outs.append(seq[0, ids["input_ids"].shape[1]:][: self.cfg.max_new_tokens].tolist())
+        return outs, 0, 0.0
+
+
+def _optimum_model(hf_dir: Path, cache: Path, threads: int):
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    if not (cache / "config.json").is_file():
+        model = ORTModelForCausalLM.from_pretrained(hf_dir, export=True, use_cache=True)
+        model.save_pretrained(cache)
+    return ORTModelForCausalLM.from_pretrained(cache, session_options=so, use_cache=True)
+
+
+def build_runners(cfg: E2EConfig) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specrt.runtime.pipeline import Pipeline
+
+    torch.set_num_threads(cfg.threads)
+    pipe = Pipeline.load(cfg.bundle, backend="ort", threads=cfg.threads)
+    runners = {m: _Ours(pipe, m, cfg) for m in cfg.methods}
+    if not cfg.baselines:
+        return runners
+    tok = AutoTokenizer.from_pretrained(cfg.bundle / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(cfg.bundle / "hf/target", dtype=torch.float32).eval()
+    if "hf" in cfg.baselines:
+        runners["hf"] = _HF(target, tok, cfg)
+    if "hf-assisted" in cfg.baselines:
+        draft = AutoModelForCausalLM.from_pretrained(cfg.bundle / "hf/draft", dtype=torch.float32).eval()
+        runners["hf-assisted"] = _HF(target, tok, cfg, assistant_model=draft)
+    if "hf-lookup" in cfg.baselines:
+        runners["hf-lookup"] = _HF(target, tok, cfg, prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
+    if "optimum" in cfg.baselines:
+        model = _optimum_model(cfg.bundle / "hf/target", cfg.out.parent / f"optimum-{cfg.label}", cfg.threads)
+        runners["optimum"] = _HF(model, tok, cfg)
+    return runners
+
+
+def run_e2e(cfg: E2EConfig) -> dict:
+    from tqdm import tqdm
+
+    prompts = humaneval_prompts(cfg.num_prompts)
+    runners = build_runners(cfg)
+    results = {name: MethodResult(name) for name in runners}
+    for name, run in runners.items():  # warm-up: one prompt each
+        run(prompts[:1])
+    bar = tqdm(total=cfg.runs * len(runners), desc=f"bench e2e {cfg.label}", unit="method-run")
+    for _ in range(cfg.runs):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            outs, calls, host = run(prompts)
+            r = results[name]
+            r.seconds.append(time.perf_counter() - t0)
+            r.tokens, r.target_calls, r.host_seconds, r.outputs = sum(map(len, outs)), calls, host, outs
+            bar.update()
+    bar.close()
+    return report(cfg, results)
+
+
+def report(cfg: E2EConfig, results: dict[str, MethodResult]) -> dict:
+    base = results.get("autoregressive")
+    hf = results.get("hf")
+    rows = []
+    for r in results.values():
+        ref = base.outputs if base else None
+        rows.append({
+            "method": r.name,
+            "tokens_per_s": round(r.tokens_per_s, 1),
+            "median_s": round(r.median_s, 3),
+            "runs_s": [round(s, 3) for s in r.seconds],
+            "tokens": r.tokens,
+            "speedup_vs_ours_ar": round(r.tokens_per_s / base.tokens_per_s, 3) if base else None,
+            "speedup_vs_hf": round(r.tokens_per_s / hf.tokens_per_s, 3) if hf else None,
+            "tokens_per_target_call": round(r.tokens / r.target_calls, 3) if r.target_calls else None,
+            "host_fraction": round(r.host_seconds / r.median_s, 3) if r.target_calls else None,
+            "same_tokens_as_ours_ar": (sum(a == b for a, b in zip(r.outputs, ref)) / len(ref)) if ref else None,
+        })
+    data = {"label": cfg.label, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+            "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    stem = cfg.out / f"e2e-{cfg.label}"
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    md = markdown(data)
+    stem.with_suffix(".md").write_text(md)
+    plot(data, stem.with_suffix(".png"))
+    print(md)
+    return data
+
+
+def markdown(data: dict) -> str:
+    c = data["config"]
+    lines = [f"### e2e `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
+             f"greedy, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
+             "| method | tokens/s | vs our AR | vs HF | tokens/target call | host share | same tokens as our AR |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for r in data["rows"]:
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_ours_ar'], '.2f')}x | "
+                     f"{f(r['speedup_vs_hf'], '.2f')}x | {f(r['tokens_per_target_call'], '.2f')} | "
+                     f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh([r["method"] for r in rows], [r["tokens_per_s"] for r in rows],
+            color=["tab:blue" if r["method"] in OURS else "tab:gray" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s (median)")
+    ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_e2e_args(p: argparse.ArgumentParser) -> None:
+    from specrt.cli import add_bundle_args
+
+    add_bundle_args(p)
+    p.add_argument("--label", default="demo", help="name used in output files (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("build/bench"))
+    p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--methods", default=",".join(OURS))
+    p.add_argument("--baselines", default=",".join(BASELINES), help="comma list of " + ", ".join(BASELINES) + " (or none)")
+
+
+def main_from_args(args) -> dict:
+    from specrt.errors import SpecrtError
+
+    baselines = tuple(b for b in args.baselines.split(",") if b and b != "none")
+    for b in baselines:
+        if b not in BASELINES:
+            raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
+    cfg = E2EConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
+                    max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
+                    num_draft_tokens=args.num_draft_tokens, methods=tuple(args.methods.split(",")), baselines=baselines)
+    return run_e2e(cfg)

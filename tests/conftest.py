@@ -1,0 +1,41 @@
+"""Shared fixtures: bundles exported once per test session from the committed demo pair."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrt.models import DEMO_DIR
+
+
+def _export(out, target="target", draft="draft"):
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    export_bundle(ExportConfig(target=DEMO_DIR / target, draft=DEMO_DIR / draft, out=out,
+                               tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(tmp_path_factory):
+    """The demo pair exported with parity checks on (the export raises if parity fails)."""
+    return _export(tmp_path_factory.mktemp("bundle") / "demo")
+
+
+@pytest.fixture(scope="session")
+def self_draft_bundle(tmp_path_factory):
+    """Target drafting for itself: every greedy draft is accepted, which stresses the bookkeeping."""
+    return _export(tmp_path_factory.mktemp("bundle") / "self", draft="target")
+
+
+@pytest.fixture(scope="session")
+def humaneval():
+    from specrt.bench.prompts import humaneval_prompts
+
+    return humaneval_prompts(20)
+
+
+@pytest.fixture(scope="session")
+def pipelines(demo_bundle):
+    from specrt.runtime.pipeline import Pipeline
+
+    return {b: Pipeline.load(demo_bundle, backend=b, threads=2) for b in ("ort", "torch")}

@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from specrt.errors import SpecrtError
+from specrt.export.onnx_export import load_checkpoint
+from specrt.models import DEMO_DIR
+from specrt.models.inflate import InflateConfig, inflate_model
+
+
+def test_inflated_target_computes_the_same_logits(tmp_path):
+    model = load_checkpoint(DEMO_DIR / "target")
+    cfg = InflateConfig(src=DEMO_DIR / "target", out=tmp_path, hidden_size=384, intermediate_size=1024,
+                        num_layers=4, num_heads=6)
+    big = inflate_model(model, cfg).eval()
+    assert sum(p.numel() for p in big.parameters()) > 1.5 * sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = model(ids).logits, big(ids).logits
+    assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+    # the added capacity is real (random), not zero
+    assert big.model.layers[-1].mlp.up_proj.weight.abs().mean() > 1e-3
+
+
+def test_inflate_refuses_to_shrink():
+    model = load_checkpoint(DEMO_DIR / "target")
+    with pytest.raises(SpecrtError, match="only grow"):
+        inflate_model(model, InflateConfig(src=DEMO_DIR, out=DEMO_DIR, hidden_size=64, num_heads=1))

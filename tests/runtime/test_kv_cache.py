@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from specrt.errors import InvalidRequestError
+from specrt.runtime.kv_cache import KVCache
+
+
+def make(batch=2, max_capacity=64, bucket=8):
+    return KVCache(lambda shape: np.zeros(shape, np.float32), num_layers=2, batch=batch, num_kv_heads=1,
+                   head_dim=3, max_capacity=max_capacity, bucket=bucket)
+
+
+def rows(batch, num_tokens, start):
+    """new_kv [L=2, 2, B, 1, T, 3] whose value at row t of sequence b is start + 100*b + t."""
+    v = start + 100 * np.arange(batch)[:, None] + np.arange(num_tokens)[None, :]
+    return np.broadcast_to(v[None, None, :, None, :, None], (2, 2, batch, 1, num_tokens, 3)).astype(np.float32).copy()
+
+
+def seq(cache, b):
+    return cache.buffer[0, 0, b, 0, : cache.lengths[b], 0].tolist()
+
+
+def test_append_commits_only_requested_rows_per_sequence():
+    c = make()
+    c.reserve(5)
+    c.append(rows(2, 4, 0), [3, 1])
+    assert c.lengths.tolist() == [3, 1]
+    assert seq(c, 0) == [0, 1, 2] and seq(c, 1) == [100]
+    c.append(rows(2, 2, 10), [2, 0])
+    assert seq(c, 0) == [0, 1, 2, 10, 11] and seq(c, 1) == [100]
+
+
+def test_append_rows_compacts_a_tree_path():
+    c = make()
+    c.reserve(8)
+    c.append(rows(2, 2, 0), [2, 2])
+    c.append_rows(rows(2, 6, 50), 1, [0, 2, 5])
+    assert seq(c, 1) == [100, 101, 150, 152, 155]
+    assert seq(c, 0) == [0, 1]
+
+
+def test_truncate_is_a_length_move_and_checks_bounds():
+    c = make()
+    c.reserve(4)
+    c.append(rows(2, 4, 0), [4, 4])
+    c.truncate(0, 1)
+    assert seq(c, 0) == [0] and c.lengths[1] == 4
+    with pytest.raises(ValueError):
+        c.truncate(0, 3)
+
+
+def test_growth_is_bucketed_and_keeps_content():
+    c = make(bucket=8)
+    assert c.reserve(3) and c.capacity == 8
+    assert not c.reserve(8)
+    c.append(rows(2, 5, 0), [5, 2])
+    assert c.reserve(9) and c.capacity == 16
+    assert seq(c, 0) == [0, 1, 2, 3, 4] and seq(c, 1) == [100, 101]
+    with pytest.raises(InvalidRequestError, match="exceeds"):
+        c.reserve(65)
+
+
+def test_keep_drops_finished_sequences():
+    c = make(batch=3)
+    c.reserve(4)
+    c.append(rows(3, 3, 0), [1, 2, 3])
+    c.keep([0, 2])
+    assert c.batch == 2 and c.lengths.tolist() == [1, 3]
+    assert seq(c, 1) == [200, 201, 202]

@@ -1,0 +1,88 @@
+"""End-to-end greedy equality and API behaviour on the committed demo pair."""
+
+import pytest
+
+BACKENDS = ["ort", "torch"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
+    pipe = pipelines[backend]
+    ar = pipe.generate(humaneval, method="autoregressive", max_new_tokens=48)
+    sd = pipe.generate(humaneval, method="sd", max_new_tokens=48, num_draft_tokens=4)
+    assert len(humaneval) >= 20
+    for i, (a, s) in enumerate(zip(ar, sd)):
+        assert a.token_ids == s.token_ids, f"prompt {i} differs"
+    accepted = sum(s.stats["mean_accepted"] for s in sd) / len(sd)
+    assert accepted > 0.5  # the drafts really were accepted, so the equality is not vacuous
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ragged_batch_matches_batch_of_one(pipelines, humaneval, backend):
+    pipe = pipelines[backend]
+    prompts = humaneval[:5]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=32)
+    sd = pipe.generate(prompts, method="sd", max_new_tokens=32, batch_size=5, num_draft_tokens=3)
+    assert [a.token_ids for a in ar] == [s.token_ids for s in sd]
+
+
+def test_backends_agree(pipelines, humaneval):
+    outs = [pipelines[b].generate(humaneval[:4], method="autoregressive", max_new_tokens=32) for b in BACKENDS]
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+
+
+def test_self_draft_accepts_everything(self_draft_bundle, humaneval):
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(self_draft_bundle, threads=2)
+    ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=37)
+    sd = pipe.generate(humaneval[:3], method="sd", max_new_tokens=37, num_draft_tokens=4)
+    for a, s in zip(ar, sd):
+        assert a.token_ids == s.token_ids
+        assert s.stats["accepted_hist"].keys() == {4}  # every round accepted all four drafts
+
+
+def test_stops_exactly_at_max_new_tokens(pipelines, humaneval):
+    for n in (1, 2, 5, 7):
+        out = pipelines["ort"].generate(humaneval[0], method="sd", max_new_tokens=n)
+        assert len(out.token_ids) == n and out.finish_reason == "length"
+
+
+def test_stops_at_eos(pipelines):
+    pipe = pipelines["ort"]
+    eos = pipe.eos_id
+    # a prompt that ends a file: the demo model was trained with EOS after every file
+    out = pipe.generate("if __name__ == '__main__':\n    main()\n", method="sd", max_new_tokens=200)
+    ar = pipe.generate("if __name__ == '__main__':\n    main()\n", method="autoregressive", max_new_tokens=200)
+    assert out.token_ids == ar.token_ids
+    if eos in out.token_ids:
+        assert out.token_ids[-1] == eos and out.token_ids.count(eos) == 1 and out.finish_reason == "eos"
+    else:
+        pytest.skip("the demo model did not emit EOS within 200 tokens for this prompt")
+
+
+def test_stream_concatenates_to_generate(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    pieces = list(pipe.stream(humaneval[1], max_new_tokens=40))
+    assert len(pieces) > 1
+    assert "".join(pieces) == pipe.generate(humaneval[1], max_new_tokens=40).text
+
+
+def test_sampling_is_seeded_and_lossless_methods_share_the_rng_contract(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    kw = dict(method="sd", max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.95)
+    a = pipe.generate(humaneval[2], seed=7, **kw)
+    b = pipe.generate(humaneval[2], seed=7, **kw)
+    c = pipe.generate(humaneval[2], seed=8, **kw)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_stats_are_consistent(pipelines, humaneval):
+    out = pipelines["ort"].generate(humaneval[3], method="sd", max_new_tokens=40, num_draft_tokens=4)
+    s = out.stats
+    hist = {int(k): v for k, v in s["accepted_hist"].items()}
+    assert sum((k + 1) * v for k, v in hist.items()) >= len(out.token_ids)  # emitted = accepted + bonus per round
+    assert s["target_calls"] == s["rounds"] + 1  # + prefill
+    assert s["draft_calls"] == 4 * s["rounds"] + 1
+    assert all(v >= 0 for v in s["seconds"].values())

@@ -1,0 +1,120 @@
+import numpy as np
+import pytest
+
+from specrt.runtime.sampling import SamplingParams, warp
+from specrt.runtime.tree import DraftTree
+from specrt.runtime.verify import GreedyVerifier, RejectionVerifier
+
+GREEDY = SamplingParams()
+
+
+def one_hot_logits(best_per_row, vocab=8):
+    logits = np.zeros((len(best_per_row), vocab), np.float32)
+    logits[np.arange(len(best_per_row)), best_per_row] = 5.0
+    return logits
+
+
+def test_chain_mask_positions():
+    t = DraftTree.chain([5, 6, 7])
+    assert t.is_chain
+    assert t.depths().tolist() == [0, 1, 2, 3]
+    assert (t.mask() == np.tri(4, dtype=bool)).all()
+
+
+def test_tree_mask_sees_ancestors_only():
+    #        root
+    #       /    \
+    #     n0      n1
+    #    /  \
+    #  n2    n3
+    t = DraftTree(np.array([1, 2, 3, 4]), np.array([-1, -1, 0, 0]))
+    assert not t.is_chain
+    assert t.depths().tolist() == [0, 1, 1, 2, 2]
+    m = t.mask().astype(int)
+    assert m.tolist() == [[1, 0, 0, 0, 0],
+                          [1, 1, 0, 0, 0],
+                          [1, 0, 1, 0, 0],
+                          [1, 1, 0, 1, 0],
+                          [1, 1, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("best,path,bonus", [
+    ([5, 6, 7, 1], [0, 1, 2], 1),   # all accepted, bonus from the last row
+    ([5, 6, 0, 1], [0, 1], 0),      # third draft rejected: bonus is the target's token at row 2
+    ([4, 6, 7, 1], [], 4),          # first rejected
+])
+def test_greedy_chain(best, path, bonus):
+    v = GreedyVerifier().verify(DraftTree.chain([5, 6, 7]), one_hot_logits(best), GREEDY, None)
+    assert v.path == path and v.bonus == bonus
+
+
+def test_greedy_tree_follows_the_matching_branch():
+    t = DraftTree(np.array([1, 2, 3, 4]), np.array([-1, -1, 1, 1]))  # root -> {1, 2}; 2 -> {3, 4}
+    # target argmax: root->2, n1->4, n3->7
+    best = [2, 0, 4, 0, 7]
+    v = GreedyVerifier().verify(t, one_hot_logits(best), GREEDY, None)
+    assert v.path == [1, 3] and v.bonus == 7
+
+
+def test_warp_top_k_top_p():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = warp(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert np.allclose(p, [0.625, 0.375, 0, 0])
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    assert np.allclose(p, [0.625, 0.375, 0, 0])
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.81))
+    assert np.allclose(p, np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+class ResidualFromTarget(RejectionVerifier):
+    """A wrong sampler: after a rejection it samples from p, not norm(max(p - q, 0))."""
+
+    def verify(self, tree, logits, params, rng):
+        v = super().verify(tree, logits, params, rng)
+        if not v.path and len(tree):
+            p = warp(logits[0], params)
+            return type(v)([], int(rng.choice(len(p), p=p)))
+        return v
+
+
+def first_token_distribution(verifier, p_logits, q_logits, params, trials, seed):
+    """Empirical distribution of the first emitted token of a 2-token chain drafted from q."""
+    rng = np.random.default_rng(seed)
+    q = warp(q_logits, params)
+    counts = np.zeros(len(p_logits[0]))
+    for _ in range(trials):
+        x0 = rng.choice(len(q[0]), p=q[0])
+        x1 = rng.choice(len(q[1]), p=q[1])
+        tree = DraftTree.chain([x0, x1], np.stack([q[0], q[1]]))
+        v = verifier.verify(tree, p_logits, params, rng)
+        first = int(tree.tokens[v.path[0]]) if v.path else v.bonus
+        counts[first] += 1
+    return counts / trials
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9)])
+def test_rejection_sampling_reproduces_target_distribution(params):
+    rng = np.random.default_rng(0)
+    p_logits = rng.normal(size=(3, 6)) * 1.5
+    q_logits = rng.normal(size=(2, 6)) * 1.5
+    target = warp(p_logits[0], params)
+    got = first_token_distribution(RejectionVerifier(), p_logits, q_logits, params, 20000, seed=1)
+    assert 0.5 * np.abs(got - target).sum() < 0.015
+    wrong = first_token_distribution(ResidualFromTarget(), p_logits, q_logits, params, 20000, seed=1)
+    assert 0.5 * np.abs(wrong - target).sum() > 0.03  # the test can tell a wrong residual apart
+
+
+def test_rejection_multi_round_over_siblings():
+    """SpecInfer multi-round: with two i.i.d. children the first emitted token is still ~ p."""
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(3)
+    p_logits = rng.normal(size=(3, 5)) * 2
+    q = warp(rng.normal(size=5) * 2, params)
+    target = warp(p_logits[0], params)
+    counts = np.zeros(5)
+    for _ in range(20000):
+        a, b = rng.choice(5, p=q), rng.choice(5, p=q)
+        tree = DraftTree(np.array([a, b]), np.array([-1, -1]), np.stack([q, q]))
+        v = RejectionVerifier().verify(tree, p_logits, params, rng)
+        counts[int(tree.tokens[v.path[0]]) if v.path else v.bonus] += 1
+    assert 0.5 * np.abs(counts / counts.sum() - target).sum() < 0.015
