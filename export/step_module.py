@@ -30,9 +30,14 @@ def check_supported(config) -> None:
         raise UnsupportedModelError("dynamic RoPE scaling changes with sequence length and cannot be a static step graph")
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
+    """R with x @ R == cat(-x[..., D/2:], x[..., :D/2]): one MatMul in the graph instead of
+    Slice, Slice, Neg and Concat (the tiny demo models are bound by per-op overhead)."""
+    half = head_dim // 2
+    r = torch.zeros(head_dim, head_dim)
+    r[half:, :half] = -torch.eye(half)
+    r[:half, half:] = torch.eye(half)
+    return r
 
 
 class StepModule(nn.Module):
@@ -47,6 +52,8 @@ class StepModule(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dtype = next(hf_model.parameters()).dtype
+        self.register_buffer("rotate_half", _rotate_half_matrix(self.head_dim).to(dtype), persistent=False)
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
@@ -55,28 +62,28 @@ class StepModule(nn.Module):
         batch, num_tokens = input_ids.shape
         x = inner.embed_tokens(input_ids)  # [B, T, hidden]
         cos, sin = inner.rotary_emb(x, position_ids)  # [B, T, D]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, T, D]
         neg = torch.finfo(x.dtype).min
-        bias = torch.where(attention_mask, 0.0, neg).to(x.dtype).unsqueeze(1)  # [B, 1, T, S + T]
+        bias = torch.where(attention_mask, 0.0, neg).to(x.dtype)[:, None, None]  # [B, 1, 1, T, S + T]
         groups = self.num_heads // self.num_kv_heads
         new_kv = []
         for layer_idx, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            # Grouped-query attention without repeating K/V: the `groups` query heads that share a KV head
+            # are laid out next to each other, [B, Hkv, groups, T, D], and attend to that head's keys.
+            q = attn.q_proj(h).view(batch, num_tokens, self.num_kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
+            k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, 1, self.head_dim).permute(0, 2, 3, 1, 4)
             v = attn.v_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin  # [B, H, T, D]
-            k = k * cos + _rotate_half(k) * sin  # [B, Hkv, T, D]
+            q = q * cos + torch.matmul(q, self.rotate_half) * sin  # [B, Hkv, groups, T, D]
+            k = (k * cos + torch.matmul(k, self.rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
             new_kv += [k, v]
-            keys = torch.cat([past[2 * layer_idx], k], dim=2)  # [B, Hkv, S + T, D]
-            values = torch.cat([past[2 * layer_idx + 1], v], dim=2)
-            if groups > 1:
-                keys = keys.repeat_interleave(groups, dim=1)  # [B, H, S + T, D]
-                values = values.repeat_interleave(groups, dim=1)
-            scores = torch.matmul(q, keys.transpose(2, 3)) * attn.scaling + bias  # [B, H, T, S + T]
+            keys = torch.cat([past[2 * layer_idx], k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
+            values = torch.cat([past[2 * layer_idx + 1], v], dim=2).unsqueeze(2)
+            scores = torch.matmul(q, keys.transpose(3, 4)) * attn.scaling + bias  # [B, Hkv, groups, T, S + T]
             probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-            out = torch.matmul(probs, values).transpose(1, 2).reshape(batch, num_tokens, -1)  # [B, T, H*D]
+            out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
+            out = out.permute(0, 3, 1, 2, 4).reshape(batch, num_tokens, -1)  # [B, T, H * D]
             x = x + attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = self.hf.lm_head(inner.norm(x)).float()  # [B, T, V]

@@ -33,6 +33,7 @@ class KVCache:
         self.bucket = bucket
         self.lengths = np.zeros(batch, dtype=np.int64)  # [B] rows each sequence has in the cache
         self.capacity = 0
+        self.slot_index = np.arange(0)  # [S] 0..S-1, for building masks without per-step allocation
         self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
 
     @property
@@ -54,6 +55,7 @@ class KVCache:
         used = int(self.lengths.max(initial=0))
         grown[:, :, :, :, :used] = self.buffer[:, :, :, :, :used]
         self.buffer, self.capacity = grown, capacity
+        self.slot_index = np.arange(capacity)
         return True
 
     def append(self, new_kv, counts: Sequence[int]) -> None:

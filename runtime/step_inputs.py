@@ -19,16 +19,21 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
               blocks: Sequence[np.ndarray | None] | None = None):
     """Returns input_ids [B, T], position_ids [B, T], attention_mask [B, T, S + T] (S = cache.capacity)."""
     batch = len(tokens)
-    num_tokens = max(len(t) for t in tokens)
+    counts = [len(t) for t in tokens]
+    num_tokens = max(counts)
     capacity = cache.capacity
+    mask = np.empty((batch, num_tokens, capacity + num_tokens), dtype=bool)
+    # past: one vectorised comparison, no per-slot Python work
+    np.less(cache.slot_index[None, None, :], cache.lengths[:, None, None], out=mask[:, :, :capacity])
+    causal = _tri(num_tokens)
+    if min(counts) == num_tokens and (blocks is None or all(b is None for b in blocks)):  # no holes, all causal
+        mask[:, :, capacity:] = causal
+        return np.stack(tokens).astype(np.int64, copy=False), np.stack(positions).astype(np.int64, copy=False), mask
     ids = np.zeros((batch, num_tokens), dtype=np.int64)
     pos = np.zeros((batch, num_tokens), dtype=np.int64)
-    mask = np.zeros((batch, num_tokens, capacity + num_tokens), dtype=bool)
-    # past: one vectorised comparison, no per-slot Python work
-    mask[:, :, :capacity] = np.arange(capacity)[None, None, :] < cache.lengths[:, None, None]
-    causal = np.tri(num_tokens, dtype=bool)
+    mask[:, :, capacity:] = False
     for b in range(batch):
-        n = len(tokens[b])
+        n = counts[b]
         ids[b, :n] = tokens[b]
         pos[b, :n] = positions[b]
         block = blocks[b] if blocks is not None and blocks[b] is not None else causal[:n, :n]
@@ -38,3 +43,15 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
             idx = np.arange(n, num_tokens)
             mask[b, idx, capacity + idx] = True
     return ids, pos, mask
+
+
+_TRI: dict[int, np.ndarray] = {}
+
+
+def _tri(n: int) -> np.ndarray:
+    """Lower-triangular [n, n] bool (read-only, cached)."""
+    t = _TRI.get(n)
+    if t is None:
+        t = _TRI[n] = np.tri(n, dtype=bool)
+        t.flags.writeable = False
+    return t

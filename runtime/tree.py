@@ -23,11 +23,16 @@ class DraftTree:
     tokens: np.ndarray  # [N] int64 drafted tokens
     parents: np.ndarray  # [N] int64 parent node of each node, -1 = root; parents[i] < i
     draft_probs: np.ndarray | None = None  # [N, V] warped draft distribution each token was sampled from
+    is_chain: bool | None = None  # node i's parent is i - 1 for every i (computed when not given)
+
+    def __post_init__(self):
+        if self.is_chain is None:
+            self.is_chain = bool(np.array_equal(self.parents, np.arange(-1, len(self.parents) - 1)))
 
     @staticmethod
     def chain(tokens, draft_probs=None) -> "DraftTree":
         n = len(tokens)
-        return DraftTree(np.asarray(tokens, dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64), draft_probs)
+        return DraftTree(np.asarray(tokens, dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64), draft_probs, True)
 
     @staticmethod
     def empty() -> "DraftTree":
@@ -36,12 +41,10 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def is_chain(self) -> bool:
-        return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1)))
-
     def depths(self) -> np.ndarray:
         """[N + 1] depth of each row: 0 for the root, parent depth + 1 for node i."""
+        if self.is_chain:
+            return np.arange(len(self) + 1, dtype=np.int64)
         depth = np.zeros(len(self) + 1, dtype=np.int64)
         for i, p in enumerate(self.parents):
             depth[i + 1] = depth[p + 1] + 1
