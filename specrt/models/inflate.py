@@ -5,14 +5,15 @@ show what speculation buys on real hardware. Inflating it keeps its exact functi
 weight traffic of a ~150M-parameter model:
 
 - hidden dims d -> D: the original residual stream lives in dims [0, d); added dims stay exactly zero
-  because every write into the residual (embeddings, o_proj, down_proj) is zero there;
+  because nothing writes there (embedding columns and o_proj / down_proj rows for [d, D) are zero);
 - RMSNorm: with D - d zero dims, mean(x^2) shrinks by d/D, so norm weights on [0, d) are scaled by
   sqrt(d/D) and eps by d/D, which makes every normalised value exactly the original's;
-- added attention heads and MLP units read the stream through random weights, but their output
-  projections are zero; added layers (after the original ones) have zero o_proj and down_proj, so they
-  are identities on the residual stream;
-- every weight that does not touch the function is random (N(0, 0.02)), not zero, so the model costs
-  what a dense model of its size costs.
+- added attention heads (and every head of an added layer, placed after the original ones) get value
+  projections that read only the zero dims [d, D), so their values, and their outputs, are exactly
+  zero; added MLP units likewise get up projections that read only zero dims, so act(gate) * up = 0;
+- every other weight is random (N(0, 0.02)): the output projections of added capacity too, since they
+  multiply exact zeros. So the model costs what a dense model of its size costs, and no two layers
+  hold byte-identical tensors that an exporter could merge into one cache-resident buffer.
 
 Logits equal the original's up to float rounding (tests/models/test_inflate.py).
 """
@@ -65,12 +66,9 @@ def inflate_model(model, cfg: InflateConfig):
     scale = math.sqrt(d / big)
     src = dict(model.named_parameters())
 
-    def rand_(t):
-        return t.normal_(0.0, cfg.std)
-
     with torch.no_grad():
-        for name, p in new.named_parameters():
-            rand_(p)
+        for p in new.parameters():
+            p.normal_(0.0, cfg.std)
         new.model.embed_tokens.weight[:, d:] = 0
         new.model.embed_tokens.weight[:, :d] = src["model.embed_tokens.weight"]
         new.lm_head.weight[:, :d] = src["lm_head.weight"]
@@ -79,19 +77,23 @@ def inflate_model(model, cfg: InflateConfig):
         inter = old.intermediate_size
         for i, layer in enumerate(new.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            attn.o_proj.weight.zero_()
-            mlp.down_proj.weight.zero_()
-            if i >= old.num_hidden_layers:
-                continue  # an added layer: random reads, zero writes -> identity on the stream
+            attn.o_proj.weight[d:] = 0  # never write the added dims of the residual stream
+            mlp.down_proj.weight[d:] = 0
+            if i >= old.num_hidden_layers:  # an added layer: values and up projections read zeros only
+                attn.v_proj.weight[:, :d] = 0
+                mlp.up_proj.weight[:, :d] = 0
+                continue
             pre = f"model.layers.{i}."
             layer.input_layernorm.weight[:d] = src[pre + "input_layernorm.weight"] * scale
             layer.post_attention_layernorm.weight[:d] = src[pre + "post_attention_layernorm.weight"] * scale
             attn.q_proj.weight[:q_rows, :d] = src[pre + "self_attn.q_proj.weight"]
             attn.k_proj.weight[:kv_rows, :d] = src[pre + "self_attn.k_proj.weight"]
             attn.v_proj.weight[:kv_rows, :d] = src[pre + "self_attn.v_proj.weight"]
+            attn.v_proj.weight[kv_rows:, :d] = 0  # added heads: zero values
             attn.o_proj.weight[:d, :q_rows] = src[pre + "self_attn.o_proj.weight"]
             mlp.gate_proj.weight[:inter, :d] = src[pre + "mlp.gate_proj.weight"]
             mlp.up_proj.weight[:inter, :d] = src[pre + "mlp.up_proj.weight"]
+            mlp.up_proj.weight[inter:, :d] = 0  # added units: zero up projection
             mlp.down_proj.weight[:d, :inter] = src[pre + "mlp.down_proj.weight"]
     new.generation_config = model.generation_config
     return new

@@ -17,8 +17,12 @@ def test_inflated_target_computes_the_same_logits(tmp_path):
     with torch.no_grad():
         a, b = model(ids).logits, big(ids).logits
     assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
-    # the added capacity is real (random), not zero
-    assert big.model.layers[-1].mlp.up_proj.weight.abs().mean() > 1e-3
+    # the added capacity is real (random), not zero, and no two layers share a tensor's bytes
+    # (an exporter would merge identical initializers into one buffer and cut the weight traffic)
+    assert big.model.layers[-1].mlp.down_proj.weight.abs().mean() > 1e-3
+    for name in ("self_attn.o_proj", "self_attn.v_proj", "mlp.up_proj", "mlp.down_proj"):
+        tensors = [layer.get_submodule(name).weight for layer in big.model.layers]
+        assert not any(torch.equal(a, b) for i, a in enumerate(tensors) for b in tensors[i + 1:]), name
 
 
 def test_inflate_refuses_to_shrink():
