@@ -32,7 +32,7 @@ class E2EConfig:
     max_new_tokens: int = 128
     runs: int = 3
     threads: int = 2
-    num_draft_tokens: int = 4
+    num_draft_tokens: tuple[int, ...] = (4,)  # one `sd` row per value
     methods: tuple[str, ...] = OURS
     baselines: tuple[str, ...] = BASELINES
     prompt_lookup_tokens: int = 10
@@ -57,12 +57,12 @@ class MethodResult:
 
 
 class _Ours:
-    def __init__(self, pipe, method: str, cfg: E2EConfig):
-        self.pipe, self.method, self.cfg = pipe, method, cfg
+    def __init__(self, pipe, method: str, cfg: E2EConfig, num_draft_tokens: int = 4):
+        self.pipe, self.method, self.cfg, self.num_draft_tokens = pipe, method, cfg, num_draft_tokens
 
     def __call__(self, prompts):
         outs = self.pipe.generate(prompts, method=self.method, max_new_tokens=self.cfg.max_new_tokens,
-                                  num_draft_tokens=self.cfg.num_draft_tokens)
+                                  num_draft_tokens=self.num_draft_tokens)
         calls = sum(o.stats["rounds"] for o in outs)  # decode steps of the target (prefill excluded)
         host = sum(o.stats["seconds"]["host"] for o in outs)
         return [o.token_ids for o in outs], calls, host
@@ -108,7 +108,13 @@ def build_runners(cfg: E2EConfig) -> dict:
 
     torch.set_num_threads(cfg.threads)
     pipe = Pipeline.load(cfg.bundle, backend="ort", threads=cfg.threads)
-    runners = {m: _Ours(pipe, m, cfg) for m in cfg.methods}
+    runners = {}
+    for m in cfg.methods:
+        if m == "autoregressive":
+            runners[m] = _Ours(pipe, m, cfg)
+            continue
+        for g in cfg.num_draft_tokens:
+            runners[m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"] = _Ours(pipe, m, cfg, g)
     if not cfg.baselines:
         return runners
     tok = AutoTokenizer.from_pretrained(cfg.bundle / "tokenizer")
@@ -180,17 +186,18 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult]) -> dict:
 
 def markdown(data: dict) -> str:
     c = data["config"]
+    gammas = ",".join(map(str, c["num_draft_tokens"]))
     lines = [f"### e2e `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
-             f"greedy, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
+             f"greedy, batch 1, {c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})", "",
              "| method | tokens/s | vs our AR | vs HF | tokens/target call | host share | same tokens as our AR |",
              "|---|---:|---:|---:|---:|---:|---:|"]
 
-    def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
+    def f(v, fmt, unit=""):
+        return "-" if v is None else format(v, fmt) + unit
 
     for r in data["rows"]:
-        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_ours_ar'], '.2f')}x | "
-                     f"{f(r['speedup_vs_hf'], '.2f')}x | {f(r['tokens_per_target_call'], '.2f')} | "
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_ours_ar'], '.2f', 'x')} | "
+                     f"{f(r['speedup_vs_hf'], '.2f', 'x')} | {f(r['tokens_per_target_call'], '.2f')} | "
                      f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} |")
     return "\n".join(lines) + "\n"
 
@@ -206,7 +213,7 @@ def plot(data: dict, path: Path) -> None:
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.barh([r["method"] for r in rows], [r["tokens_per_s"] for r in rows],
-            color=["tab:blue" if r["method"] in OURS else "tab:gray" for r in rows])
+            color=["tab:blue" if r["method"].split()[0] in OURS else "tab:gray" for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median)")
     ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
@@ -225,7 +232,7 @@ def add_e2e_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--num-draft-tokens", default="4", help="gamma, or a comma list for one sd row each")
     p.add_argument("--methods", default=",".join(OURS))
     p.add_argument("--baselines", default=",".join(BASELINES), help="comma list of " + ", ".join(BASELINES) + " (or none)")
 
@@ -239,5 +246,5 @@ def main_from_args(args) -> dict:
             raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
     cfg = E2EConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
                     max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                    num_draft_tokens=args.num_draft_tokens, methods=tuple(args.methods.split(",")), baselines=baselines)
+                    num_draft_tokens=tuple(int(g) for g in args.num_draft_tokens.split(",")), methods=tuple(args.methods.split(",")), baselines=baselines)
     return run_e2e(cfg)
