@@ -20,7 +20,8 @@ from specrt.errors import SpecrtError, UnsupportedModelError
 from specrt.manifest import ModelEntry, hash_tree, write_manifest
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-PARITY_TOL = 1e-4
+DTYPES = ("float32", "float16")
+PARITY_TOL = {"float32": 1e-4, "float16": 5e-2}  # max |onnx - torch| over logits and new K/V
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ExportConfig:
     tokenizer: Path | None = None  # default: the target's directory
     opset: int = 17
     check: bool = True  # parity against PyTorch after export
+    dtype: str = "float32"  # weights, activations and K/V; logits are always float32
 
 
 def load_config(path: Path):
@@ -49,13 +51,15 @@ def load_config(path: Path):
     return config
 
 
-def load_checkpoint(path: Path):
+def load_checkpoint(path: Path, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
+    if dtype not in DTYPES:
+        raise SpecrtError(f"unsupported dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     load_config(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     except (OSError, RuntimeError, ValueError) as e:
         raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
     return model.eval()
@@ -92,7 +96,8 @@ def export_step_graph(model, path: Path, opset: int = 17) -> None:
     ids = torch.zeros((batch, num_tokens), dtype=torch.int64)
     pos = torch.arange(num_tokens).expand(batch, num_tokens).contiguous()
     mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
-    past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim)) for _ in range(2 * num_layers)]
+    dtype = next(model.parameters()).dtype
+    past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype) for _ in range(2 * num_layers)]
     dyn = {contract.INPUT_IDS: {0: "batch", 1: "num_tokens"},
            contract.POSITION_IDS: {0: "batch", 1: "num_tokens"},
            contract.ATTENTION_MASK: {0: "batch", 1: "num_tokens", 2: "capacity_plus_tokens"},
@@ -111,13 +116,13 @@ def export_step_graph(model, path: Path, opset: int = 17) -> None:
         )
 
 
-def _entry(role: str, model, onnx_rel: str, hf_rel: str) -> ModelEntry:
+def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str) -> ModelEntry:
     c = model.config
     return ModelEntry(
         role=role, onnx=onnx_rel, hf_dir=hf_rel, model_type=c.model_type,
         num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        vocab_size=c.vocab_size, max_positions=_max_context(c), dtype="float32",
+        vocab_size=c.vocab_size, max_positions=_max_context(c), dtype=dtype,
         num_params=sum(p.numel() for p in model.parameters()),
     )
 
@@ -144,7 +149,7 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target)
     draft_tok = load_tokenizer(cfg.draft) if any((cfg.draft / f).is_file() for f in TOKENIZER_FILES) else None
     check_pair(load_config(cfg.target), load_config(cfg.draft), tokenizer, draft_tok)
-    target, draft = load_checkpoint(cfg.target), load_checkpoint(cfg.draft)
+    target, draft = load_checkpoint(cfg.target, cfg.dtype), load_checkpoint(cfg.draft, cfg.dtype)
     stages.update()
     tok_dir = cfg.out / "tokenizer"
     shutil.rmtree(tok_dir, ignore_errors=True)
@@ -165,11 +170,12 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
             stages.set_postfix_str(f"{role}: parity")
             sess = onnxruntime.InferenceSession(str(cfg.out / onnx_rel), providers=["CPUExecutionProvider"])
             report = check_parity(sess, StepModule(model).eval())
-            if not report.ok(PARITY_TOL):
-                raise SpecrtError(f"{role} step graph does not match PyTorch: {report} (tolerance {PARITY_TOL})")
+            tol = PARITY_TOL[cfg.dtype]
+            if not report.ok(tol):
+                raise SpecrtError(f"{role} step graph does not match PyTorch: {report} (tolerance {tol})")
             parity[role] = {"cases": report.cases, "max_logit_err": report.max_logit_err, "max_kv_err": report.max_kv_err}
         stages.update()
-        models[role] = _entry(role, model, onnx_rel, hf_rel).__dict__ | {"export_seconds": round(time.perf_counter() - t0, 2),
+        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype).__dict__ | {"export_seconds": round(time.perf_counter() - t0, 2),
                                                                             "source": src.name}
     manifest = {
         "format": contract.MANIFEST_FORMAT,

@@ -38,7 +38,7 @@ def random_tree_mask(rng: np.random.Generator, num_tokens: int) -> tuple[np.ndar
 
 
 def random_feeds(rng: np.random.Generator, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int,
-                 batch: int, num_tokens: int, capacity: int) -> dict[str, np.ndarray]:
+                 batch: int, num_tokens: int, capacity: int, dtype=np.float32) -> dict[str, np.ndarray]:
     lengths = rng.integers(0, capacity + 1, size=batch)
     mask = np.zeros((batch, num_tokens, capacity + num_tokens), dtype=bool)
     positions = np.zeros((batch, num_tokens), dtype=np.int64)
@@ -54,8 +54,8 @@ def random_feeds(rng: np.random.Generator, num_layers: int, num_kv_heads: int, h
     }
     shape = (batch, num_kv_heads, capacity, head_dim)
     for layer in range(num_layers):
-        feeds[contract.past_key(layer)] = rng.standard_normal(shape).astype(np.float32)
-        feeds[contract.past_value(layer)] = rng.standard_normal(shape).astype(np.float32)
+        feeds[contract.past_key(layer)] = rng.standard_normal(shape).astype(dtype)
+        feeds[contract.past_value(layer)] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
 
@@ -66,18 +66,19 @@ def check_parity(session, step_module, num_cases: int = 6, seed: int = 0) -> Par
     rng = np.random.default_rng(seed)
     m = step_module
     vocab = m.hf.config.vocab_size
+    dtype = np.dtype(str(next(m.parameters()).dtype).removeprefix("torch."))
     names = contract.output_names(m.num_layers)
     logit_err = kv_err = 0.0
     shapes = [(1, 1, 0), (2, 5, 0)] + [
         (int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40))) for _ in range(max(0, num_cases - 2))
     ]
     for batch, num_tokens, capacity in shapes[:num_cases]:
-        feeds = random_feeds(rng, m.num_layers, m.num_kv_heads, m.head_dim, vocab, batch, num_tokens, capacity)
+        feeds = random_feeds(rng, m.num_layers, m.num_kv_heads, m.head_dim, vocab, batch, num_tokens, capacity, dtype)
         onnx_out = session.run(names, feeds)
         with torch.no_grad():
             ref = m(*(torch.from_numpy(feeds[n]) for n in contract.input_names(m.num_layers)))
         # Compare only rows that can be read: every row here sees at least itself.
-        logit_err = max(logit_err, float(np.abs(onnx_out[0] - ref[0].numpy()).max()))
+        logit_err = max(logit_err, float(np.abs(onnx_out[0] - ref[0].float().numpy()).max()))
         for got, want in zip(onnx_out[1:], ref[1:]):
-            kv_err = max(kv_err, float(np.abs(got - want.numpy()).max()))
+            kv_err = max(kv_err, float(np.abs(got.astype(np.float32) - want.float().numpy()).max()))
     return ParityReport(len(shapes[:num_cases]), logit_err, kv_err)

@@ -63,8 +63,8 @@ class StepModule(nn.Module):
         x = inner.embed_tokens(input_ids)  # [B, T, hidden]
         cos, sin = inner.rotary_emb(x, position_ids)  # [B, T, D]
         cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, T, D]
-        neg = torch.finfo(x.dtype).min
-        bias = torch.where(attention_mask, 0.0, neg).to(x.dtype)[:, None, None]  # [B, 1, 1, T, S + T]
+        # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
+        bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
         groups = self.num_heads // self.num_kv_heads
         new_kv = []
         for layer_idx, layer in enumerate(inner.layers):
@@ -80,8 +80,8 @@ class StepModule(nn.Module):
             new_kv += [k, v]
             keys = torch.cat([past[2 * layer_idx], k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
             values = torch.cat([past[2 * layer_idx + 1], v], dim=2).unsqueeze(2)
-            scores = torch.matmul(q, keys.transpose(3, 4)) * attn.scaling + bias  # [B, Hkv, groups, T, S + T]
-            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            scores = torch.matmul(q, keys.transpose(3, 4)).float() * attn.scaling + bias  # [B, Hkv, groups, T, S + T]
+            probs = torch.softmax(scores, dim=-1).to(q.dtype)
             out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
             out = out.permute(0, 3, 1, 2, 4).reshape(batch, num_tokens, -1)  # [B, T, H * D]
             x = x + attn.o_proj(out)

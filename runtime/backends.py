@@ -55,15 +55,15 @@ class Backend(ABC):
 
 
 class _GrowingBuffer:
-    """A flat float32 buffer handed out as contiguous views of any shape; grows, never shrinks."""
+    """A flat buffer handed out as contiguous views of any shape; grows, never shrinks."""
 
-    def __init__(self):
-        self._flat = np.empty(0, dtype=np.float32)
+    def __init__(self, dtype=np.float32):
+        self._flat = np.empty(0, dtype=dtype)
 
     def view(self, shape: tuple[int, ...]) -> np.ndarray:
         size = int(np.prod(shape))
         if size > self._flat.size:
-            self._flat = np.empty(max(size, 2 * self._flat.size), dtype=np.float32)
+            self._flat = np.empty(max(size, 2 * self._flat.size), dtype=self._flat.dtype)
         return self._flat[:size].reshape(shape)
 
 
@@ -91,12 +91,12 @@ class OrtBackend(Backend):
                                             providers=providers or ["CPUExecutionProvider"])
         self._binding = self.session.io_binding()
         self._logits = _GrowingBuffer()
-        self._new_kv = _GrowingBuffer()
+        self._new_kv = _GrowingBuffer(np.dtype(entry.dtype))
         self._bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
         self._bound_out = None  # (logits, new_kv) arrays bound as outputs
 
     def allocate(self, shape):
-        return np.zeros(shape, dtype=np.float32)
+        return np.zeros(shape, dtype=np.dtype(self.entry.dtype))
 
     def _bind_in(self, name: str, arr: np.ndarray) -> None:
         self._binding.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
@@ -147,11 +147,12 @@ class TorchBackend(Backend):
             torch.set_num_threads(threads)
         self.torch = torch
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32)
+        self.dtype = getattr(torch, entry.dtype)
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=self.dtype)
         self.module = StepModule(model).eval().to(self.device)
 
     def allocate(self, shape):
-        return self.torch.zeros(shape, dtype=self.torch.float32, device=self.device)
+        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _run(self, input_ids, position_ids, attention_mask, cache):
         torch = self.torch
@@ -165,7 +166,7 @@ class TorchBackend(Backend):
                               torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)).to(self.device),
                               *past)
             new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
-            logits = out[0].cpu().numpy()
+            logits = out[0].float().cpu().numpy()
         return logits, new_kv
 
 

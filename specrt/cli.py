@@ -50,6 +50,8 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir (default: the target's, else the demo's)")
     p.add_argument("--out", type=Path, default=Path("build/demo"), help="bundle directory (default: %(default)s)")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX-vs-PyTorch parity check")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="weights, activations and K/V cache (float16 is meant for GPUs; logits stay float32)")
 
 
 def _tokenizer_dir(args) -> Path | None:
@@ -78,7 +80,7 @@ def cmd_export(args) -> None:
     from specrt.export.onnx_export import ExportConfig, export_bundle
 
     cfg = ExportConfig(target=args.target, draft=args.draft, out=args.out, tokenizer=_tokenizer_dir(args),
-                       check=not args.no_check)
+                       check=not args.no_check, dtype=args.dtype)
     manifest = export_bundle(cfg)
     for role, p in manifest["parity"].items():
         print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")

@@ -7,11 +7,11 @@ import pytest
 from specrt.models import DEMO_DIR
 
 
-def _export(out, target="target", draft="draft"):
+def _export(out, target="target", draft="draft", dtype="float32"):
     from specrt.export.onnx_export import ExportConfig, export_bundle
 
     export_bundle(ExportConfig(target=DEMO_DIR / target, draft=DEMO_DIR / draft, out=out,
-                               tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+                               tokenizer=DEMO_DIR / "tokenizer", dtype=dtype), progress=False)
     return out
 
 
@@ -25,6 +25,12 @@ def demo_bundle(tmp_path_factory):
 def self_draft_bundle(tmp_path_factory):
     """Target drafting for itself: every greedy draft is accepted, which stresses the bookkeeping."""
     return _export(tmp_path_factory.mktemp("bundle") / "self", draft="target")
+
+
+@pytest.fixture(scope="session")
+def fp16_bundle(tmp_path_factory):
+    """The demo pair with float16 weights, activations and K/V (parity checked at export)."""
+    return _export(tmp_path_factory.mktemp("bundle") / "fp16", dtype="float16")
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,17 @@ def test_self_draft_accepts_everything(self_draft_bundle, humaneval):
         assert s.stats["accepted_hist"].keys() == {4}  # every round accepted all four drafts
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp16_bundle_sd_is_token_identical(fp16_bundle, humaneval, backend):
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(fp16_bundle, backend=backend, threads=2)
+    assert pipe.target.entry.dtype == "float16"
+    ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=32)
+    sd = pipe.generate(humaneval[:6], method="sd", max_new_tokens=32)
+    assert [a.token_ids for a in ar] == [s.token_ids for s in sd]
+
+
 def test_stops_exactly_at_max_new_tokens(pipelines, humaneval):
     for n in (1, 2, 5, 7):
         out = pipelines["ort"].generate(humaneval[0], method="sd", max_new_tokens=n)
