@@ -3,6 +3,7 @@ autoregressive and sd on HumanEval prompts with the e2e bench (no external basel
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +30,13 @@ def run_demo(cfg: DemoConfig) -> dict:
         export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=cfg.bundle,
                                    tokenizer=DEMO_DIR / "tokenizer"))
     data = run_e2e(E2EConfig(bundle=cfg.bundle, out=cfg.bundle.parent / "bench", label="make-demo",
-                             num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, runs=1,
+                             num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, runs=3,
                              threads=cfg.threads or 2, baselines=()))
     from specrt.bench.prompts import humaneval_prompts
     from specrt.runtime.pipeline import Pipeline
 
     prompt = humaneval_prompts(1)[0]
     out = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads).generate(prompt, max_new_tokens=cfg.max_new_tokens)
-    print("sample (HumanEval/0, sd, greedy):\n" + prompt[-200:] + "\033[1m" + out.text + "\033[0m")
+    bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
+    print("sample (HumanEval/0, sd, greedy; the continuation in bold on a terminal):\n" + prompt[-200:] + bold + out.text + plain)
     return data
