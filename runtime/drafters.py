@@ -22,7 +22,7 @@ import numpy as np
 
 from specrt.runtime.backends import Backend
 from specrt.runtime.sampling import SamplingParams, sample, warp
-from specrt.runtime.step_inputs import pack_step
+from specrt.runtime.step_inputs import feed_rows
 from specrt.runtime.tree import DraftTree
 
 
@@ -63,19 +63,8 @@ class DraftModelDrafter(Drafter):
         self.cache = self.backend.new_cache(len(seqs), self.bucket)
         feed = [s.tokens[:-1] for s in seqs]
         if max(len(f) for f in feed):
-            self._step(feed)
+            feed_rows(self.backend, self.cache, feed)
         self.seconds = time.perf_counter() - t0
-
-    def _step(self, feeds: list[np.ndarray]) -> np.ndarray:
-        """Feed rows (pending tokens) per sequence, append their K/V; returns logits [B, T, V]."""
-        cache = self.cache
-        counts = [len(f) for f in feeds]
-        cache.reserve(int(max(cache.lengths + np.asarray(counts))))
-        positions = [cache.lengths[b] + np.arange(n) for b, n in enumerate(counts)]
-        ids, pos, mask = pack_step(cache, feeds, positions)
-        logits, new_kv = self.backend.step(ids, pos, mask, cache)
-        cache.append(new_kv, counts)
-        return logits
 
     def propose(self, seqs, params, rng):
         t0, busy0 = time.perf_counter(), self.backend.busy_seconds
@@ -86,7 +75,7 @@ class DraftModelDrafter(Drafter):
         drafted = [[] for _ in seqs]
         probs = [[] for _ in seqs] if not params.greedy else None
         for j in range(self.num_draft_tokens):
-            logits = self._step(feeds)
+            logits = feed_rows(self.backend, cache, feeds)
             rows = logits[np.arange(len(seqs)), last_rows]  # [B, V] next-token logits
             if params.greedy:
                 nxt = rows.argmax(axis=-1)

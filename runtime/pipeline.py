@@ -22,7 +22,7 @@ from specrt.manifest import load_manifest, model_entry
 from specrt.runtime.backends import BACKENDS, load_backend
 from specrt.runtime.drafters import DraftModelDrafter
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.scheduler import Scheduler, Sequence_
+from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.verify import make_verifier
 
 METHODS = ("autoregressive", "sd")
@@ -87,7 +87,7 @@ class Pipeline:
         drafter = DraftModelDrafter(self.draft, num_draft_tokens, self.bucket) if method == "sd" else None
         return Scheduler(self.target, drafter, make_verifier(params), self.eos_id, self.bucket)
 
-    def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[Sequence_]:
+    def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         seqs = []
@@ -98,7 +98,7 @@ class Pipeline:
                 raise InvalidRequestError(
                     f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} and {slack} draft slots "
                     f"it needs {need} positions, more than the context of {self.max_context}")
-            seqs.append(Sequence_(i, ids, max_new_tokens, slack))
+            seqs.append(SeqState(i, ids, max_new_tokens, slack))
         return seqs
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
@@ -150,6 +150,6 @@ class Pipeline:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)
 
-    def _result(self, s: Sequence_) -> Generation:
+    def _result(self, s: SeqState) -> Generation:
         ids = [int(t) for t in s.new_tokens]
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats.as_dict())

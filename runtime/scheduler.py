@@ -21,7 +21,7 @@ import numpy as np
 from specrt.runtime.backends import Backend
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.step_inputs import pack_step
+from specrt.runtime.step_inputs import feed_rows, pack_step
 from specrt.runtime.tree import DraftTree
 
 
@@ -49,7 +49,7 @@ class Stats:
                 "seconds": dict(self.seconds)}
 
 
-class Sequence_:
+class SeqState:
     """One request's tokens in a preallocated buffer (appends never copy the history)."""
 
     def __init__(self, index: int, prompt: Sequence[int], max_new_tokens: int, slack: int):
@@ -93,7 +93,7 @@ class Scheduler:
         self.eos_id = eos_id
         self.bucket = bucket
 
-    def run(self, seqs: list[Sequence_], params: SamplingParams, rng: np.random.Generator) -> Iterator[tuple[Sequence_, list[int]]]:
+    def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator) -> Iterator[tuple[SeqState, list[int]]]:
         """Decode the batch; yields (sequence, tokens appended this round) as they come."""
         t_start = time.perf_counter()
         live = list(seqs)
@@ -101,10 +101,7 @@ class Scheduler:
         t0 = time.perf_counter()
         feed = [s.tokens[:-1] for s in live]
         if max(len(f) for f in feed):
-            cache.reserve(max(len(f) for f in feed))
-            ids, pos, mask = pack_step(cache, feed, [np.arange(len(f)) for f in feed])
-            _, new_kv = self.target.step(ids, pos, mask, cache)
-            cache.append(new_kv, [len(f) for f in feed])
+            feed_rows(self.target, cache, feed)
             for s in live:
                 s.stats.target_calls += 1
         if self.drafter is not None:

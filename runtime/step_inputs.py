@@ -15,6 +15,21 @@ import numpy as np
 from specrt.runtime.kv_cache import KVCache
 
 
+def feed_rows(backend, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Feed each sequence's rows causally after its cached prefix and append all their K/V.
+
+    Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the backend's
+    next step).
+    """
+    counts = [len(r) for r in rows]
+    cache.reserve(int(max(cache.lengths + np.asarray(counts))))
+    positions = [cache.lengths[b] + np.arange(n) for b, n in enumerate(counts)]
+    ids, pos, mask = pack_step(cache, rows, positions)
+    logits, new_kv = backend.step(ids, pos, mask, cache)
+    cache.append(new_kv, counts)
+    return logits
+
+
 def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[np.ndarray],
               blocks: Sequence[np.ndarray | None] | None = None):
     """Returns input_ids [B, T], position_ids [B, T], attention_mask [B, T, S + T] (S = cache.capacity)."""
