@@ -22,8 +22,8 @@ import numpy as np
 
 from specrt.runtime.backends import Backend
 from specrt.runtime.sampling import SamplingParams, sample, warp
-from specrt.runtime.step_inputs import feed_rows
-from specrt.runtime.tree import DraftTree
+from specrt.runtime.step_inputs import feed_rows, pack_step
+from specrt.runtime.tree import DraftTree, TreeSpec
 
 
 class Drafter(ABC):
@@ -46,16 +46,34 @@ class Drafter(ABC):
 
 
 class DraftModelDrafter(Drafter):
-    """A chain of `num_draft_tokens` tokens from a small draft model (greedy or sampled from warped q)."""
+    """Fills a TreeSpec with the draft model, one draft step per tree level.
 
-    def __init__(self, backend: Backend, num_draft_tokens: int, bucket: int = 128):
-        if num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    Level 0 feeds the pending tokens; the root's children are the draft's top-k tokens after them. Each
+    later step feeds the nodes of one depth that have children in the spec: they are scratch rows in the
+    draft cache (after the pending tokens), each seeing the committed prefix, its ancestors and itself;
+    their top-k tokens become their children. A chain spec with temperature > 0 samples each token from
+    the warped draft distribution q instead (and records q for lossless rejection sampling); trees use
+    deterministic top-k children, verified against one-hot drafts.
+    """
+
+    def __init__(self, backend: Backend, spec: TreeSpec, bucket: int = 128):
         self.backend = backend
-        self.num_draft_tokens = num_draft_tokens
+        self.spec = spec
         self.bucket = bucket
         self.cache = None
-        self._base = None  # [B] cache lengths before this round's drafting
+        self._base = None  # [B] cache lengths before this round
+        self._anchor = None  # [B] cache lengths after the pending tokens (first scratch slot)
+        self._slots = None  # [B, N] scratch slot of each fed node, -1 if not fed
+        # per level d >= 1: nodes fed (those with children) and their visibility of earlier fed nodes
+        self._plan = []
+        fed: list[int] = []
+        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
+        for level in spec.levels[:-1]:
+            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
+            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
+            self._plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
+            fed += expand.tolist()
+        self._children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
 
     def start(self, seqs) -> None:
         """Prefill every prompt but its last token (that one is pending, fed in the first round)."""
@@ -66,40 +84,65 @@ class DraftModelDrafter(Drafter):
             feed_rows(self.backend, self.cache, feed)
         self.seconds = time.perf_counter() - t0
 
+    def _fill(self, parent: int, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
+        """Set the tokens of `parent`'s children (-1 = root) from next-token logits rows [B, V]."""
+        kids = self._children[parent + 1]
+        if probs is not None:  # sampled chain: one child, drawn from q
+            q = warp(rows, params)
+            for b in range(len(rows)):
+                tokens[b, kids[0]] = sample(q[b], rng)
+                probs[b, kids[0]] = q[b]
+        elif len(kids) == 1 and self.spec.ranks[kids[0]] == 0:
+            tokens[:, kids[0]] = rows.argmax(axis=-1)
+        else:
+            k = int(self.spec.ranks[kids].max()) + 1
+            top = np.argpartition(-rows, k - 1, axis=-1)[:, :k]  # [B, k] unordered
+            order = np.argsort(-np.take_along_axis(rows, top, axis=-1), axis=-1, kind="stable")
+            top = np.take_along_axis(top, order, axis=-1)  # [B, k] best first
+            tokens[:, kids] = top[:, self.spec.ranks[kids]]
+
     def propose(self, seqs, params, rng):
         t0, busy0 = time.perf_counter(), self.backend.busy_seconds
-        cache = self.cache
+        spec, cache, batch = self.spec, self.cache, len(seqs)
         self._base = cache.lengths.copy()
-        feeds = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
-        last_rows = [len(f) - 1 for f in feeds]
-        drafted = [[] for _ in seqs]
-        probs = [[] for _ in seqs] if not params.greedy else None
-        for j in range(self.num_draft_tokens):
-            logits = feed_rows(self.backend, cache, feeds)
-            rows = logits[np.arange(len(seqs)), last_rows]  # [B, V] next-token logits
-            if params.greedy:
-                nxt = rows.argmax(axis=-1)
-            else:
-                q = warp(rows, params)
-                nxt = [sample(q[b], rng) for b in range(len(seqs))]
-                for b in range(len(seqs)):
-                    probs[b].append(q[b])
-            for b in range(len(seqs)):
-                drafted[b].append(int(nxt[b]))
-            if j + 1 < self.num_draft_tokens:
-                feeds = [np.asarray([t[-1]], dtype=np.int64) for t in drafted]
-                last_rows = [0] * len(seqs)
-        self.num_calls = self.num_draft_tokens
+        pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
+        logits = feed_rows(self.backend, cache, pending)
+        self._anchor = cache.lengths.copy()
+        tokens = np.zeros((batch, len(spec)), dtype=np.int64)
+        sampled = spec.is_chain and not params.greedy
+        probs = np.zeros((batch, len(spec), logits.shape[-1])) if sampled else None
+        self._fill(-1, logits[np.arange(batch), [len(p) - 1 for p in pending]], tokens, probs, params, rng)
+        self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
+        calls = 1
+        for expand, vis, block in self._plan:
+            rows = [tokens[b, expand] for b in range(batch)]
+            positions = [self._anchor[b] - 1 + spec.depths[expand] for b in range(batch)]
+            first_slot = cache.lengths.copy()
+            cache.reserve(int(max(first_slot)) + len(expand))
+            ids, pos, mask = pack_step(cache, rows, positions, [block] * batch,
+                                       None if spec.is_chain else [(int(a), vis) for a in self._anchor])
+            logits, new_kv = self.backend.step(ids, pos, mask, cache)
+            cache.append(new_kv, [len(expand)] * batch)
+            self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
+            calls += 1
+            for t, node in enumerate(expand):
+                self._fill(int(node), logits[:, t], tokens, probs, params, rng)
+        self.num_calls = calls
         self.seconds = time.perf_counter() - t0
         self.backend_seconds = self.backend.busy_seconds - busy0
-        return [DraftTree.chain(drafted[b], None if probs is None else np.stack(probs[b])) for b in range(len(seqs))]
+        if spec.is_chain:
+            return [DraftTree.chain(tokens[b], None if probs is None else probs[b]) for b in range(batch)]
+        return [DraftTree(tokens[b], spec.parents, None, spec=spec) for b in range(batch)]
 
     def commit(self, seqs, verdicts) -> None:
-        """Keep K/V of the fed pending tokens and of accepted drafts whose K/V were computed."""
-        for b, (seq, verdict) in enumerate(zip(seqs, verdicts)):
-            pending = len(seq.tokens) - int(self._base[b])
-            valid = pending + min(len(verdict.path), self.num_draft_tokens - 1)
-            self.cache.truncate(b, int(self._base[b]) + valid)
+        """Keep K/V of the pending tokens and of the accepted path's nodes that were fed (compacted)."""
+        for b, verdict in enumerate(verdicts):
+            slots = []
+            for node in verdict.path:
+                if self._slots[b, node] < 0:
+                    break  # a leaf of the spec: never fed, it stays pending with the bonus token
+                slots.append(int(self._slots[b, node]))
+            self.cache.compact(b, int(self._anchor[b]), slots)
 
     def keep(self, rows) -> None:
         self.cache.keep(rows)

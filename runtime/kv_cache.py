@@ -73,6 +73,14 @@ class KVCache:
             self.buffer[:, :, b, :, start + i] = new_kv[:, :, b, :, row]
         self.lengths[b] = start + len(rows)
 
+    def compact(self, b: int, start: int, slots: Sequence[int]) -> None:
+        """Move rows at `slots` (ascending, each >= its destination) to start, start + 1, ...; the
+        sequence then ends after them. This is how an accepted tree path leaves the scratch area."""
+        for i, src in enumerate(slots):
+            if src != start + i:
+                self.buffer[:, :, b, :, start + i] = self.buffer[:, :, b, :, src]
+        self.lengths[b] = start + len(slots)
+
     def truncate(self, b: int, length: int) -> None:
         """Roll sequence b back to `length` rows (drafted rows beyond it become garbage)."""
         if not 0 <= length <= self.lengths[b]:

@@ -6,7 +6,9 @@
     for piece in pipe.stream("def add(a, b):"): print(piece, end="")
 
 Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive" has no drafter, "sd"
-drafts a chain with the draft model. Greedy when temperature == 0, lossless rejection sampling otherwise.
+drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static token tree (`tree=`
+paths of child ranks, default DEFAULT_TREE) with it and verifies the whole tree in one target step.
+Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ from specrt.runtime.backends import BACKENDS, load_backend
 from specrt.runtime.drafters import DraftModelDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
+from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import make_verifier
 
-METHODS = ("autoregressive", "sd")
+METHODS = ("autoregressive", "sd", "tree")
+
+# A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
+# draft is least sure). The tree tuner replaces this with a tree built from calibration.
+DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+                (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0))
 
 
 @dataclass
@@ -79,12 +87,26 @@ class Pipeline:
             raise InvalidRequestError("empty prompt: give at least one token")
         return ids
 
-    def _scheduler(self, method: str, params: SamplingParams, num_draft_tokens: int) -> Scheduler:
+    @staticmethod
+    def tree_spec(method: str, num_draft_tokens: int, tree) -> TreeSpec | None:
+        """The static tree a method drafts (None for autoregressive)."""
         if method not in METHODS:
             raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-        if num_draft_tokens < 1:
-            raise InvalidRequestError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        drafter = DraftModelDrafter(self.draft, num_draft_tokens, self.bucket) if method == "sd" else None
+        if method == "autoregressive":
+            return None
+        if method == "sd":
+            if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+                raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+            return TreeSpec.chain(num_draft_tokens)
+        if isinstance(tree, TreeSpec):
+            return tree
+        try:
+            return TreeSpec.from_paths(DEFAULT_TREE if tree is None else tree)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"invalid tree: {e}") from None
+
+    def _scheduler(self, spec: TreeSpec | None, params: SamplingParams) -> Scheduler:
+        drafter = DraftModelDrafter(self.draft, spec, self.bucket) if spec is not None else None
         return Scheduler(self.target, drafter, make_verifier(params), self.eos_id, self.bucket)
 
     def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
@@ -103,7 +125,7 @@ class Pipeline:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, num_draft_tokens: int = 4, batch_size: int = 1, progress: bool = False):
+                 seed: int = 0, num_draft_tokens: int = 4, tree=None, batch_size: int = 1, progress: bool = False):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
@@ -115,8 +137,9 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler = self._scheduler(method, params, num_draft_tokens)
-        seqs = self._sequences(prompts, max_new_tokens, num_draft_tokens + 1 if method != "autoregressive" else 1)
+        spec = self.tree_spec(method, num_draft_tokens, tree)
+        scheduler = self._scheduler(spec, params)
+        seqs = self._sequences(prompts, max_new_tokens, len(spec) + 1 if spec else 1)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
         if progress:
@@ -130,11 +153,12 @@ class Pipeline:
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               num_draft_tokens: int = 4) -> Iterator[str]:
+               num_draft_tokens: int = 4, tree=None) -> Iterator[str]:
         """Yield text pieces of one prompt's continuation as rounds are accepted."""
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler = self._scheduler(method, params, num_draft_tokens)
-        seq = self._sequences([prompt], max_new_tokens, num_draft_tokens + 1)[0]
+        spec = self.tree_spec(method, num_draft_tokens, tree)
+        scheduler = self._scheduler(spec, params)
+        seq = self._sequences([prompt], max_new_tokens, len(spec) + 1 if spec else 1)[0]
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
             text = self.decode(seq.new_tokens)

@@ -3,7 +3,8 @@
 Each sequence b brings its own rows: tokens, positions and a [n_b, n_b] mask over its new tokens
 (None = causal). T = max n_b; rows past n_b are holes (token 0, position 0, seeing only themselves):
 they produce finite garbage that nobody reads and nobody commits. Past slots visible to sequence b
-are exactly [0, cache.lengths[b]).
+are [0, cache.lengths[b]), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
+hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def feed_rows(backend, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray
 
 
 def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[np.ndarray],
-              blocks: Sequence[np.ndarray | None] | None = None):
+              blocks: Sequence[np.ndarray | None] | None = None,
+              scratch: Sequence[tuple[int, np.ndarray] | None] | None = None):
     """Returns input_ids [B, T], position_ids [B, T], attention_mask [B, T, S + T] (S = cache.capacity)."""
     batch = len(tokens)
     counts = [len(t) for t in tokens]
@@ -41,6 +43,11 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
     # past: one vectorised comparison, no per-slot Python work
     np.less(cache.slot_index[None, None, :], cache.lengths[:, None, None], out=mask[:, :, :capacity])
     causal = _tri(num_tokens)
+    if scratch is not None:
+        for b, sc in enumerate(scratch):
+            if sc is not None:
+                anchor, vis = sc  # vis: [n_b, lengths[b] - anchor]
+                mask[b, : len(vis), anchor:anchor + vis.shape[1]] = vis
     if min(counts) == num_tokens and (blocks is None or all(b is None for b in blocks)):  # no holes, all causal
         mask[:, :, capacity:] = causal
         return np.stack(tokens).astype(np.int64, copy=False), np.stack(positions).astype(np.int64, copy=False), mask

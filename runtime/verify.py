@@ -9,6 +9,9 @@
   probability min(1, p(x) / q(x)); after a rejection p becomes norm(max(p - q, 0)). When no child is
   accepted the bonus is sampled from the current p. For a chain this is exactly the classic rule, and
   emitted tokens are distributed as the target's warped distribution.
+  Deterministic drafts (top-k children, n-grams; `draft_probs is None`) are one-hot proposals: trying
+  children in order with q = one-hot is the same as drawing y ~ p and following the child whose token
+  is y, if any; otherwise y is the bonus. Also lossless.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ class GreedyVerifier:
 
 class RejectionVerifier:
     def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
-        if len(tree) and tree.draft_probs is None:
-            raise ValueError("rejection sampling needs the draft distribution of every drafted token")
+        if tree.draft_probs is None:
+            return self._one_hot(tree, logits, params, rng)
         path: list[int] = []
         node = -1
         while True:
@@ -67,6 +70,19 @@ class RejectionVerifier:
             if accepted is None:
                 return Verdict(path, sample(p, rng))
             node = accepted
+            path.append(node)
+
+
+    @staticmethod
+    def _one_hot(tree: DraftTree, logits, params, rng) -> Verdict:
+        path: list[int] = []
+        node = -1
+        while True:
+            y = sample(warp(logits[node + 1], params), rng)
+            hit = [c for c in tree.children(node) if tree.tokens[c] == y]
+            if not hit:
+                return Verdict(path, y)
+            node = int(hit[0])
             path.append(node)
 
 

@@ -94,6 +94,7 @@ def test_prompt_longer_than_context(pipelines):
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(num_draft_tokens=0), "num_draft_tokens"),
     (dict(batch_size=0), "batch_size"),
+    (dict(method="tree", tree=[(0, 1)]), "invalid tree"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):

@@ -67,3 +67,27 @@ def test_keep_drops_finished_sequences():
     c.keep([0, 2])
     assert c.batch == 2 and c.lengths.tolist() == [1, 3]
     assert seq(c, 1) == [200, 201, 202]
+
+
+def test_compact_moves_an_accepted_path_out_of_scratch():
+    c = make()
+    c.reserve(8)
+    c.append(rows(2, 7, 0), [7, 7])  # slots 0..6; say 3..6 are scratch tree nodes
+    c.compact(0, 3, [4, 6])  # accepted nodes sat at slots 4 and 6
+    assert seq(c, 0) == [0, 1, 2, 4, 6]
+    c.compact(1, 3, [3])  # already in place
+    assert seq(c, 1) == [100, 101, 102, 103]
+
+
+def test_pack_step_scratch_visibility():
+    from specrt.runtime.step_inputs import pack_step
+
+    c = make(batch=1)
+    c.reserve(8)
+    c.append(rows(1, 6, 0), [6])  # slots 0..3 prefix, 4..5 scratch
+    vis = np.array([[True, False], [False, True]])
+    ids, pos, mask = pack_step(c, [np.array([7, 8])], [np.array([5, 5])], [np.eye(2, dtype=bool)], [(4, vis)])
+    cap = c.capacity
+    assert mask[0, 0, :cap].tolist() == [True] * 4 + [True, False] + [False] * (cap - 6)
+    assert mask[0, 1, :cap].tolist() == [True] * 4 + [False, True] + [False] * (cap - 6)
+    assert mask[0, :, cap:].tolist() == [[True, False], [False, True]]

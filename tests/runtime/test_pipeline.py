@@ -18,6 +18,45 @@ def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
+    pipe = pipelines[backend]
+    ar = pipe.generate(humaneval, method="autoregressive", max_new_tokens=48)
+    tree = pipe.generate(humaneval, method="tree", max_new_tokens=48)
+    chain = pipe.generate(humaneval, method="sd", max_new_tokens=48, num_draft_tokens=4)
+    for i, (a, t) in enumerate(zip(ar, tree)):
+        assert a.token_ids == t.token_ids, f"prompt {i} differs"
+    per_call = [sum(len(o.token_ids) for o in outs) / sum(o.stats["rounds"] for o in outs) for outs in (tree, chain)]
+    assert per_call[0] > per_call[1]  # the tree's extra branches do get accepted
+
+
+def test_tree_ragged_batch_and_custom_spec(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    paths = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+    ar = pipe.generate(humaneval[:5], method="autoregressive", max_new_tokens=32)
+    tree = pipe.generate(humaneval[:5], method="tree", tree=paths, max_new_tokens=32, batch_size=5)
+    assert [a.token_ids for a in ar] == [t.token_ids for t in tree]
+    assert all(t.stats["draft_calls"] == 3 * t.stats["rounds"] + 1 for t in tree)  # levels fed: root, d1, d2
+
+
+def test_self_draft_tree_accepts_the_whole_best_path(self_draft_bundle, humaneval):
+    from specrt.runtime.pipeline import DEFAULT_TREE, Pipeline
+
+    pipe = Pipeline.load(self_draft_bundle, threads=2)
+    ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=40)
+    tree = pipe.generate(humaneval[:3], method="tree", max_new_tokens=40)
+    depth = max(len(p) for p in DEFAULT_TREE)
+    for a, t in zip(ar, tree):
+        assert a.token_ids == t.token_ids
+        assert set(t.stats["accepted_hist"]) == {depth}
+
+
+def test_tree_sampling_is_seeded(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    kw = dict(method="tree", max_new_tokens=24, temperature=0.8, top_p=0.95)
+    assert pipe.generate(humaneval[2], seed=3, **kw).token_ids == pipe.generate(humaneval[2], seed=3, **kw).token_ids
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ragged_batch_matches_batch_of_one(pipelines, humaneval, backend):
     pipe = pipelines[backend]
     prompts = humaneval[:5]

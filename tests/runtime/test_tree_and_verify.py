@@ -118,3 +118,42 @@ def test_rejection_multi_round_over_siblings():
         v = RejectionVerifier().verify(tree, p_logits, params, rng)
         counts[int(tree.tokens[v.path[0]]) if v.path else v.bonus] += 1
     assert 0.5 * np.abs(counts / counts.sum() - target).sum() < 0.015
+
+
+# -- TreeSpec ------------------------------------------------------------------------------------
+from specrt.runtime.tree import TreeSpec  # noqa: E402
+
+
+def test_tree_spec_compiles_paths():
+    spec = TreeSpec.from_paths([(1,), (0, 1), (0,), (0, 0), (1, 0), (0, 0, 0)])  # any order in
+    assert spec.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+    assert spec.parents.tolist() == [-1, -1, 0, 0, 1, 2]
+    assert spec.depths.tolist() == [1, 1, 2, 2, 2, 3]
+    assert spec.ranks.tolist() == [0, 1, 0, 1, 0, 0]
+    assert [lv.tolist() for lv in spec.levels] == [[0, 1], [2, 3, 4], [5]]
+    assert spec.num_children.tolist() == [2, 2, 1, 1, 0, 0, 0]
+    assert spec.children(-1).tolist() == [0, 1] and spec.children(0).tolist() == [2, 3]
+    assert spec.row_depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert spec.row_mask[6].tolist() == [True, True, False, True, False, False, True]  # (0,0,0) sees (0,), (0,0)
+    assert not spec.is_chain and TreeSpec.chain(4).is_chain
+    assert not TreeSpec.from_paths([(1,), (1, 0)]).is_chain  # a single path, but not through best children
+
+
+@pytest.mark.parametrize("paths,match", [([], "at least one"), ([(0, 0)], "no parent"), ([(-1,)], ">= 0")])
+def test_tree_spec_rejects_bad_paths(paths, match):
+    with pytest.raises(ValueError, match=match):
+        TreeSpec.from_paths(paths)
+
+
+def test_one_hot_rejection_over_a_tree_reproduces_target_distribution():
+    """Deterministic (top-k) children verified as one-hot drafts: the first emitted token is ~ p."""
+    params = SamplingParams(temperature=0.9, top_k=5)
+    rng = np.random.default_rng(5)
+    p_logits = rng.normal(size=(4, 6)) * 2
+    tree = DraftTree(np.array([int(np.argmax(p_logits[0])), 3, 1]), np.array([-1, -1, 0]))  # no draft_probs
+    target = warp(p_logits[0], params)
+    counts = np.zeros(6)
+    for _ in range(20000):
+        v = RejectionVerifier().verify(tree, p_logits, params, rng)
+        counts[int(tree.tokens[v.path[0]]) if v.path else v.bonus] += 1
+    assert 0.5 * np.abs(counts / counts.sum() - target).sum() < 0.015
