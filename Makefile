@@ -16,7 +16,7 @@ PROMPTS   ?= 30
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate bench bench-tiny bench-inflated clean
+.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,16 @@ export: $(STAMP)
 inflate: $(STAMP)
 	$(BIN)/specrt models inflate --src $(DEMO)/target --out build/inflated/target
 	$(BIN)/specrt export --target build/inflated/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out build/inflated/bundle
+
+# Hardware-aware tree selection for a bundle (OUT=...): acceptance, latency, plan.
+calibrate: $(STAMP)
+	$(BIN)/specrt calibrate --bundle $(OUT)
+
+profile: $(STAMP)
+	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
+
+tune: $(STAMP)
+	$(BIN)/specrt tune --bundle $(OUT)
 
 bench: bench-tiny bench-inflated
 

@@ -7,8 +7,9 @@
 
 Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive" has no drafter, "sd"
 drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static token tree (`tree=`
-paths of child ranks, default DEFAULT_TREE) with it and verifies the whole tree in one target step.
-Greedy when temperature == 0, lossless rejection sampling otherwise.
+paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
+tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
+chain, or no speculation). Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import make_verifier
 
-METHODS = ("autoregressive", "sd", "tree")
+METHODS = ("autoregressive", "sd", "tree", "auto")
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tree tuner replaces this with a tree built from calibration.
@@ -46,7 +47,8 @@ class Generation:
 
 
 class Pipeline:
-    def __init__(self, bundle: Path, manifest: dict, tokenizer, target, draft, bucket: int = 128):
+    def __init__(self, bundle: Path, manifest: dict, tokenizer, target, draft, bucket: int = 128,
+                 backend: str = "ort", threads: int | None = None, device: str | None = None):
         self.bundle = bundle
         self.manifest = manifest
         self.tokenizer = tokenizer  # tokenizers.Tokenizer
@@ -55,6 +57,7 @@ class Pipeline:
         self.eos_id = manifest.get("eos_token_id")
         self.bucket = bucket
         self.max_context = min(target.entry.max_positions, draft.entry.max_positions)
+        self.backend_name, self.threads, self.device = backend, threads, device
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
@@ -72,7 +75,7 @@ class Pipeline:
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
         models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device) for role in ("target", "draft")]
-        return cls(bundle, manifest, tokenizer, *models)
+        return cls(bundle, manifest, tokenizer, *models, backend=backend, threads=threads, device=device)
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -87,9 +90,17 @@ class Pipeline:
             raise InvalidRequestError("empty prompt: give at least one token")
         return ids
 
-    @staticmethod
-    def tree_spec(method: str, num_draft_tokens: int, tree) -> TreeSpec | None:
-        """The static tree a method drafts (None for autoregressive)."""
+    def plan(self) -> dict:
+        """The bundle's plan.json, refused unless it was tuned on this machine, backend and export."""
+        from specrt.machine import fingerprint
+        from specrt.runtime.plan import load_plan
+
+        return load_plan(self.bundle, fingerprint(self.backend_name, self.threads, self.device))
+
+    def tree_spec(self, method: str, num_draft_tokens: int, tree, batch_size: int = 1) -> TreeSpec | None:
+        """The static tree a method drafts (None for no speculation)."""
+        from specrt.runtime.plan import PLAN, choice_for
+
         if method not in METHODS:
             raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
         if method == "autoregressive":
@@ -98,10 +109,15 @@ class Pipeline:
             if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
                 raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
             return TreeSpec.chain(num_draft_tokens)
+        if method == "auto":
+            choice = choice_for(self.plan(), batch_size)
+            return None if choice["method"] == "autoregressive" else TreeSpec.from_paths(choice["paths"])
         if isinstance(tree, TreeSpec):
             return tree
+        if tree is None:
+            tree = choice_for(self.plan(), batch_size)["best_tree"]["paths"] if (self.bundle / PLAN).is_file() else DEFAULT_TREE
         try:
-            return TreeSpec.from_paths(DEFAULT_TREE if tree is None else tree)
+            return TreeSpec.from_paths(tree)
         except (ValueError, TypeError) as e:
             raise InvalidRequestError(f"invalid tree: {e}") from None
 
@@ -137,7 +153,7 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        spec = self.tree_spec(method, num_draft_tokens, tree)
+        spec = self.tree_spec(method, num_draft_tokens, tree, batch_size)
         scheduler = self._scheduler(spec, params)
         seqs = self._sequences(prompts, max_new_tokens, len(spec) + 1 if spec else 1)
         rng = np.random.default_rng(seed)

@@ -4,6 +4,7 @@
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
+    specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
     specrt bench e2e                   end-to-end benchmark against Hugging Face and Optimum
 
 Errors the user can act on (specrt.errors.SpecrtError) print one line and exit with status 2.
@@ -35,7 +36,7 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--method", default="sd", help="autoregressive | sd (default: %(default)s)")
+    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--num-draft-tokens", type=int, default=4, help="gamma: drafted tokens per round")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -112,6 +113,38 @@ def cmd_demo(args) -> None:
                         threads=args.threads, backend=args.backend))
 
 
+def cmd_calibrate(args) -> None:
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+
+    r = calibrate(CalibrationConfig(bundle=args.bundle, num_prompts=args.num_prompts, new_tokens=args.new_tokens,
+                                    max_depth=args.max_depth, max_rank=args.max_rank, seed=args.seed, threads=args.threads))
+    print(f"{r['num_positions']} positions; rank-0 acceptance by depth: "
+          + " ".join(f"{row[0]:.2f}" for row in r["depth_rank"]))
+    for t in r["trees"]:
+        if t["num_nodes"] in (1, 2, 4, 8, 16, 32, 64):
+            print(f"best tree of {t['num_nodes']:>2} nodes: {t['expected_accepted']:.2f} accepted tokens expected per round")
+    print(f"wrote {args.bundle}/acceptance.json")
+
+
+def cmd_profile(args) -> None:
+    from specrt.bench.latency import ProfileConfig, latency_ms, profile
+
+    data = profile(ProfileConfig(bundle=args.bundle, backend=args.backend, threads=args.threads, device=args.device,
+                                 batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats))
+    for b in data["models"]["target"]:
+        print(f"batch {b}: target L(1) {latency_ms(data, 'target', int(b), 1):.2f} ms, "
+              f"L(8) {latency_ms(data, 'target', int(b), 8):.2f} ms; draft L(1) {latency_ms(data, 'draft', int(b), 1):.2f} ms")
+    print(f"wrote {args.bundle}/latency.json and latency.png")
+
+
+def cmd_tune(args) -> None:
+    from specrt.bench.tune import TuneConfig, describe_plan, tune
+
+    plan = tune(TuneConfig(bundle=args.bundle))
+    print(describe_plan(plan))
+    print(f"wrote {args.bundle}/plan.json")
+
+
 def cmd_bench(args) -> None:
     from specrt.bench.e2e import main_from_args
 
@@ -154,6 +187,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=10)
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.set_defaults(func=cmd_demo)
+
+    cal = sub.add_parser("calibrate", help="acceptance statistics on held-out text -> acceptance.json")
+    add_bundle_args(cal)
+    cal.add_argument("--num-prompts", type=int, default=24)
+    cal.add_argument("--new-tokens", type=int, default=96)
+    cal.add_argument("--max-depth", type=int, default=8)
+    cal.add_argument("--max-rank", type=int, default=8)
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--threads", type=int, default=2)
+    cal.set_defaults(func=cmd_calibrate)
+
+    prof = sub.add_parser("profile", help="step latency L(n) of target and draft -> latency.json")
+    add_bundle_args(prof)
+    add_backend_args(prof)
+    prof.add_argument("--batch-sizes", default="1,2,4,8")
+    prof.add_argument("--repeats", type=int, default=5)
+    prof.set_defaults(func=cmd_profile, threads=2)
+
+    tun = sub.add_parser("tune", help="choose the tree per batch size from acceptance + latency -> plan.json")
+    add_bundle_args(tun)
+    tun.set_defaults(func=cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True)

@@ -1,0 +1,105 @@
+"""`specrt tune` (after `specrt calibrate` and `specrt profile`): pick, per batch size, the speculation tree (or none) with the best predicted speed.
+
+For a tree of n nodes with expected accepted drafted tokens f(n) (acceptance.json) and profiled step
+latencies L (latency.json), one round emits f(n) + 1 tokens per sequence and costs
+
+    L_target(batch, n + 1)                       verify the root and every node in one step
+    + L_draft(batch, 1) + sum_levels L_draft(batch, nodes fed at that level)   draft the tree level by level
+
+so the predicted speed is batch * (f(n) + 1) / cost (PPD section 4's hardware-aware pruning, with the
+Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes and the
+chains of 1..max_depth tokens; no speculation (L_target(batch, 1) per token) is always a candidate, and
+wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.bench.latency import latency_ms, load_latency
+from specrt.calibration.acceptance import chain_expectation, load_acceptance
+from specrt.errors import SpecrtError
+from specrt.runtime.plan import PLAN, plan_fingerprint
+from specrt.runtime.tree import TreeSpec
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    bundle: Path
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+
+
+def round_cost_ms(latency: dict, batch: int, spec: TreeSpec) -> tuple[float, float]:
+    """(target ms, draft ms) of one round with this tree."""
+    target = latency_ms(latency, "target", batch, len(spec) + 1)
+    draft = latency_ms(latency, "draft", batch, 1)  # the pending (bonus) token and the root's children
+    for level in spec.levels[:-1]:
+        fed = int(sum(spec.num_children[i + 1] > 0 for i in level))
+        draft += latency_ms(latency, "draft", batch, fed)
+    return target, draft
+
+
+def candidates(acceptance: dict) -> list[dict]:
+    """Calibrated best trees and rank-0 chains, each with its expected accepted tokens."""
+    import numpy as np
+
+    p = np.array(acceptance["depth_rank"])
+    out = [{"kind": "tree", "paths": t["paths"], "expected_accepted": t["expected_accepted"]} for t in acceptance["trees"]]
+    for g in range(1, p.shape[0] + 1):
+        out.append({"kind": "chain", "paths": [[0] * d for d in range(1, g + 1)], "expected_accepted": chain_expectation(p, g)})
+    return out
+
+
+def tune(cfg: TuneConfig) -> dict:
+    acceptance, latency = load_acceptance(cfg.bundle), load_latency(cfg.bundle)
+    from specrt.calibration.acceptance import _manifest_hash
+
+    if acceptance.get("manifest_sha256") != _manifest_hash(cfg.bundle):
+        raise SpecrtError(f"{cfg.bundle}/acceptance.json was calibrated for another export of this bundle: "
+                          "re-run `specrt calibrate`")
+    choices, curves = {}, {}
+    for batch in cfg.batch_sizes:
+        ar = batch * 1e3 / latency_ms(latency, "target", batch, 1)
+        rows = [{"kind": "autoregressive", "num_nodes": 0, "expected_accepted": 0.0, "predicted_tokens_per_s": ar,
+                 "target_ms": latency_ms(latency, "target", batch, 1), "draft_ms": 0.0}]
+        for c in candidates(acceptance):
+            spec = TreeSpec.from_paths(c["paths"])
+            try:
+                target_ms, draft_ms = round_cost_ms(latency, batch, spec)
+            except SpecrtError:
+                continue  # beyond the profiled token counts for this batch size
+            speed = batch * 1e3 * (c["expected_accepted"] + 1) / (target_ms + draft_ms)
+            rows.append({"kind": c["kind"], "num_nodes": len(spec), "paths": c["paths"],
+                         "expected_accepted": c["expected_accepted"], "predicted_tokens_per_s": speed,
+                         "target_ms": target_ms, "draft_ms": draft_ms})
+        best = max(rows, key=lambda r: r["predicted_tokens_per_s"])
+        best_tree = max(rows[1:], key=lambda r: r["predicted_tokens_per_s"])  # what method="tree" uses
+        choices[str(batch)] = {
+            "method": "autoregressive" if best["kind"] == "autoregressive" else "tree",
+            "kind": best["kind"], "num_nodes": best["num_nodes"], "paths": best.get("paths"),
+            "predicted_tokens_per_s": round(best["predicted_tokens_per_s"], 2),
+            "predicted_speedup": round(best["predicted_tokens_per_s"] / ar, 3),
+            "best_tree": {"kind": best_tree["kind"], "num_nodes": best_tree["num_nodes"], "paths": best_tree["paths"],
+                          "predicted_tokens_per_s": round(best_tree["predicted_tokens_per_s"], 2)},
+        }
+        curves[str(batch)] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "paths"}
+                              for r in rows]
+    plan = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **plan_fingerprint(cfg.bundle, latency),
+            "choices": choices, "curves": curves}
+    (cfg.bundle / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    return plan
+
+
+def describe_plan(plan: dict) -> str:
+    lines = []
+    for batch, c in plan["choices"].items():
+        if c["method"] == "autoregressive":
+            what = "no speculation (drafting does not pay here)"
+        else:
+            what = f"{c['kind']} of {c['num_nodes']} nodes"
+        lines.append(f"batch {batch}: {what}: predicted {c['predicted_tokens_per_s']:.1f} tokens/s, "
+                     f"{c['predicted_speedup']:.2f}x autoregressive")
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from specrt.calibration.acceptance import best_trees, chain_expectation, depth_rank_table
+
+
+def test_depth_rank_table_conditions_on_accepted_parents():
+    # ranks along one trajectory; K = 2 (rank >= 2 is a miss)
+    ranks = [np.array([0, 1, 5, 0])]
+    p, support = depth_rank_table(ranks, max_depth=2, max_rank=2)
+    # depth 1: every start position counts: ranks 0, 1, 5, 0 -> p[0] = [2/4, 1/4]
+    assert support[0] == 4 and p[0].tolist() == [0.5, 0.25]
+    # depth 2: starts whose first rank hit (s = 0, 1, 3) and that have a next position (s = 0, 1)
+    assert support[1] == 2 and p[1].tolist() == [0.0, 0.5]  # next ranks: 1 (hit, rank 1), 5 (miss)
+
+
+def test_best_trees_are_nested_and_greedy():
+    p = np.array([[0.8, 0.1], [0.5, 0.2], [0.9, 0.05]])
+    trees = best_trees(p, max_nodes=5)
+    assert [t["num_nodes"] for t in trees] == [1, 2, 3, 4, 5]
+    # path probabilities: (0,) .8, (0,0) .4, (0,0,0) .36, (0,1) .16, (0,1,0) .144 > (1,) .1
+    assert [tuple(x) for x in trees[-1]["paths"]] == [(0,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0)]
+    assert trees[-1]["expected_accepted"] == pytest.approx(0.8 + 0.4 + 0.36 + 0.16 + 0.144)
+    for small, big in zip(trees, trees[1:]):
+        assert big["paths"][:-1] == small["paths"]
+    assert chain_expectation(p, 3) == pytest.approx(0.8 + 0.4 + 0.36)
+
+
+def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
+    import shutil
+
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+
+    copy = tmp_path / "b"
+    shutil.copytree(demo_bundle, copy)
+    cfg = CalibrationConfig(bundle=copy, num_prompts=4, new_tokens=24, max_depth=4, max_rank=4, max_nodes=8, seed=1)
+    a = calibrate(cfg, progress=False)
+    b = calibrate(cfg, progress=False)
+    assert a["depth_rank"] == b["depth_rank"] and a["trees"] == b["trees"]
+    assert 0 < a["depth_rank"][0][0] <= 1
+    c = calibrate(CalibrationConfig(**{**cfg.__dict__, "seed": 2}), progress=False)
+    assert c["depth_rank"] != a["depth_rank"]
