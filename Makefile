@@ -13,6 +13,7 @@ TOKENIZER ?= $(if $(filter $(DEMO)/%,$(TARGET)),$(DEMO)/tokenizer,)
 OUT       ?= build/demo
 THREADS   ?= 2
 PROMPTS   ?= 30
+LABEL     ?= tiny
 
 STAMP := $(VENV)/.installed
 
@@ -61,6 +62,14 @@ bench-tiny: $(STAMP)
 bench-inflated: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS)
+
+# Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
+bench-trees: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt calibrate --bundle $(OUT)
+	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
+	$(BIN)/specrt tune --bundle $(OUT)
+	$(BIN)/specrt bench trees --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
 
 clean:
 	rm -rf build

@@ -10,15 +10,15 @@ ratios against our own autoregressive measured in the same run. Outputs JSON, Ma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
+from specrt.bench.report import config_dict, pyplot, write_report
 
 OURS = ("autoregressive", "sd")
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
@@ -175,16 +175,10 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult]) -> dict:
             "host_fraction": round(r.host_seconds / r.median_s, 3) if r.target_calls else None,
             "same_tokens_as_ours_ar": (sum(a == b for a, b in zip(r.outputs, ref)) / len(ref)) if ref else None,
         })
-    data = {"label": cfg.label, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+    data = {"label": cfg.label, "config": config_dict(cfg),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    stem = cfg.out / f"e2e-{cfg.label}"
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    md = markdown(data)
-    stem.with_suffix(".md").write_text(md)
-    plot(data, stem.with_suffix(".png"))
-    print(md)
+    write_report(cfg.out / f"e2e-{cfg.label}", data, markdown, plot)
     return data
 
 
@@ -207,12 +201,8 @@ def markdown(data: dict) -> str:
 
 
 def plot(data: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(7, 3.2))

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specrt.bench.report import config_dict, pyplot
 from specrt.errors import SpecrtError
 
 LATENCY = "latency.json"
@@ -73,7 +74,7 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict:
         backend = pipe.target if role == "target" else pipe.draft
         ms = 1e3 * time_step(backend, b, n, c, cfg.repeats, cfg.warmup)
         models[role].setdefault(str(b), {}).setdefault(str(c), {})[str(n)] = round(ms, 4)
-    data = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+    data = {"config": config_dict(cfg),
             "machine": fingerprint(cfg.backend, cfg.threads, cfg.device), "date": time.strftime("%Y-%m-%d"),
             "unit": "ms", "models": models}
     (cfg.bundle / LATENCY).write_text(json.dumps(data, indent=1) + "\n")
@@ -104,12 +105,8 @@ def latency_ms(data: dict, role: str, batch: int, num_tokens: int) -> float:
 
 
 def plot_latency(data: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, role in zip(axes, ("target", "draft")):

@@ -84,22 +84,27 @@ class DraftModelDrafter(Drafter):
             feed_rows(self.backend, self.cache, feed)
         self.seconds = time.perf_counter() - t0
 
-    def _fill(self, parent: int, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
-        """Set the tokens of `parent`'s children (-1 = root) from next-token logits rows [B, V]."""
-        kids = self._children[parent + 1]
+    def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
+        """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
+        logits rows [B, len(parents), V], all parents of one level at once."""
+        kids = [self._children[p + 1] for p in parents]
         if probs is not None:  # sampled chain: one child, drawn from q
-            q = warp(rows, params)
+            q = warp(rows[:, 0], params)
             for b in range(len(rows)):
-                tokens[b, kids[0]] = sample(q[b], rng)
-                probs[b, kids[0]] = q[b]
-        elif len(kids) == 1 and self.spec.ranks[kids[0]] == 0:
-            tokens[:, kids[0]] = rows.argmax(axis=-1)
-        else:
-            k = int(self.spec.ranks[kids].max()) + 1
-            top = np.argpartition(-rows, k - 1, axis=-1)[:, :k]  # [B, k] unordered
-            order = np.argsort(-np.take_along_axis(rows, top, axis=-1), axis=-1, kind="stable")
-            top = np.take_along_axis(top, order, axis=-1)  # [B, k] best first
-            tokens[:, kids] = top[:, self.spec.ranks[kids]]
+                tokens[b, kids[0][0]] = sample(q[b], rng)
+                probs[b, kids[0][0]] = q[b]
+            return
+        child = np.concatenate(kids)  # [M] children of this level's parents
+        which = np.repeat(np.arange(len(parents)), [len(k) for k in kids])  # [M] their parent's row
+        rank = self.spec.ranks[child]  # [M]
+        k = int(rank.max()) + 1
+        if k == 1:
+            tokens[:, child] = rows.argmax(axis=-1)[:, which]
+            return
+        top = np.argpartition(-rows, k - 1, axis=-1)[..., :k]  # [B, P, k] unordered
+        order = np.argsort(-np.take_along_axis(rows, top, axis=-1), axis=-1, kind="stable")
+        top = np.take_along_axis(top, order, axis=-1)  # [B, P, k] best first
+        tokens[:, child] = top[:, which, rank]
 
     def propose(self, seqs, params, rng):
         t0, busy0 = time.perf_counter(), self.backend.busy_seconds
@@ -111,7 +116,8 @@ class DraftModelDrafter(Drafter):
         tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         sampled = spec.is_chain and not params.greedy
         probs = np.zeros((batch, len(spec), logits.shape[-1])) if sampled else None
-        self._fill(-1, logits[np.arange(batch), [len(p) - 1 for p in pending]], tokens, probs, params, rng)
+        root_rows = logits[np.arange(batch), [len(p) - 1 for p in pending]][:, None]  # [B, 1, V]
+        self._fill(np.array([-1]), root_rows, tokens, probs, params, rng)
         self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
         calls = 1
         for expand, vis, block in self._plan:
@@ -125,8 +131,7 @@ class DraftModelDrafter(Drafter):
             cache.append(new_kv, [len(expand)] * batch)
             self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
             calls += 1
-            for t, node in enumerate(expand):
-                self._fill(int(node), logits[:, t], tokens, probs, params, rng)
+            self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
         self.num_calls = calls
         self.seconds = time.perf_counter() - t0
         self.backend_seconds = self.backend.busy_seconds - busy0

@@ -78,6 +78,23 @@ class TreeSpec:
         return m
 
     @cached_property
+    def retrieve(self) -> np.ndarray:
+        """[num_leaves, depth] step rows (node + 1) along each root-to-leaf path, -1 padded (read-only).
+
+        Verification compares every path at once: row r_j is accepted when its token equals the
+        target's choice at row r_{j-1} (r_0 = 0, the root), and the longest accepted prefix wins."""
+        leaves = np.flatnonzero(self.num_children[1:] == 0)
+        out = np.full((len(leaves), self.depth), -1, dtype=np.int64)
+        for k, leaf in enumerate(leaves):
+            node, d = int(leaf), int(self.depths[leaf])
+            while node >= 0:
+                d -= 1
+                out[k, d] = node + 1
+                node = int(self.parents[node])
+        out.flags.writeable = False
+        return out
+
+    @cached_property
     def row_depths(self) -> np.ndarray:
         """[N + 1] depth of root (0) and nodes."""
         d = np.concatenate(([0], self.depths))

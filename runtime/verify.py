@@ -39,6 +39,15 @@ class GreedyVerifier:
             matches = tree.tokens == best[:-1]
             num = len(tree) if matches.all() else int(np.argmin(matches))
             return Verdict(list(range(num)), int(best[num]))
+        if tree.spec is not None:  # every root-to-leaf path at once (Medusa-style retrieve indices)
+            rows = tree.spec.retrieve  # [leaves, depth]
+            parent_rows = np.concatenate([np.zeros((len(rows), 1), np.int64), rows[:, :-1]], axis=1)
+            ok = (rows > 0) & (tree.tokens[rows - 1] == best[np.maximum(parent_rows, 0)])
+            lengths = np.cumprod(ok, axis=1).sum(axis=1)
+            leaf = int(np.argmax(lengths))
+            num = int(lengths[leaf])
+            path = (rows[leaf, :num] - 1).tolist()
+            return Verdict(path, int(best[rows[leaf, num - 1]] if num else best[0]))
         while True:
             hit = [c for c in tree.children(node) if tree.tokens[c] == best[node + 1]]
             if not hit:

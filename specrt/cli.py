@@ -5,7 +5,7 @@
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
-    specrt bench e2e                   end-to-end benchmark against Hugging Face and Optimum
+    specrt bench e2e | trees           end-to-end benchmark; measured vs predicted speed per tree size
 
 Errors the user can act on (specrt.errors.SpecrtError) print one line and exit with status 2.
 """
@@ -146,8 +146,10 @@ def cmd_tune(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from specrt.bench.e2e import main_from_args
-
+    if args.bench_cmd == "trees":
+        from specrt.bench.trees import main_from_args
+    else:
+        from specrt.bench.e2e import main_from_args
     main_from_args(args)
 
 
@@ -213,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_cmd", required=True)
     from specrt.bench.e2e import add_e2e_args
 
+    from specrt.bench.trees import add_trees_args
+
     add_e2e_args(bsub.add_parser("e2e", help="end-to-end tokens/s against HF and Optimum baselines"))
+    add_trees_args(bsub.add_parser("trees", help="measured vs predicted tokens/s per tree size (after tune)"))
     bench.set_defaults(func=cmd_bench)
     return parser
 

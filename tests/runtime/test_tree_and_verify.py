@@ -157,3 +157,29 @@ def test_one_hot_rejection_over_a_tree_reproduces_target_distribution():
         v = RejectionVerifier().verify(tree, p_logits, params, rng)
         counts[int(tree.tokens[v.path[0]]) if v.path else v.bonus] += 1
     assert 0.5 * np.abs(counts / counts.sum() - target).sum() < 0.015
+
+
+def test_retrieve_indices():
+    spec = TreeSpec.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    # leaves: (0,1) -> node 3, (1,0) -> node 4, (0,0,0) -> node 5; rows are node + 1
+    assert spec.retrieve.tolist() == [[1, 4, -1], [2, 5, -1], [1, 3, 6]]
+
+
+def test_vectorised_greedy_tree_verification_matches_the_walk():
+    """Random trees and targets: retrieve-index verification == walking the tree node by node."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        paths = {(int(rng.integers(0, 3)),)}
+        for _ in range(int(rng.integers(1, 12))):
+            base = list(paths)[int(rng.integers(0, len(paths)))]
+            paths.add(base + (int(rng.integers(0, 3)),))
+        spec = TreeSpec.from_paths(paths)
+        tokens = rng.integers(0, 4, len(spec))
+        for parent in range(-1, len(spec)):  # siblings carry distinct tokens, as top-k children do
+            kids = spec.children(parent)
+            tokens[kids] = rng.permutation(6)[: len(kids)]
+        best = rng.integers(0, 6, len(spec) + 1)
+        logits = one_hot_logits(best, vocab=6)
+        fast = GreedyVerifier().verify(DraftTree(tokens, spec.parents, spec=spec), logits, GREEDY, None)
+        walk = GreedyVerifier().verify(DraftTree(tokens, spec.parents), logits, GREEDY, None)
+        assert (fast.path, fast.bonus) == (walk.path, walk.bonus)

@@ -1,0 +1,36 @@
+"""Shared output of bench verbs: JSON + Markdown + PNG under one stem, and a headless pyplot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+
+def config_dict(cfg) -> dict:
+    """A frozen config dataclass as JSON-ready data (paths as strings)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+
+
+def write_report(stem: Path, data: dict, markdown: Callable[[dict], str], plot: Callable[[dict, Path], None]) -> str:
+    """Write stem.json, stem.md and stem.png; returns (and prints) the Markdown."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    md = markdown(data)
+    stem.with_suffix(".md").write_text(md)
+    plot(data, stem.with_suffix(".png"))
+    print(md)
+    return md
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is not installed (no plot)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

@@ -1,0 +1,174 @@
+"""`specrt bench trees`: measured tokens/s at each tree size next to the tuner's prediction.
+
+For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
+same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens, and the
+calibrated best tree of each size. Every configuration runs once untimed, then `runs` timed passes,
+interleaved; we report medians, the tuner's predicted tokens/s for the same configuration, the
+prediction error, tokens per target call, and where the tuned choice lands among the measured ones.
+Writes JSON, Markdown and a plot (like PPD Fig. 8b/c) under `out/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.bench.prompts import humaneval_prompts
+from specrt.bench.report import config_dict, pyplot, write_report
+
+TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class TreesConfig:
+    bundle: Path
+    out: Path
+    label: str = "demo"
+    num_prompts: int = 5
+    max_new_tokens: int = 128
+    runs: int = 3
+    threads: int = 2
+    tree_sizes: tuple[int, ...] = TREE_SIZES
+    max_chain: int = 8
+
+
+def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]:
+    curve = plan["curves"]["1"]
+    predicted = {(r["kind"], r["num_nodes"]): r["predicted_tokens_per_s"] for r in curve}
+    trees = {t["num_nodes"]: t["paths"] for t in acceptance["trees"]}
+    out = [{"name": "autoregressive", "kind": "autoregressive", "num_nodes": 0, "paths": None,
+            "predicted": predicted[("autoregressive", 0)]}]
+    for g in range(1, cfg.max_chain + 1):
+        if ("chain", g) in predicted:
+            out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
+                        "predicted": predicted[("chain", g)]})
+    for n in cfg.tree_sizes:
+        if n in trees and ("tree", n) in predicted:
+            out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
+    return out
+
+
+def run_trees(cfg: TreesConfig) -> dict:
+    from tqdm import tqdm
+
+    from specrt.calibration.acceptance import load_acceptance
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
+    plan, acceptance = pipe.plan(), load_acceptance(cfg.bundle)
+    confs = configurations(plan, acceptance, cfg)
+    prompts = humaneval_prompts(cfg.num_prompts)
+
+    def run(c):
+        method = "autoregressive" if c["paths"] is None else "tree"
+        outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
+        return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs]
+
+    seconds = {c["name"]: [] for c in confs}
+    bar = tqdm(total=(cfg.runs + 1) * len(confs), desc=f"bench trees {cfg.label}", unit="config-run")
+    for r in range(cfg.runs + 1):
+        for c in confs:
+            t0 = time.perf_counter()
+            tokens, rounds, ids = run(c)
+            if r:  # the first pass is the warm-up
+                seconds[c["name"]].append(time.perf_counter() - t0)
+            c.update(tokens=tokens, rounds=rounds, ids=ids)
+            bar.update()
+    bar.close()
+    ref = confs[0]["ids"]
+    rows = []
+    for c in confs:
+        measured = c["tokens"] / statistics.median(seconds[c["name"]])
+        rows.append({"name": c["name"], "kind": c["kind"], "num_nodes": c["num_nodes"],
+                     "measured_tokens_per_s": round(measured, 2), "predicted_tokens_per_s": round(c["predicted"], 2),
+                     "prediction_error": round(c["predicted"] / measured - 1, 4),
+                     "tokens_per_target_call": round(c["tokens"] / c["rounds"], 3),
+                     "runs_s": [round(s, 3) for s in seconds[c["name"]]],
+                     "same_tokens_as_autoregressive": c["ids"] == ref})
+    choice = plan["choices"]["1"]
+    tuned = "autoregressive" if choice["method"] == "autoregressive" else f"{choice['kind']} {choice['num_nodes']}"
+    return report(cfg, rows, tuned)
+
+
+def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
+    by_name = {r["name"]: r for r in rows}
+    best = max(rows, key=lambda r: r["measured_tokens_per_s"])
+    chains = [r for r in rows if r["kind"] == "chain"]
+    trees = [r for r in rows if r["kind"] == "tree"]
+    summary = {
+        "tuned_choice": tuned,
+        "best_measured": best["name"],
+        "tuned_vs_best_measured": round(by_name[tuned]["measured_tokens_per_s"] / best["measured_tokens_per_s"], 4) if tuned in by_name else None,
+        "best_tree_vs_best_chain": round(max(r["measured_tokens_per_s"] for r in trees) / max(r["measured_tokens_per_s"] for r in chains), 4) if trees and chains else None,
+        "tokens_per_call_tree_vs_chain_same_width": {
+            str(r["num_nodes"]): round(r["tokens_per_target_call"] / by_name[f"chain {r['num_nodes']}"]["tokens_per_target_call"], 3)
+            for r in trees if f"chain {r['num_nodes']}" in by_name},
+    }
+    data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"),
+            "config": config_dict(cfg),
+            "summary": summary, "rows": rows}
+    write_report(cfg.out / f"trees-{cfg.label}", data, markdown, plot)
+    return data
+
+
+def markdown(data: dict) -> str:
+    c, s = data["config"], data["summary"]
+    lines = [f"### trees `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy, "
+             f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
+             "| config | nodes | measured tok/s | predicted tok/s | prediction error | tokens/target call | same tokens as AR |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        mark = " **(tuned)**" if r["name"] == s["tuned_choice"] else ""
+        lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {r['measured_tokens_per_s']:.1f} | {r['predicted_tokens_per_s']:.1f} | "
+                     f"{r['prediction_error']:+.1%} | {r['tokens_per_target_call']:.2f} | {'yes' if r['same_tokens_as_autoregressive'] else 'NO'} |")
+    lines += ["", f"- tuned choice: {s['tuned_choice']}; best measured: {s['best_measured']}; "
+                  f"tuned / best measured = {s['tuned_vs_best_measured']}",
+              f"- best tree / best chain (measured tokens/s) = {s['best_tree_vs_best_chain']}",
+              f"- tokens per target call, tree / chain of the same width: {s['tokens_per_call_tree_vs_chain_same_width']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, color in (("tree", "tab:blue"), ("chain", "tab:orange")):
+        rows = [r for r in data["rows"] if r["kind"] == kind]
+        ns = [r["num_nodes"] for r in rows]
+        ax.plot(ns, [r["measured_tokens_per_s"] for r in rows], "o-", color=color, label=f"{kind}: measured")
+        ax.plot(ns, [r["predicted_tokens_per_s"] for r in rows], "x--", color=color, label=f"{kind}: predicted")
+    ar = next(r for r in data["rows"] if r["kind"] == "autoregressive")
+    ax.axhline(ar["measured_tokens_per_s"], color="gray", lw=1, label="autoregressive: measured")
+    tuned = next((r for r in data["rows"] if r["name"] == data["summary"]["tuned_choice"]), None)
+    if tuned is not None:
+        ax.plot([max(tuned["num_nodes"], 0.8)], [tuned["measured_tokens_per_s"]], "*", ms=16, color="tab:red", label="tuned choice")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("drafted tokens verified per step (tree size)")
+    ax.set_ylabel("tokens/s (batch 1)")
+    ax.set_title(f"trees {data['label']}: measured vs predicted")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_trees_args(p: argparse.ArgumentParser) -> None:
+    from specrt.cli import add_bundle_args
+
+    add_bundle_args(p)
+    p.add_argument("--label", default="demo")
+    p.add_argument("--out", type=Path, default=Path("build/bench"))
+    p.add_argument("--num-prompts", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+
+
+def main_from_args(args) -> dict:
+    return run_trees(TreesConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
+                                 max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads))

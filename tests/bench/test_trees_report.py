@@ -1,0 +1,33 @@
+"""bench trees: the summary compares the tuned choice with the measured best (report arithmetic)."""
+
+from specrt.bench.trees import TreesConfig, configurations, report
+
+
+def row(name, kind, n, measured, predicted, per_call):
+    return {"name": name, "kind": kind, "num_nodes": n, "measured_tokens_per_s": measured,
+            "predicted_tokens_per_s": predicted, "prediction_error": predicted / measured - 1,
+            "tokens_per_target_call": per_call, "runs_s": [1.0], "same_tokens_as_autoregressive": True}
+
+
+def test_summary_and_outputs(tmp_path):
+    rows = [row("autoregressive", "autoregressive", 0, 60, 62, 1.0),
+            row("chain 4", "chain", 4, 120, 125, 2.9), row("tree 4", "tree", 4, 118, 125, 2.9),
+            row("tree 16", "tree", 16, 138, 140, 3.8)]
+    data = report(TreesConfig(bundle=tmp_path, out=tmp_path, label="t"), rows, tuned="tree 16")
+    s = data["summary"]
+    assert s["best_measured"] == "tree 16" and s["tuned_vs_best_measured"] == 1.0
+    assert s["best_tree_vs_best_chain"] == round(138 / 120, 4)
+    assert s["tokens_per_call_tree_vs_chain_same_width"] == {"4": 1.0}
+    md = (tmp_path / "trees-t.md").read_text()
+    assert "| tree 16 **(tuned)** | 16 |" in md
+    assert (tmp_path / "trees-t.json").is_file()
+
+
+def test_configurations_follow_the_plan_curve(tmp_path):
+    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
+                             {"kind": "chain", "num_nodes": 1, "predicted_tokens_per_s": 12.0},
+                             {"kind": "tree", "num_nodes": 2, "predicted_tokens_per_s": 13.0}]}}
+    acceptance = {"trees": [{"num_nodes": 1, "paths": [[0]]}, {"num_nodes": 2, "paths": [[0], [1]]}]}
+    confs = configurations(plan, acceptance, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(1, 2), max_chain=2))
+    assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "tree 2"]  # tree 1 was not in the curve
+    assert confs[2]["paths"] == [[0], [1]] and confs[2]["predicted"] == 13.0
