@@ -3,8 +3,10 @@
 For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
 same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens, and the
 calibrated best tree of each size. Every configuration runs once untimed, then `runs` timed passes,
-interleaved; we report medians, the tuner's predicted tokens/s for the same configuration, the
-prediction error, tokens per target call, and where the tuned choice lands among the measured ones.
+interleaved; we report medians of end-to-end and of decode tokens/s (prefill excluded: the tuner's
+model predicts decoding, and one prompt's prefill is 5-15% of its time here), the tuner's predicted
+tokens/s for the same configuration, the prediction error against decode tokens/s, tokens per target
+call, and where the tuned choice lands among the measured ones.
 Writes JSON, Markdown and a plot (like PPD Fig. 8b/c) under `out/`.
 """
 
@@ -65,16 +67,19 @@ def run_trees(cfg: TreesConfig) -> dict:
     def run(c):
         method = "autoregressive" if c["paths"] is None else "tree"
         outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
-        return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs]
+        prefill = sum(o.stats["seconds"]["prefill"] for o in outs)  # batch 1: each output's own prefill
+        return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs], prefill
 
     seconds = {c["name"]: [] for c in confs}
+    decode_seconds = {c["name"]: [] for c in confs}
     bar = tqdm(total=(cfg.runs + 1) * len(confs), desc=f"bench trees {cfg.label}", unit="config-run")
     for r in range(cfg.runs + 1):
         for c in confs:
             t0 = time.perf_counter()
-            tokens, rounds, ids = run(c)
+            tokens, rounds, ids, prefill = run(c)
             if r:  # the first pass is the warm-up
                 seconds[c["name"]].append(time.perf_counter() - t0)
+                decode_seconds[c["name"]].append(time.perf_counter() - t0 - prefill)
             c.update(tokens=tokens, rounds=rounds, ids=ids)
             bar.update()
     bar.close()
@@ -82,9 +87,11 @@ def run_trees(cfg: TreesConfig) -> dict:
     rows = []
     for c in confs:
         measured = c["tokens"] / statistics.median(seconds[c["name"]])
+        decode = c["tokens"] / statistics.median(decode_seconds[c["name"]])
         rows.append({"name": c["name"], "kind": c["kind"], "num_nodes": c["num_nodes"],
-                     "measured_tokens_per_s": round(measured, 2), "predicted_tokens_per_s": round(c["predicted"], 2),
-                     "prediction_error": round(c["predicted"] / measured - 1, 4),
+                     "measured_tokens_per_s": round(measured, 2), "decode_tokens_per_s": round(decode, 2),
+                     "predicted_tokens_per_s": round(c["predicted"], 2),
+                     "prediction_error": round(c["predicted"] / decode - 1, 4),
                      "tokens_per_target_call": round(c["tokens"] / c["rounds"], 3),
                      "runs_s": [round(s, 3) for s in seconds[c["name"]]],
                      "same_tokens_as_autoregressive": c["ids"] == ref})
@@ -118,11 +125,12 @@ def markdown(data: dict) -> str:
     c, s = data["config"], data["summary"]
     lines = [f"### trees `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy, "
              f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| config | nodes | measured tok/s | predicted tok/s | prediction error | tokens/target call | same tokens as AR |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| config | nodes | measured tok/s | decode tok/s | predicted (decode) | prediction error | tokens/target call | same tokens as AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         mark = " **(tuned)**" if r["name"] == s["tuned_choice"] else ""
-        lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {r['measured_tokens_per_s']:.1f} | {r['predicted_tokens_per_s']:.1f} | "
+        lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {r['measured_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                     f"{r['predicted_tokens_per_s']:.1f} | "
                      f"{r['prediction_error']:+.1%} | {r['tokens_per_target_call']:.2f} | {'yes' if r['same_tokens_as_autoregressive'] else 'NO'} |")
     lines += ["", f"- tuned choice: {s['tuned_choice']}; best measured: {s['best_measured']}; "
                   f"tuned / best measured = {s['tuned_vs_best_measured']}",
@@ -140,7 +148,8 @@ def plot(data: dict, path: Path) -> None:
         rows = [r for r in data["rows"] if r["kind"] == kind]
         ns = [r["num_nodes"] for r in rows]
         ax.plot(ns, [r["measured_tokens_per_s"] for r in rows], "o-", color=color, label=f"{kind}: measured")
-        ax.plot(ns, [r["predicted_tokens_per_s"] for r in rows], "x--", color=color, label=f"{kind}: predicted")
+        ax.plot(ns, [r["decode_tokens_per_s"] for r in rows], ".:", color=color, label=f"{kind}: measured, decode only")
+        ax.plot(ns, [r["predicted_tokens_per_s"] for r in rows], "x--", color=color, label=f"{kind}: predicted (decode)")
     ar = next(r for r in data["rows"] if r["kind"] == "autoregressive")
     ax.axhline(ar["measured_tokens_per_s"], color="gray", lw=1, label="autoregressive: measured")
     tuned = next((r for r in data["rows"] if r["name"] == data["summary"]["tuned_choice"]), None)
