@@ -20,7 +20,7 @@ from pathlib import Path
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import config_dict, pyplot, write_report
 
-OURS = ("autoregressive", "sd")
+OURS = ("autoregressive", "sd", "anpd")
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
 
 
@@ -59,7 +59,7 @@ class MethodResult:
 
 
 class _Ours:
-    def __init__(self, pipe, method: str, cfg: E2EConfig, num_draft_tokens: int = 4):
+    def __init__(self, pipe, method: str, cfg: E2EConfig, num_draft_tokens: int | None = 4):
         self.pipe, self.method, self.cfg, self.num_draft_tokens = pipe, method, cfg, num_draft_tokens
 
     def __call__(self, prompts):
@@ -112,8 +112,8 @@ def build_runners(cfg: E2EConfig) -> dict:
     pipe = Pipeline.load(cfg.bundle, backend="ort", threads=cfg.threads)
     runners = {}
     for m in cfg.methods:
-        if m == "autoregressive":
-            runners[m] = _Ours(pipe, m, cfg)
+        if m in ("autoregressive", "anpd"):  # anpd: the paper's N = 5, K = 7
+            runners[m] = _Ours(pipe, m, cfg, None)
             continue
         for g in cfg.num_draft_tokens:
             runners[m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"] = _Ours(pipe, m, cfg, g)

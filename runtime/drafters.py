@@ -27,8 +27,8 @@ from specrt.runtime.tree import DraftTree, TreeSpec
 
 
 class Drafter(ABC):
-    num_calls = 0  # model calls made by the last propose()
-    seconds = 0.0  # wall time spent in the last start()/propose()
+    num_calls = 0  # model calls made by the last start() / propose()
+    seconds = 0.0  # wall time spent in the last start() / propose()
     backend_seconds = 0.0  # of which inside model calls
 
     def start(self, seqs) -> None:
@@ -80,8 +80,10 @@ class DraftModelDrafter(Drafter):
         t0 = time.perf_counter()
         self.cache = self.backend.new_cache(len(seqs), self.bucket)
         feed = [s.tokens[:-1] for s in seqs]
+        self.num_calls = 0
         if max(len(f) for f in feed):
             feed_rows(self.backend, self.cache, feed)
+            self.num_calls = 1
         self.seconds = time.perf_counter() - t0
 
     def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:

@@ -9,7 +9,9 @@ Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive"
 drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static token tree (`tree=`
 paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
 tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
-chain, or no speculation). Greedy when temperature == 0, lossless rejection sampling otherwise.
+chain, or no speculation); "anpd" drafts up to `num_draft_tokens` (default 7) tokens from a multi-level
+n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model.
+Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from specrt.errors import BundleError, InvalidRequestError
 from specrt.manifest import load_manifest, model_entry
 from specrt.runtime.backends import BACKENDS, load_backend
 from specrt.runtime.drafters import DraftModelDrafter
+from specrt.runtime.ngram import NgramDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import make_verifier
 
-METHODS = ("autoregressive", "sd", "tree", "auto")
+METHODS = ("autoregressive", "sd", "tree", "auto", "anpd")
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tree tuner replaces this with a tree built from calibration.
@@ -101,8 +104,8 @@ class Pipeline:
         """The static tree a method drafts (None for no speculation)."""
         from specrt.runtime.plan import PLAN, choice_for
 
-        if method not in METHODS:
-            raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+        if method not in ("autoregressive", "sd", "tree", "auto"):
+            raise InvalidRequestError(f"{method!r} does not draft a static tree (choose from autoregressive, sd, tree, auto)")
         if method == "autoregressive":
             return None
         if method == "sd":
@@ -121,9 +124,22 @@ class Pipeline:
         except (ValueError, TypeError) as e:
             raise InvalidRequestError(f"invalid tree: {e}") from None
 
-    def _scheduler(self, spec: TreeSpec | None, params: SamplingParams) -> Scheduler:
+    def _scheduler(self, method: str, params: SamplingParams, num_draft_tokens, tree, ngram_n: int,
+                   batch_size: int) -> tuple[Scheduler, int]:
+        """The method's Scheduler and the context slots a round may need beyond the text."""
+        if method not in METHODS:
+            raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+        verifier = make_verifier(params)
+        if method == "anpd":
+            k = 7 if num_draft_tokens is None else num_draft_tokens
+            if not isinstance(k, int) or k < 1:
+                raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
+            if not isinstance(ngram_n, int) or ngram_n < 2:
+                raise InvalidRequestError(f"ngram_n must be an integer >= 2, got {ngram_n!r}")
+            return Scheduler(self.target, NgramDrafter(ngram_n, k), verifier, self.eos_id, self.bucket), k + 1
+        spec = self.tree_spec(method, 4 if num_draft_tokens is None else num_draft_tokens, tree, batch_size)
         drafter = DraftModelDrafter(self.draft, spec, self.bucket) if spec is not None else None
-        return Scheduler(self.target, drafter, make_verifier(params), self.eos_id, self.bucket)
+        return Scheduler(self.target, drafter, verifier, self.eos_id, self.bucket), (len(spec) + 1 if spec else 1)
 
     def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -141,7 +157,8 @@ class Pipeline:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, num_draft_tokens: int = 4, tree=None, batch_size: int = 1, progress: bool = False):
+                 seed: int = 0, num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5,
+                 batch_size: int = 1, progress: bool = False):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
@@ -153,9 +170,8 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        spec = self.tree_spec(method, num_draft_tokens, tree, batch_size)
-        scheduler = self._scheduler(spec, params)
-        seqs = self._sequences(prompts, max_new_tokens, len(spec) + 1 if spec else 1)
+        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, batch_size)
+        seqs = self._sequences(prompts, max_new_tokens, slack)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
         if progress:
@@ -169,12 +185,11 @@ class Pipeline:
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               num_draft_tokens: int = 4, tree=None) -> Iterator[str]:
+               num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5) -> Iterator[str]:
         """Yield text pieces of one prompt's continuation as rounds are accepted."""
         params = SamplingParams(temperature, top_k, top_p)
-        spec = self.tree_spec(method, num_draft_tokens, tree)
-        scheduler = self._scheduler(spec, params)
-        seq = self._sequences([prompt], max_new_tokens, len(spec) + 1 if spec else 1)[0]
+        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, 1)
+        seq = self._sequences([prompt], max_new_tokens, slack)[0]
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
             text = self.decode(seq.new_tokens)

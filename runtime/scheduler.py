@@ -31,6 +31,7 @@ class Stats:
     # rounds (decode steps of the target, prefill excluded) = sum(accepted.values())
     draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
     accepted: Counter = field(default_factory=Counter)  # {drafted tokens accepted in a round: rounds}
+    drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
     # wall seconds: prefill; per round, drafting, the target step, and host = round time outside any
     # model call (draft or target); total = the whole generate call for this sequence's batch
     seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "target": 0.0, "host": 0.0, "total": 0.0})
@@ -44,7 +45,9 @@ class Stats:
         return sum(k * v for k, v in self.accepted.items()) / max(1, self.rounds)
 
     def as_dict(self) -> dict:
+        accepted = sum(k * v for k, v in self.accepted.items())
         return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
+                "drafted": self.drafted, "draft_hit_ratio": accepted / self.drafted if self.drafted else 0.0,
                 "accepted_hist": dict(sorted(self.accepted.items())), "mean_accepted": self.mean_accepted,
                 "seconds": dict(self.seconds)}
 
@@ -107,7 +110,7 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.start(live)
             for s in live:
-                s.stats.draft_calls += 1
+                s.stats.draft_calls += self.drafter.num_calls
         for s in live:
             s.stats.seconds["prefill"] += time.perf_counter() - t0
         while live:
@@ -139,9 +142,10 @@ class Scheduler:
                 out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
                 appended.append(out)
             t_total = time.perf_counter() - t_round
-            for s, v, out in zip(live, verdicts, appended):
+            for s, t, v in zip(live, trees, verdicts):
                 st = s.stats
                 st.target_calls += 1
+                st.drafted += len(t)
                 st.draft_calls += draft_calls
                 st.accepted[len(v.path)] += 1
                 st.seconds["draft"] += t_draft

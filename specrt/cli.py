@@ -5,7 +5,7 @@
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
-    specrt bench e2e | trees           end-to-end benchmark; measured vs predicted speed per tree size
+    specrt bench e2e | trees | ngram   end-to-end vs baselines; tree sizes vs prediction; ANPD ablation
 
 Errors the user can act on (specrt.errors.SpecrtError) print one line and exit with status 2.
 """
@@ -36,9 +36,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto (default: %(default)s)")
+    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto | anpd (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--num-draft-tokens", type=int, default=4, help="gamma: drafted tokens per round")
+    g.add_argument("--num-draft-tokens", type=int, default=None, help="sd: chain length (default 4); anpd: K (default 7)")
+    g.add_argument("--ngram-n", type=int, default=5, help="anpd: highest n-gram order N (default: %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -93,7 +94,7 @@ def cmd_generate(args) -> None:
 
     pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens)
+              top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):
             print(piece, end="", flush=True)
@@ -103,7 +104,7 @@ def cmd_generate(args) -> None:
     print(args.prompt + out.text)
     s = out.stats
     print(f"\n[{len(out.token_ids)} tokens, {s['target_calls']} target calls, "
-          f"{len(out.token_ids) / max(1, s['target_calls']):.2f} tokens/call, {s['seconds']['total']:.3f} s]", file=sys.stderr)
+          f"{len(out.token_ids) / max(1, s['rounds']):.2f} tokens per decode step, {s['seconds']['total']:.3f} s]", file=sys.stderr)
 
 
 def cmd_demo(args) -> None:
@@ -148,6 +149,8 @@ def cmd_tune(args) -> None:
 def cmd_bench(args) -> None:
     if args.bench_cmd == "trees":
         from specrt.bench.trees import main_from_args
+    elif args.bench_cmd == "ngram":
+        from specrt.bench.ngram import main_from_args
     else:
         from specrt.bench.e2e import main_from_args
     main_from_args(args)
@@ -219,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_e2e_args(bsub.add_parser("e2e", help="end-to-end tokens/s against HF and Optimum baselines"))
     add_trees_args(bsub.add_parser("trees", help="measured vs predicted tokens/s per tree size (after tune)"))
+    from specrt.bench.ngram import add_ngram_args
+
+    add_ngram_args(bsub.add_parser("ngram", help="ANPD ablation over n-gram order N and draft length K"))
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -1,0 +1,108 @@
+"""ANPD: adaptive multi-level n-gram drafting (Ou et al., "Lossless Acceleration of Large Language Model
+via Adaptive N-gram Parallel Decoding"; ../shared/papers/anpd-*.txt).
+
+Each sequence has its own NgramMemory: for every n in 2..N, a table from the previous n - 1 tokens to
+the most frequent next token seen after them. It is initialised from the prompt and updated online with
+every emitted token. A query tries the longest context first and falls back to shorter ones (the
+paper's Multi-Level N-gram, Algorithm 2); drafting chains K queries, each on the text plus the tokens
+drafted so far, and stops early when no level matches. No model runs: proposing costs microseconds.
+
+Cost: an update touches N - 1 table entries per token; a query at most N - 1 dict lookups. Both O(1).
+Ties between next tokens go to the one seen most recently reaching the top count.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from specrt.runtime.drafters import Drafter
+from specrt.runtime.tree import DraftTree
+
+
+class NgramMemory:
+    def __init__(self, max_n: int):
+        if max_n < 2:
+            raise ValueError(f"n-gram order must be >= 2, got {max_n}")
+        self.max_n = max_n
+        # per context length c = n - 1 (index c - 1): context tuple -> [best_token, best_count, {token: count}]
+        self._tables: list[dict[tuple[int, ...], list]] = [{} for _ in range(max_n - 1)]
+        self._tail: list[int] = []  # the last max_n - 1 tokens seen
+
+    def update(self, tokens) -> None:
+        """Record each token as the continuation of every context of 1..N-1 tokens before it."""
+        tail = self._tail
+        for tok in tokens:
+            tok = int(tok)
+            for c in range(1, min(len(tail), self.max_n - 1) + 1):
+                ctx = tuple(tail[-c:])
+                entry = self._tables[c - 1].get(ctx)
+                if entry is None:
+                    self._tables[c - 1][ctx] = [tok, 1, {tok: 1}]
+                    continue
+                counts = entry[2]
+                count = counts.get(tok, 0) + 1
+                counts[tok] = count
+                if count >= entry[1]:
+                    entry[0], entry[1] = tok, count
+            tail.append(tok)
+            if len(tail) > self.max_n - 1:
+                del tail[0]
+
+    def query(self, context) -> int | None:
+        """Most frequent next token after the longest matching suffix of `context` (None: no match)."""
+        for c in range(min(len(context), self.max_n - 1), 0, -1):
+            entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
+            if entry is not None:
+                return entry[0]
+        return None
+
+    def draft(self, context, num_tokens: int) -> list[int]:
+        """Up to num_tokens tokens, each the query on context + tokens drafted so far."""
+        ctx = [int(t) for t in context[-(self.max_n - 1):]]
+        out: list[int] = []
+        for _ in range(num_tokens):
+            tok = self.query(ctx)
+            if tok is None:
+                break
+            out.append(tok)
+            ctx.append(tok)
+            if len(ctx) > self.max_n - 1:
+                del ctx[0]
+        return out
+
+
+class NgramDrafter(Drafter):
+    """One NgramMemory per sequence; a chain of up to K tokens per round (one-hot drafts)."""
+
+    def __init__(self, max_n: int = 5, num_draft_tokens: int = 7):
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        NgramMemory(max_n)  # validates max_n
+        self.max_n = max_n
+        self.num_draft_tokens = num_draft_tokens
+        self.memories: list[NgramMemory] = []
+        self._seen: list[int] = []  # tokens of each sequence already in its memory
+
+    def start(self, seqs) -> None:
+        self.memories = [NgramMemory(self.max_n) for _ in seqs]
+        self._seen = [0] * len(seqs)
+        self.num_calls = 0
+
+    def propose(self, seqs, params, rng) -> list[DraftTree]:
+        t0 = time.perf_counter()
+        trees = []
+        for b, s in enumerate(seqs):
+            tokens = s.tokens
+            self.memories[b].update(tokens[self._seen[b]:])  # the prompt at first, then what was emitted
+            self._seen[b] = len(tokens)
+            trees.append(DraftTree.chain(np.asarray(self.memories[b].draft(tokens, self.num_draft_tokens), dtype=np.int64)))
+        self.num_calls = 0
+        self.seconds = time.perf_counter() - t0
+        self.backend_seconds = 0.0
+        return trees
+
+    def keep(self, rows) -> None:
+        self.memories = [self.memories[r] for r in rows]
+        self._seen = [self._seen[r] for r in rows]
