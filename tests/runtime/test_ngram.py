@@ -1,6 +1,5 @@
 """ANPD: multi-level n-gram memory units and lossless decoding."""
 
-import numpy as np
 import pytest
 
 from specrt.runtime.ngram import NgramDrafter, NgramMemory
