@@ -45,35 +45,21 @@ class Drafter(ABC):
         pass
 
 
-class DraftModelDrafter(Drafter):
-    """Fills a TreeSpec with the draft model, one draft step per tree level.
+class ModelDrafter(Drafter):
+    """A drafter that runs a draft model in its own KVCache.
 
-    Level 0 feeds the pending tokens; the root's children are the draft's top-k tokens after them. Each
-    later step feeds the nodes of one depth that have children in the spec: they are scratch rows in the
-    draft cache (after the pending tokens), each seeing the committed prefix, its ancestors and itself;
-    their top-k tokens become their children. A chain spec with temperature > 0 samples each token from
-    the warped draft distribution q instead (and records q for lossless rejection sampling); trees use
-    deterministic top-k children, verified against one-hot drafts.
+    Each round feeds the pending tokens first (`_feed_pending`), then writes drafted nodes as scratch rows
+    after them (`_step_nodes`); subclasses record in `_slots[b, i]` the scratch slot of node i of the tree
+    they return (-1 if it was never fed). `commit` keeps the pending rows and compacts the accepted path's
+    fed nodes to follow them.
     """
 
-    def __init__(self, backend: Backend, spec: TreeSpec, bucket: int = 128):
+    def __init__(self, backend: Backend, bucket: int = 128):
         self.backend = backend
-        self.spec = spec
         self.bucket = bucket
         self.cache = None
-        self._base = None  # [B] cache lengths before this round
         self._anchor = None  # [B] cache lengths after the pending tokens (first scratch slot)
-        self._slots = None  # [B, N] scratch slot of each fed node, -1 if not fed
-        # per level d >= 1: nodes fed (those with children) and their visibility of earlier fed nodes
-        self._plan = []
-        fed: list[int] = []
-        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
-        for level in spec.levels[:-1]:
-            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
-            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
-            self._plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
-            fed += expand.tolist()
-        self._children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
+        self._slots = None  # [B, N] scratch slot of each node of the returned trees, -1 if not fed
 
     def start(self, seqs) -> None:
         """Prefill every prompt but its last token (that one is pending, fed in the first round)."""
@@ -85,6 +71,66 @@ class DraftModelDrafter(Drafter):
             feed_rows(self.backend, self.cache, feed)
             self.num_calls = 1
         self.seconds = time.perf_counter() - t0
+
+    def _feed_pending(self, seqs) -> np.ndarray:
+        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V]."""
+        cache = self.cache
+        pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
+        logits = feed_rows(self.backend, cache, pending)
+        self._anchor = cache.lengths.copy()
+        return logits[np.arange(len(seqs)), [len(p) - 1 for p in pending]]
+
+    def _step_nodes(self, rows, depths, vis, block):
+        """Feed one level of scratch nodes: rows[b] [n] tokens at depths[b] [n] (>= 1) below the root,
+        each seeing the scratch rows marked in vis[b] [n, scratch rows so far] (None: all of them) and,
+        among the new tokens, what `block` [n, n] says. Returns (logits [B, n, V], first slot [B])."""
+        cache, batch = self.cache, len(rows)
+        first_slot = cache.lengths.copy()
+        cache.reserve(int(max(first_slot)) + len(rows[0]))
+        positions = [self._anchor[b] - 1 + depths[b] for b in range(batch)]
+        scratch = None if vis is None else [(int(self._anchor[b]), vis[b]) for b in range(batch)]
+        ids, pos, mask = pack_step(cache, rows, positions, [block] * batch, scratch)
+        logits, new_kv = self.backend.step(ids, pos, mask, cache)
+        cache.append(new_kv, [len(r) for r in rows])
+        return logits, first_slot
+
+    def commit(self, seqs, verdicts) -> None:
+        for b, verdict in enumerate(verdicts):
+            slots = []
+            for node in verdict.path:
+                if self._slots[b, node] < 0:
+                    break  # never fed (a leaf): it stays pending with the bonus token
+                slots.append(int(self._slots[b, node]))
+            self.cache.compact(b, int(self._anchor[b]), slots)
+
+    def keep(self, rows) -> None:
+        self.cache.keep(rows)
+
+
+class DraftModelDrafter(ModelDrafter):
+    """Fills a TreeSpec with the draft model, one draft step per tree level.
+
+    Level 0 feeds the pending tokens; the root's children are the draft's top-k tokens after them. Each
+    later step feeds the nodes of one depth that have children in the spec: they are scratch rows in the
+    draft cache (after the pending tokens), each seeing the committed prefix, its ancestors and itself;
+    their top-k tokens become their children. A chain spec with temperature > 0 samples each token from
+    the warped draft distribution q instead (and records q for lossless rejection sampling); trees use
+    deterministic top-k children, verified against one-hot drafts.
+    """
+
+    def __init__(self, backend: Backend, spec: TreeSpec, bucket: int = 128):
+        super().__init__(backend, bucket)
+        self.spec = spec
+        # per level d >= 1: nodes fed (those with children) and their visibility of earlier fed nodes
+        self._plan = []
+        fed: list[int] = []
+        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
+        for level in spec.levels[:-1]:
+            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
+            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
+            self._plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
+            fed += expand.tolist()
+        self._children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
 
     def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
         """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
@@ -110,46 +156,22 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, seqs, params, rng):
         t0, busy0 = time.perf_counter(), self.backend.busy_seconds
-        spec, cache, batch = self.spec, self.cache, len(seqs)
-        self._base = cache.lengths.copy()
-        pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
-        logits = feed_rows(self.backend, cache, pending)
-        self._anchor = cache.lengths.copy()
+        spec, batch = self.spec, len(seqs)
+        root = self._feed_pending(seqs)
         tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         sampled = spec.is_chain and not params.greedy
-        probs = np.zeros((batch, len(spec), logits.shape[-1])) if sampled else None
-        root_rows = logits[np.arange(batch), [len(p) - 1 for p in pending]][:, None]  # [B, 1, V]
-        self._fill(np.array([-1]), root_rows, tokens, probs, params, rng)
+        probs = np.zeros((batch, len(spec), root.shape[-1])) if sampled else None
+        self._fill(np.array([-1]), root[:, None], tokens, probs, params, rng)
         self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
-        calls = 1
         for expand, vis, block in self._plan:
-            rows = [tokens[b, expand] for b in range(batch)]
-            positions = [self._anchor[b] - 1 + spec.depths[expand] for b in range(batch)]
-            first_slot = cache.lengths.copy()
-            cache.reserve(int(max(first_slot)) + len(expand))
-            ids, pos, mask = pack_step(cache, rows, positions, [block] * batch,
-                                       None if spec.is_chain else [(int(a), vis) for a in self._anchor])
-            logits, new_kv = self.backend.step(ids, pos, mask, cache)
-            cache.append(new_kv, [len(expand)] * batch)
+            logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
+                                                  [spec.depths[expand]] * batch,
+                                                  None if spec.is_chain else [vis] * batch, block)
             self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
-            calls += 1
             self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
-        self.num_calls = calls
+        self.num_calls = 1 + len(self._plan)
         self.seconds = time.perf_counter() - t0
         self.backend_seconds = self.backend.busy_seconds - busy0
         if spec.is_chain:
             return [DraftTree.chain(tokens[b], None if probs is None else probs[b]) for b in range(batch)]
         return [DraftTree(tokens[b], spec.parents, None, spec=spec) for b in range(batch)]
-
-    def commit(self, seqs, verdicts) -> None:
-        """Keep K/V of the pending tokens and of the accepted path's nodes that were fed (compacted)."""
-        for b, verdict in enumerate(verdicts):
-            slots = []
-            for node in verdict.path:
-                if self._slots[b, node] < 0:
-                    break  # a leaf of the spec: never fed, it stays pending with the bonus token
-                slots.append(int(self._slots[b, node]))
-            self.cache.compact(b, int(self._anchor[b]), slots)
-
-    def keep(self, rows) -> None:
-        self.cache.keep(rows)

@@ -10,8 +10,10 @@ drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static
 paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
 tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
 chain, or no speculation); "anpd" drafts up to `num_draft_tokens` (default 7) tokens from a multi-level
-n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model.
-Greedy when temperature == 0, lossless rejection sampling otherwise.
+n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model;
+"mtad" drafts `num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the
+longest prefix of the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when
+greedy; not lossless by design). Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ import numpy as np
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.manifest import load_manifest, model_entry
 from specrt.runtime.backends import BACKENDS, load_backend
+from specrt.runtime.beam import BeamDrafter
 from specrt.runtime.drafters import DraftModelDrafter
 from specrt.runtime.ngram import NgramDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.tree import TreeSpec
-from specrt.runtime.verify import make_verifier
+from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
 
-METHODS = ("autoregressive", "sd", "tree", "auto", "anpd")
+METHODS = ("autoregressive", "sd", "tree", "auto", "anpd", "mtad")
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tree tuner replaces this with a tree built from calibration.
@@ -125,7 +128,7 @@ class Pipeline:
             raise InvalidRequestError(f"invalid tree: {e}") from None
 
     def _scheduler(self, method: str, params: SamplingParams, num_draft_tokens, tree, ngram_n: int,
-                   batch_size: int) -> tuple[Scheduler, int]:
+                   batch_size: int, num_beams: int = 4, tau: float = 0.5) -> tuple[Scheduler, int]:
         """The method's Scheduler and the context slots a round may need beyond the text."""
         if method not in METHODS:
             raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
@@ -137,6 +140,16 @@ class Pipeline:
             if not isinstance(ngram_n, int) or ngram_n < 2:
                 raise InvalidRequestError(f"ngram_n must be an integer >= 2, got {ngram_n!r}")
             return Scheduler(self.target, NgramDrafter(ngram_n, k), verifier, self.eos_id, self.bucket), k + 1
+        if method == "mtad":
+            gamma = 4 if num_draft_tokens is None else num_draft_tokens
+            if not isinstance(gamma, int) or gamma < 1 or not isinstance(num_beams, int) or num_beams < 1:
+                raise InvalidRequestError(f"num_draft_tokens and num_beams must be integers >= 1, got {gamma!r}, {num_beams!r}")
+            if not 0 <= tau <= 1:
+                raise InvalidRequestError(f"tau must be in [0, 1], got {tau}")
+            drafter = BeamDrafter(self.draft, num_beams, gamma, self.bucket)
+            # scratch: every beam node of every fed depth lives in the draft cache during a round
+            slack = max(gamma + 1, num_beams * (gamma - 1) + 2)
+            return Scheduler(self.target, drafter, JointLikelihoodVerifier(tau), self.eos_id, self.bucket), slack
         spec = self.tree_spec(method, 4 if num_draft_tokens is None else num_draft_tokens, tree, batch_size)
         drafter = DraftModelDrafter(self.draft, spec, self.bucket) if spec is not None else None
         return Scheduler(self.target, drafter, verifier, self.eos_id, self.bucket), (len(spec) + 1 if spec else 1)
@@ -158,7 +171,7 @@ class Pipeline:
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0, num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5,
-                 batch_size: int = 1, progress: bool = False):
+                 num_beams: int = 4, tau: float = 0.5, batch_size: int = 1, progress: bool = False):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
@@ -170,7 +183,7 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, batch_size)
+        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, batch_size, num_beams, tau)
         seqs = self._sequences(prompts, max_new_tokens, slack)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
@@ -185,10 +198,11 @@ class Pipeline:
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5) -> Iterator[str]:
+               num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5, num_beams: int = 4,
+               tau: float = 0.5) -> Iterator[str]:
         """Yield text pieces of one prompt's continuation as rounds are accepted."""
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, 1)
+        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, 1, num_beams, tau)
         seq = self._sequences([prompt], max_new_tokens, slack)[0]
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):

@@ -95,5 +95,45 @@ class RejectionVerifier:
             path.append(node)
 
 
+class JointLikelihoodVerifier:
+    """MTAD / MJSD (../shared/papers/mtad-*.txt, mjsd-*.txt): accept the *longest* drafted prefix
+    x_1..x_j with min(1, p(x_1:j) / q(x_1:j)) > tau, even when a shorter prefix failed, where p and q
+    are the target's and the draft's joint likelihoods of the prefix; then the bonus token from the
+    target at the next position: its argmax when greedy (MJSD), a sample of the warped distribution
+    otherwise (MTAD). Not lossless: it trades exactness for joint likelihood. tau = 1 accepts nothing.
+    """
+
+    def __init__(self, tau: float):
+        if not 0 <= tau <= 1:
+            raise ValueError(f"tau must be in [0, 1], got {tau}")
+        self.tau = tau
+
+    def accepted_length(self, logp: np.ndarray, logq: np.ndarray) -> int:
+        """Longest j with min(1, p_j / q_j) > tau, from per-prefix joint log-likelihoods [gamma]."""
+        if self.tau >= 1:
+            return 0
+        ratio = np.minimum(0.0, logp - logq)  # log min(1, p/q)
+        passing = np.flatnonzero(ratio > (np.log(self.tau) if self.tau > 0 else -np.inf))
+        return int(passing[-1]) + 1 if len(passing) else 0
+
+    def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+        if not tree.is_chain or (len(tree) and tree.joint_logq is None):
+            raise ValueError("joint-likelihood verification needs a chain with the draft's joint log-likelihoods")
+        num = 0
+        if len(tree):
+            rows = logits[: len(tree)].astype(np.float64)
+            if params.greedy:
+                logprobs = rows - rows.max(axis=-1, keepdims=True)
+                logprobs -= np.log(np.exp(logprobs).sum(axis=-1, keepdims=True))
+            else:
+                with np.errstate(divide="ignore"):
+                    logprobs = np.log(warp(rows, params))
+            logp = np.cumsum(logprobs[np.arange(len(tree)), tree.tokens])  # [gamma] log p(x_1:j)
+            num = self.accepted_length(logp, tree.joint_logq)
+        row = logits[num]
+        bonus = int(row.argmax()) if params.greedy else sample(warp(row, params), rng)
+        return Verdict(list(range(num)), bonus)
+
+
 def make_verifier(params: SamplingParams):
     return GreedyVerifier() if params.greedy else RejectionVerifier()

@@ -5,7 +5,7 @@
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
-    specrt bench e2e | trees | ngram   end-to-end vs baselines; tree sizes vs prediction; ANPD ablation
+    specrt bench e2e|trees|ngram|mtad  end-to-end vs baselines; tree sizes vs prediction; ablations
 
 Errors the user can act on (specrt.errors.SpecrtError) print one line and exit with status 2.
 """
@@ -36,10 +36,12 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto | anpd (default: %(default)s)")
+    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto | anpd | mtad (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--num-draft-tokens", type=int, default=None, help="sd: chain length (default 4); anpd: K (default 7)")
     g.add_argument("--ngram-n", type=int, default=5, help="anpd: highest n-gram order N (default: %(default)s)")
+    g.add_argument("--num-beams", type=int, default=4, help="mtad: beams W (default: %(default)s)")
+    g.add_argument("--tau", type=float, default=0.5, help="mtad: joint-likelihood threshold (default: %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -94,7 +96,8 @@ def cmd_generate(args) -> None:
 
     pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n)
+              top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
+              num_beams=args.num_beams, tau=args.tau)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):
             print(piece, end="", flush=True)
@@ -151,6 +154,8 @@ def cmd_bench(args) -> None:
         from specrt.bench.trees import main_from_args
     elif args.bench_cmd == "ngram":
         from specrt.bench.ngram import main_from_args
+    elif args.bench_cmd == "mtad":
+        from specrt.bench.mtad import main_from_args
     else:
         from specrt.bench.e2e import main_from_args
     main_from_args(args)
@@ -225,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specrt.bench.ngram import add_ngram_args
 
     add_ngram_args(bsub.add_parser("ngram", help="ANPD ablation over n-gram order N and draft length K"))
+    from specrt.bench.mtad import add_mtad_args
+
+    add_mtad_args(bsub.add_parser("mtad", help="MTAD/MJSD speed and perplexity vs sd, tau and beam ablations"))
     bench.set_defaults(func=cmd_bench)
     return parser
 
