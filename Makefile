@@ -17,7 +17,7 @@ LABEL     ?= tiny
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees clean
+.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,15 @@ bench-trees: $(STAMP)
 	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
 	$(BIN)/specrt tune --bundle $(OUT)
 	$(BIN)/specrt bench trees --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
+
+# ANPD's N x K ablation and MTAD's speed / perplexity with tau and beam ablations, on OUT.
+bench-ngram: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt bench ngram --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
+
+bench-mtad: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt bench mtad --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
 
 clean:
 	rm -rf build

@@ -27,21 +27,10 @@ import numpy as np
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.manifest import load_manifest, model_entry
 from specrt.runtime.backends import BACKENDS, load_backend
-from specrt.runtime.beam import BeamDrafter
-from specrt.runtime.drafters import DraftModelDrafter
-from specrt.runtime.ngram import NgramDrafter
+from specrt.runtime.methods import MethodConfig
+from specrt.runtime.methods import build as build_method
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
-from specrt.runtime.tree import TreeSpec
-from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
-
-METHODS = ("autoregressive", "sd", "tree", "auto", "anpd", "mtad")
-
-# A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
-# draft is least sure). The tree tuner replaces this with a tree built from calibration.
-DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
-                (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0))
-
 
 @dataclass
 class Generation:
@@ -103,56 +92,9 @@ class Pipeline:
 
         return load_plan(self.bundle, fingerprint(self.backend_name, self.threads, self.device))
 
-    def tree_spec(self, method: str, num_draft_tokens: int, tree, batch_size: int = 1) -> TreeSpec | None:
-        """The static tree a method drafts (None for no speculation)."""
-        from specrt.runtime.plan import PLAN, choice_for
-
-        if method not in ("autoregressive", "sd", "tree", "auto"):
-            raise InvalidRequestError(f"{method!r} does not draft a static tree (choose from autoregressive, sd, tree, auto)")
-        if method == "autoregressive":
-            return None
-        if method == "sd":
-            if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-                raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
-            return TreeSpec.chain(num_draft_tokens)
-        if method == "auto":
-            choice = choice_for(self.plan(), batch_size)
-            return None if choice["method"] == "autoregressive" else TreeSpec.from_paths(choice["paths"])
-        if isinstance(tree, TreeSpec):
-            return tree
-        if tree is None:
-            tree = choice_for(self.plan(), batch_size)["best_tree"]["paths"] if (self.bundle / PLAN).is_file() else DEFAULT_TREE
-        try:
-            return TreeSpec.from_paths(tree)
-        except (ValueError, TypeError) as e:
-            raise InvalidRequestError(f"invalid tree: {e}") from None
-
-    def _scheduler(self, method: str, params: SamplingParams, num_draft_tokens, tree, ngram_n: int,
-                   batch_size: int, num_beams: int = 4, tau: float = 0.5) -> tuple[Scheduler, int]:
-        """The method's Scheduler and the context slots a round may need beyond the text."""
-        if method not in METHODS:
-            raise InvalidRequestError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-        verifier = make_verifier(params)
-        if method == "anpd":
-            k = 7 if num_draft_tokens is None else num_draft_tokens
-            if not isinstance(k, int) or k < 1:
-                raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
-            if not isinstance(ngram_n, int) or ngram_n < 2:
-                raise InvalidRequestError(f"ngram_n must be an integer >= 2, got {ngram_n!r}")
-            return Scheduler(self.target, NgramDrafter(ngram_n, k), verifier, self.eos_id, self.bucket), k + 1
-        if method == "mtad":
-            gamma = 4 if num_draft_tokens is None else num_draft_tokens
-            if not isinstance(gamma, int) or gamma < 1 or not isinstance(num_beams, int) or num_beams < 1:
-                raise InvalidRequestError(f"num_draft_tokens and num_beams must be integers >= 1, got {gamma!r}, {num_beams!r}")
-            if not 0 <= tau <= 1:
-                raise InvalidRequestError(f"tau must be in [0, 1], got {tau}")
-            drafter = BeamDrafter(self.draft, num_beams, gamma, self.bucket)
-            # scratch: every beam node of every fed depth lives in the draft cache during a round
-            slack = max(gamma + 1, num_beams * (gamma - 1) + 2)
-            return Scheduler(self.target, drafter, JointLikelihoodVerifier(tau), self.eos_id, self.bucket), slack
-        spec = self.tree_spec(method, 4 if num_draft_tokens is None else num_draft_tokens, tree, batch_size)
-        drafter = DraftModelDrafter(self.draft, spec, self.bucket) if spec is not None else None
-        return Scheduler(self.target, drafter, verifier, self.eos_id, self.bucket), (len(spec) + 1 if spec else 1)
+    def _scheduler(self, method: MethodConfig, params: SamplingParams, batch_size: int) -> tuple[Scheduler, int]:
+        drafter, verifier, slack = build_method(self, method, params, batch_size)
+        return Scheduler(self.target, drafter, verifier, self.eos_id, self.bucket), slack
 
     def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -183,7 +125,8 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, batch_size, num_beams, tau)
+        m = MethodConfig(method, num_draft_tokens, tree, ngram_n, num_beams, tau)
+        scheduler, slack = self._scheduler(m, params, batch_size)
         seqs = self._sequences(prompts, max_new_tokens, slack)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
@@ -202,7 +145,7 @@ class Pipeline:
                tau: float = 0.5) -> Iterator[str]:
         """Yield text pieces of one prompt's continuation as rounds are accepted."""
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(method, params, num_draft_tokens, tree, ngram_n, 1, num_beams, tau)
+        scheduler, slack = self._scheduler(MethodConfig(method, num_draft_tokens, tree, ngram_n, num_beams, tau), params, 1)
         seq = self._sequences([prompt], max_new_tokens, slack)[0]
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):

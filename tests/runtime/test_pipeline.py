@@ -39,7 +39,8 @@ def test_tree_ragged_batch_and_custom_spec(pipelines, humaneval):
 
 
 def test_self_draft_tree_accepts_the_whole_best_path(self_draft_bundle, humaneval):
-    from specrt.runtime.pipeline import DEFAULT_TREE, Pipeline
+    from specrt.runtime.methods import DEFAULT_TREE
+    from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(self_draft_bundle, threads=2)
     ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=40)
