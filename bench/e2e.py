@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, write_report
+from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
 
 OURS = ("autoregressive", "sd", "anpd")
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
@@ -135,25 +135,14 @@ def build_runners(cfg: E2EConfig) -> dict:
 
 
 def run_e2e(cfg: E2EConfig) -> dict:
-    from tqdm import tqdm
-
     prompts = humaneval_prompts(cfg.num_prompts)
     runners = build_runners(cfg)
     results = {name: MethodResult(name) for name in runners}
-    bar = tqdm(total=(cfg.warmup_runs + cfg.runs) * len(runners), desc=f"bench e2e {cfg.label}", unit="method-run")
-    for _ in range(cfg.warmup_runs):
-        for run in runners.values():
-            run(prompts)
-            bar.update()
-    for _ in range(cfg.runs):
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            outs, calls, host = run(prompts)
-            r = results[name]
-            r.seconds.append(time.perf_counter() - t0)
-            r.tokens, r.target_calls, r.host_seconds, r.outputs = sum(map(len, outs)), calls, host, outs
-            bar.update()
-    bar.close()
+    seconds, last = timed_runs({name: (lambda run=run: run(prompts)) for name, run in runners.items()},
+                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}")
+    for name, (outs, calls, host) in last.items():
+        r = results[name]
+        r.seconds, r.tokens, r.target_calls, r.host_seconds, r.outputs = seconds[name], sum(map(len, outs)), calls, host, outs
     return report(cfg, results)
 
 
@@ -217,15 +206,9 @@ def plot(data: dict, path: Path) -> None:
 
 
 def add_e2e_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bundle_args
+    from specrt.cli import add_bench_args
 
-    add_bundle_args(p)
-    p.add_argument("--label", default="demo", help="name used in output files (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--num-prompts", type=int, default=30)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    add_bench_args(p, num_prompts=30)
     p.add_argument("--num-draft-tokens", default="4", help="gamma, or a comma list for one sd row each")
     p.add_argument("--methods", default=",".join(OURS))
     p.add_argument("--baselines", default=",".join(BASELINES), help="comma list of " + ", ".join(BASELINES) + " (or none)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, write_report
+from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,6 @@ def configurations(cfg: MtadConfig) -> list[tuple[str, dict]]:
 
 
 def run_mtad(cfg: MtadConfig) -> dict:
-    from tqdm import tqdm
-
     from specrt.bench.quality import perplexity
     from specrt.runtime.pipeline import Pipeline
 
@@ -58,19 +56,10 @@ def run_mtad(cfg: MtadConfig) -> dict:
     prompts = humaneval_prompts(cfg.num_prompts)
     prompt_ids = [pipe.encode(p) for p in prompts]
     confs = configurations(cfg)
-    seconds = {name: [] for name, _ in confs}
-    results = {}
-    bar = tqdm(total=(cfg.runs + 1) * len(confs), desc=f"bench mtad {cfg.label}", unit="config-run")
-    for r in range(cfg.runs + 1):
-        for name, kw in confs:
-            t0 = time.perf_counter()
-            outs = pipe.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                 seed=cfg.seed, **kw)
-            if r:
-                seconds[name].append(time.perf_counter() - t0)
-            results[name] = outs
-            bar.update()
-    bar.close()
+    seconds, results = timed_runs(
+        {name: (lambda kw=kw: pipe.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                            seed=cfg.seed, **kw)) for name, kw in confs},
+        cfg.runs, 1, f"bench mtad {cfg.label}")
     ar_speed = None
     rows = []
     for name, kw in confs:
@@ -126,15 +115,9 @@ def plot(data: dict, path: Path) -> None:
 
 
 def add_mtad_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bundle_args
+    from specrt.cli import add_bench_args
 
-    add_bundle_args(p)
-    p.add_argument("--label", default="demo")
-    p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    add_bench_args(p, num_prompts=10)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.0)
 

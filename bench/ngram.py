@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, write_report
+from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
 
 
 @dataclass(frozen=True)
@@ -31,30 +31,19 @@ class NgramConfig:
 
 
 def run_ngram(cfg: NgramConfig) -> dict:
-    from tqdm import tqdm
-
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
     confs = [("autoregressive", None, None)] + [("anpd", n, k) for n in cfg.orders for k in cfg.lengths]
-    seconds: dict = {c: [] for c in confs}
-    stats: dict = {}
-    bar = tqdm(total=(cfg.runs + 1) * len(confs), desc=f"bench ngram {cfg.label}", unit="config-run")
-    for r in range(cfg.runs + 1):
-        for c in confs:
-            method, n, k = c
-            t0 = time.perf_counter()
-            outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k,
-                                 ngram_n=n or 5)
-            if r:
-                seconds[c].append(time.perf_counter() - t0)
-            drafted = sum(o.stats["drafted"] for o in outs)
-            accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
-            stats[c] = (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
-                        accepted / drafted if drafted else 0.0, [o.token_ids for o in outs])
-            bar.update()
-    bar.close()
+    def run(method, n, k):
+        outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5)
+        drafted = sum(o.stats["drafted"] for o in outs)
+        accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
+        return (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
+                accepted / drafted if drafted else 0.0, [o.token_ids for o in outs])
+
+    seconds, stats = timed_runs({c: (lambda c=c: run(*c)) for c in confs}, cfg.runs, 1, f"bench ngram {cfg.label}")
     base = stats[confs[0]][0] / statistics.median(seconds[confs[0]])
     rows = []
     for c in confs:
@@ -101,15 +90,9 @@ def plot(data: dict, path: Path) -> None:
 
 
 def add_ngram_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bundle_args
+    from specrt.cli import add_bench_args
 
-    add_bundle_args(p)
-    p.add_argument("--label", default="demo")
-    p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    add_bench_args(p, num_prompts=10)
     p.add_argument("--orders", default="2,3,4,5,6", help="n-gram orders N to try")
     p.add_argument("--lengths", default="1,3,5,7,9", help="draft lengths K to try")
 

@@ -34,3 +34,23 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def timed_runs(configs: dict, runs: int, warmup: int, desc: str) -> tuple[dict, dict]:
+    """Run every config's callable `warmup` times untimed, then `runs` timed passes, interleaved so that
+    drift hits all configs alike. Returns ({name: [seconds per timed run]}, {name: last result})."""
+    import time
+
+    from tqdm import tqdm
+
+    seconds = {name: [] for name in configs}
+    last = {}
+    with tqdm(total=(warmup + runs) * len(configs), desc=desc, unit="config-run") as bar:
+        for r in range(warmup + runs):
+            for name, run in configs.items():
+                t0 = time.perf_counter()
+                last[name] = run()
+                if r >= warmup:
+                    seconds[name].append(time.perf_counter() - t0)
+                bar.update()
+    return seconds, last

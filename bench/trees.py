@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, write_report
+from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -54,8 +54,6 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
 
 
 def run_trees(cfg: TreesConfig) -> dict:
-    from tqdm import tqdm
-
     from specrt.calibration.acceptance import load_acceptance
     from specrt.runtime.pipeline import Pipeline
 
@@ -70,24 +68,16 @@ def run_trees(cfg: TreesConfig) -> dict:
         prefill = sum(o.stats["seconds"]["prefill"] for o in outs)  # batch 1: each output's own prefill
         return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs], prefill
 
-    seconds = {c["name"]: [] for c in confs}
-    decode_seconds = {c["name"]: [] for c in confs}
-    bar = tqdm(total=(cfg.runs + 1) * len(confs), desc=f"bench trees {cfg.label}", unit="config-run")
-    for r in range(cfg.runs + 1):
-        for c in confs:
-            t0 = time.perf_counter()
-            tokens, rounds, ids, prefill = run(c)
-            if r:  # the first pass is the warm-up
-                seconds[c["name"]].append(time.perf_counter() - t0)
-                decode_seconds[c["name"]].append(time.perf_counter() - t0 - prefill)
-            c.update(tokens=tokens, rounds=rounds, ids=ids)
-            bar.update()
-    bar.close()
+    seconds, last = timed_runs({c["name"]: (lambda c=c: run(c)) for c in confs}, cfg.runs, 1, f"bench trees {cfg.label}")
+    for c in confs:
+        c["tokens"], c["rounds"], c["ids"], prefill = last[c["name"]]
+        # the last run's prefill, subtracted from each timed run (same prompts every run: prefill barely varies)
+        c["decode_seconds"] = [t - prefill for t in seconds[c["name"]]]
     ref = confs[0]["ids"]
     rows = []
     for c in confs:
         measured = c["tokens"] / statistics.median(seconds[c["name"]])
-        decode = c["tokens"] / statistics.median(decode_seconds[c["name"]])
+        decode = c["tokens"] / statistics.median(c["decode_seconds"])
         rows.append({"name": c["name"], "kind": c["kind"], "num_nodes": c["num_nodes"],
                      "measured_tokens_per_s": round(measured, 2), "decode_tokens_per_s": round(decode, 2),
                      "predicted_tokens_per_s": round(c["predicted"], 2),
@@ -167,15 +157,9 @@ def plot(data: dict, path: Path) -> None:
 
 
 def add_trees_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bundle_args
+    from specrt.cli import add_bench_args
 
-    add_bundle_args(p)
-    p.add_argument("--label", default="demo")
-    p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--num-prompts", type=int, default=5)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    add_bench_args(p, num_prompts=5)
 
 
 def main_from_args(args) -> dict:

@@ -27,6 +27,18 @@ def add_bundle_args(p: argparse.ArgumentParser, default: str | None = "build/dem
                    required=default is None, help="bundle directory made by `specrt export` (default: %(default)s)")
 
 
+def add_bench_args(p: argparse.ArgumentParser, num_prompts: int) -> None:
+    """What every `specrt bench` verb takes: bundle, prompts, runs, threads and where results go."""
+    add_bundle_args(p)
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--label", default="demo", help="name used in output files (default: %(default)s)")
+    g.add_argument("--out", type=Path, default=Path("build/bench"), help="results directory (default: %(default)s)")
+    g.add_argument("--num-prompts", type=int, default=num_prompts, help="first N HumanEval prompts (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--runs", type=int, default=3, help="timed runs after one untimed warm-up (default: %(default)s)")
+    g.add_argument("--threads", type=int, default=2)
+
+
 def add_backend_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("backend")
     g.add_argument("--backend", choices=["ort", "torch"], default="ort", help="ort = ONNX Runtime (default), torch = PyTorch")
