@@ -37,7 +37,8 @@ def top_beams(scores: np.ndarray, logq: np.ndarray, width: int) -> tuple[np.ndar
     Returns (parent beam [width], token [width], new joint log-likelihood [width]), best first."""
     cand = scores[:, None] + logq  # [W0, V]
     flat = cand.ravel()
-    k = min(width, flat.size)
+    # never extend with a token the (warped) draft gives probability 0: its joint q would be 0
+    k = min(width, int(np.isfinite(flat).sum()))
     top = np.argpartition(-flat, k - 1)[:k]
     top = top[np.argsort(-flat[top], kind="stable")]
     return top // logq.shape[1], top % logq.shape[1], flat[top]

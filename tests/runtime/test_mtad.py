@@ -99,3 +99,12 @@ def test_mtad_accepts_more_as_tau_falls(pipelines, humaneval):
         outs = pipe.generate(humaneval[:6], method="mtad", tau=tau, num_beams=2, max_new_tokens=40, batch_size=3)
         per_call.append(sum(len(o.token_ids) for o in outs) / sum(o.stats["rounds"] for o in outs))
     assert per_call[0] < per_call[2]
+
+
+def test_beams_never_take_impossible_tokens():
+    from specrt.runtime.beam import top_beams
+
+    with np.errstate(divide="ignore"):
+        logq = np.log(np.array([[0.6, 0.4, 0.0, 0.0]]))  # a warped draft: two tokens have probability 0
+    par, tok, sc = top_beams(np.zeros(1), logq, width=4)
+    assert sorted(tok.tolist()) == [0, 1] and np.isfinite(sc).all()
