@@ -5,6 +5,7 @@ latencies L (latency.json), one round emits f(n) + 1 tokens per sequence and cos
 
     L_target(batch, n + 1)                       verify the root and every node in one step
     + L_draft(batch, 1) + sum_levels L_draft(batch, nodes fed at that level)   draft the tree level by level
+    + H(n)                                       the runtime's host work per round (profiled at batch 1)
 
 so the predicted speed is batch * (f(n) + 1) / cost (PPD section 4's hardware-aware pruning, with the
 Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes and the
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt.bench.latency import latency_ms, load_latency
+from specrt.bench.latency import host_ms, latency_ms, load_latency
 from specrt.calibration.acceptance import chain_expectation, load_acceptance
 from specrt.errors import SpecrtError
 from specrt.runtime.plan import PLAN, plan_fingerprint
@@ -33,13 +34,13 @@ class TuneConfig:
 
 
 def round_cost_ms(latency: dict, batch: int, spec: TreeSpec) -> tuple[float, float]:
-    """(target ms, draft ms) of one round with this tree."""
+    """(target ms, draft + host ms) of one round with this tree."""
     target = latency_ms(latency, "target", batch, len(spec) + 1)
     draft = latency_ms(latency, "draft", batch, 1)  # the pending (bonus) token and the root's children
     for level in spec.levels[:-1]:
         fed = int(sum(spec.num_children[i + 1] > 0 for i in level))
         draft += latency_ms(latency, "draft", batch, fed)
-    return target, draft
+    return target, draft + host_ms(latency, len(spec))
 
 
 def candidates(acceptance: dict) -> list[dict]:
@@ -62,9 +63,9 @@ def tune(cfg: TuneConfig) -> dict:
                           "re-run `specrt calibrate`")
     choices, curves = {}, {}
     for batch in cfg.batch_sizes:
-        ar = batch * 1e3 / latency_ms(latency, "target", batch, 1)
+        ar = batch * 1e3 / (latency_ms(latency, "target", batch, 1) + host_ms(latency, 0))
         rows = [{"kind": "autoregressive", "num_nodes": 0, "expected_accepted": 0.0, "predicted_tokens_per_s": ar,
-                 "target_ms": latency_ms(latency, "target", batch, 1), "draft_ms": 0.0}]
+                 "target_ms": latency_ms(latency, "target", batch, 1), "draft_ms": host_ms(latency, 0)}]
         for c in candidates(acceptance):
             spec = TreeSpec.from_paths(c["paths"])
             try:
