@@ -64,3 +64,21 @@ def test_plan_is_refused_on_another_machine_or_export(tmp_path):
 def test_auto_without_a_plan_says_what_to_run(pipelines):
     with pytest.raises(BundleError, match="specrt calibrate.*specrt profile.*specrt tune"):
         pipelines["ort"].generate("def f():", method="auto")
+
+
+def test_host_work_term_interpolates_and_defaults_to_zero():
+    from specrt.bench.latency import host_ms
+
+    assert host_ms({"models": {}}, 8) == 0.0  # profiles without the measurement
+    data = {"host_ms": {"0": 0.02, "8": 0.3, "32": 0.6}}
+    assert host_ms(data, 0) == pytest.approx(0.02)
+    assert host_ms(data, 20) == pytest.approx(0.45)
+
+
+def test_host_work_can_tip_the_choice(tmp_path):
+    # memory-bound curves, but 40 ms of host work per tree round (vs 10 ms per target step): speculation loses
+    b = write_bundle(tmp_path, [[0.9, 0.3], [0.9, 0.3]], lambda n: 10 + 0.1 * n, lambda n: 0.1)
+    lat = json.loads((b / "latency.json").read_text())
+    lat["host_ms"] = {"0": 0.0, "1": 40.0, "16": 40.0}
+    (b / "latency.json").write_text(json.dumps(lat))
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,)))["choices"]["1"]["method"] == "autoregressive"
