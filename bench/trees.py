@@ -47,7 +47,9 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
         if ("chain", g) in predicted:
             out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
                         "predicted": predicted[("chain", g)]})
-    for n in cfg.tree_sizes:
+    choice = plan["choices"]["1"]
+    sizes = sorted(set(cfg.tree_sizes) | ({choice["num_nodes"]} if choice["kind"] == "tree" else set()))
+    for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
             out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
     return out

@@ -26,8 +26,12 @@ def test_summary_and_outputs(tmp_path):
 def test_configurations_follow_the_plan_curve(tmp_path):
     plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
                              {"kind": "chain", "num_nodes": 1, "predicted_tokens_per_s": 12.0},
-                             {"kind": "tree", "num_nodes": 2, "predicted_tokens_per_s": 13.0}]}}
-    acceptance = {"trees": [{"num_nodes": 1, "paths": [[0]]}, {"num_nodes": 2, "paths": [[0], [1]]}]}
+                             {"kind": "tree", "num_nodes": 2, "predicted_tokens_per_s": 13.0},
+                             {"kind": "tree", "num_nodes": 3, "predicted_tokens_per_s": 14.0}]},
+            "choices": {"1": {"kind": "tree", "num_nodes": 3}}}
+    acceptance = {"trees": [{"num_nodes": 1, "paths": [[0]]}, {"num_nodes": 2, "paths": [[0], [1]]},
+                            {"num_nodes": 3, "paths": [[0], [1], [0, 0]]}]}
     confs = configurations(plan, acceptance, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(1, 2), max_chain=2))
-    assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "tree 2"]  # tree 1 was not in the curve
+    # tree 1 was not in the curve; tree 3 is measured although not in tree_sizes, because it is the tuned one
+    assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "tree 2", "tree 3"]
     assert confs[2]["paths"] == [[0], [1]] and confs[2]["predicted"] == 13.0
