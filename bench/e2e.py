@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
+from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
 
 OURS = ("autoregressive", "sd", "anpd")
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
@@ -200,9 +200,7 @@ def plot(data: dict, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median)")
     ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def add_e2e_args(p: argparse.ArgumentParser) -> None:

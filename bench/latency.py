@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bench.report import config_dict, pyplot
+from specrt.bench.report import config_dict, pyplot, save_figure
 from specrt.errors import SpecrtError
 
 LATENCY = "latency.json"
@@ -153,6 +153,4 @@ def plot_latency(data: dict, path: Path) -> None:
         ax.set_title(f"{role}: L(n), {data['config']['backend']}, {data['config']['threads']} threads")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
+from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,7 @@ def plot(data: dict, path: Path) -> None:
     ax2.set_ylabel("perplexity under the target")
     ax.set_title(f"MTAD {data['label']}: W={c['num_beams']}, γ={c['gamma']}")
     fig.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def add_mtad_args(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
+from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(f"ANPD {data['label']}: speedup by N and K")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def add_ngram_args(p: argparse.ArgumentParser) -> None:

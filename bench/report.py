@@ -36,6 +36,15 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path) -> None:
+    """Lay out, write (PNG, 110 dpi) and release a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def timed_runs(configs: dict, runs: int, warmup: int, desc: str) -> tuple[dict, dict]:
     """Run every config's callable `warmup` times untimed, then `runs` timed passes, interleaved so that
     drift hits all configs alike. Returns ({name: [seconds per timed run]}, {name: last result})."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, timed_runs, write_report
+from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -153,9 +153,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(f"trees {data['label']}: measured vs predicted")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def add_trees_args(p: argparse.ArgumentParser) -> None:
