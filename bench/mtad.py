@@ -2,8 +2,11 @@
 
 Same HumanEval prompts, greedy (MJSD) unless --temperature is given, batch 1. For each configuration:
 tokens/s (median of `runs` after a warm-up run), tokens per target call, and the perplexity of the
-emitted tokens under the target. Ablations (MTAD Tables 10 and 11): tau at fixed beams, beams at fixed
-tau. Writes JSON, Markdown and a plot (accepted tokens per call and perplexity against tau).
+emitted tokens under the target. Ablations (MTAD Tables 10 and 11): tau for each (beams W, verified
+beams k) sweep (k > 1: the top k beams verified as one tree), beams at fixed tau. A reference row,
+untimed: exact multi-token joint greedy decoding (MJGD, the MJSD paper's section 3.1), i.e. the
+target's own beam search of gamma tokens per step; MJSD approximates it, so its perplexity is the
+quality to aim at. Writes JSON, Markdown and a plot (tokens per call and perplexity against tau).
 """
 
 from __future__ import annotations
@@ -28,21 +31,24 @@ class MtadConfig:
     runs: int = 3
     threads: int = 2
     gamma: int = 4
-    num_beams: int = 4
     tau: float = 0.5
     taus: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
-    beams: tuple[int, ...] = (2, 4, 8)
+    beams: tuple[int, ...] = (2, 8)  # W at tau, best beam only
+    sweeps: tuple[tuple[int, int], ...] = ((4, 1), (4, 4), (8, 8))  # (W, k) pairs run at every tau
+    reference_beams: int = 8  # W of the exact MJGD reference (0: none)
     temperature: float = 0.0
     seed: int = 0
 
 
 def configurations(cfg: MtadConfig) -> list[tuple[str, dict]]:
     confs = [("autoregressive", {}), (f"sd γ={cfg.gamma}", {"method": "sd", "num_draft_tokens": cfg.gamma})]
-    for tau in cfg.taus:
-        confs.append((f"mtad W={cfg.num_beams} τ={tau}", {"method": "mtad", "num_draft_tokens": cfg.gamma,
-                                                         "num_beams": cfg.num_beams, "tau": tau}))
+    for w, k in cfg.sweeps:
+        tag = f" k={k} (tree)" if k > 1 else ""
+        for tau in cfg.taus:
+            confs.append((f"mtad W={w}{tag} τ={tau}", {"method": "mtad", "num_draft_tokens": cfg.gamma,
+                                                      "num_beams": w, "tau": tau, "verify_beams": k}))
     for w in cfg.beams:
-        if w != cfg.num_beams:
+        if (w, 1) not in cfg.sweeps:
             confs.append((f"mtad W={w} τ={cfg.tau}", {"method": "mtad", "num_draft_tokens": cfg.gamma, "num_beams": w,
                                                      "tau": cfg.tau}))
     return [(name, {"method": "autoregressive", **kw}) if not kw else (name, kw) for name, kw in confs]
@@ -68,13 +74,33 @@ def run_mtad(cfg: MtadConfig) -> dict:
         speed = tokens / statistics.median(seconds[name])
         ar_speed = ar_speed or speed
         rows.append({"name": name, **{k: kw.get(k) for k in ("method", "num_beams", "tau")},
+                     "verify_beams": kw.get("verify_beams", 1),
                      "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speed / ar_speed, 3),
                      "tokens_per_target_call": round(tokens / sum(o.stats["rounds"] for o in outs), 3),
                      "perplexity": round(perplexity(pipe, prompt_ids, [o.token_ids for o in outs]), 4),
                      "runs_s": [round(s, 3) for s in seconds[name]]})
+    if cfg.reference_beams:
+        rows.append(mjgd_reference(pipe, prompts, prompt_ids, cfg))
     data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "config": config_dict(cfg), "rows": rows}
     write_report(cfg.out / f"mtad-{cfg.label}", data, markdown, plot)
     return data
+
+
+def mjgd_reference(pipe, prompts, prompt_ids, cfg: MtadConfig) -> dict:
+    """Exact MJGD: MJSD with the target as its own draft. Then q == p, every beam passes any tau < 1,
+    and each round emits the target's best-of-W beam of gamma tokens plus its argmax after it."""
+    import copy
+
+    from specrt.bench.quality import perplexity
+
+    exact = copy.copy(pipe)
+    exact.draft = pipe.target
+    outs = exact.generate(prompts, method="mtad", max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          seed=cfg.seed, num_draft_tokens=cfg.gamma, num_beams=cfg.reference_beams, tau=0.5)
+    return {"name": f"MJGD reference: target beams W={cfg.reference_beams} (untimed)", "method": "mjgd",
+            "num_beams": cfg.reference_beams, "tau": None, "verify_beams": 1, "tokens_per_s": None,
+            "speedup_vs_ar": None, "tokens_per_target_call": None,
+            "perplexity": round(perplexity(pipe, prompt_ids, [o.token_ids for o in outs]), 4), "runs_s": []}
 
 
 def markdown(data: dict) -> str:
@@ -84,6 +110,9 @@ def markdown(data: dict) -> str:
              f"γ={c['gamma']}, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
              "| config | tokens/s | vs AR | tokens/target call | perplexity (target) |", "|---|---:|---:|---:|---:|"]
     for r in data["rows"]:
+        if r["tokens_per_s"] is None:
+            lines.append(f"| {r['name']} | - | - | - | {r['perplexity']:.3f} |")
+            continue
         lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['tokens_per_target_call']:.2f} | {r['perplexity']:.3f} |")
     return "\n".join(lines) + "\n"
@@ -94,20 +123,25 @@ def plot(data: dict, path: Path) -> None:
     if plt is None:
         return
     c = data["config"]
-    rows = [r for r in data["rows"] if r["method"] == "mtad" and r["num_beams"] == c["num_beams"]]
-    rows.sort(key=lambda r: r["tau"])
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    taus = [r["tau"] for r in rows]
-    ax.plot(taus, [r["tokens_per_target_call"] for r in rows], "o-", color="tab:blue", label="mtad tokens/target call")
+    ax2 = ax.twinx()
     sd = next(r for r in data["rows"] if r["method"] == "sd")
+    for (w, k), marker in zip(c["sweeps"], "os^vD"):
+        rows = sorted((r for r in data["rows"] if r["method"] == "mtad" and r["num_beams"] == w
+                       and r.get("verify_beams", 1) == k), key=lambda r: r["tau"])
+        taus = [r["tau"] for r in rows]
+        what = f"W={w}, best beam" if k == 1 else f"W={w}, top {k} as a tree"
+        ax.plot(taus, [r["tokens_per_target_call"] for r in rows], marker + "-", color="tab:blue", label=f"tokens/call, {what}")
+        ax2.plot(taus, [r["perplexity"] for r in rows], marker + "--", color="tab:red", label=f"perplexity, {what}")
+    ref = next((r for r in data["rows"] if r["method"] == "mjgd"), None)
+    if ref:
+        ax2.axhline(ref["perplexity"], color="tab:green", ls="-.", label=f"perplexity, exact MJGD W={ref['num_beams']}")
     ax.axhline(sd["tokens_per_target_call"], color="tab:blue", ls=":", label="sd tokens/target call")
     ax.set_xlabel("tau")
     ax.set_ylabel("tokens per target call")
-    ax2 = ax.twinx()
-    ax2.plot(taus, [r["perplexity"] for r in rows], "s--", color="tab:red", label="mtad perplexity")
     ax2.axhline(sd["perplexity"], color="tab:red", ls=":", label="sd perplexity")
     ax2.set_ylabel("perplexity under the target")
-    ax.set_title(f"MTAD {data['label']}: W={c['num_beams']}, γ={c['gamma']}")
+    ax.set_title(f"MTAD {data['label']}: γ={c['gamma']}")
     fig.legend(fontsize=7, loc="upper right")
     save_figure(fig, path)
 
@@ -118,9 +152,12 @@ def add_mtad_args(p: argparse.ArgumentParser) -> None:
     add_bench_args(p, num_prompts=10)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--sweeps", default="4:1,4:4,8:8",
+                   help="W:k pairs run at every tau (k > 1: the top k of W beams verified as one tree)")
 
 
 def main_from_args(args) -> dict:
     return run_mtad(MtadConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
                                max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                               gamma=args.gamma, temperature=args.temperature))
+                               gamma=args.gamma, temperature=args.temperature,
+                               sweeps=tuple(tuple(int(v) for v in x.split(":")) for x in args.sweeps.split(","))))

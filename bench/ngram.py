@@ -2,7 +2,9 @@
 
 Same HumanEval prompts, greedy, batch 1; for each (N, K): tokens/s (median of `runs` after a warm-up
 run), speedup over autoregressive measured in the same run, tokens per target call and the draft hit
-ratio (accepted / drafted tokens). Writes JSON, Markdown and a plot of speedup against K per N.
+ratio (accepted / drafted tokens). Beyond the paper: at order `tree_order`, the same K as n-gram trees
+of up to b continuations per node (`tree_branches`). Writes JSON, Markdown and a plot of speedup
+against K per N (trees dashed).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class NgramConfig:
     threads: int = 2
     orders: tuple[int, ...] = (2, 3, 4, 5, 6)
     lengths: tuple[int, ...] = (1, 3, 5, 7, 9)
+    tree_branches: tuple[int, ...] = (2, 3)
+    tree_order: int = 5
 
 
 def run_ngram(cfg: NgramConfig) -> dict:
@@ -35,9 +39,12 @@ def run_ngram(cfg: NgramConfig) -> dict:
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
-    confs = [("autoregressive", None, None)] + [("anpd", n, k) for n in cfg.orders for k in cfg.lengths]
-    def run(method, n, k):
-        outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5)
+    confs = ([("autoregressive", None, None, 1)] + [("anpd", n, k, 1) for n in cfg.orders for k in cfg.lengths]
+             + [("anpd", cfg.tree_order, k, b) for b in cfg.tree_branches for k in cfg.lengths])
+
+    def run(method, n, k, b):
+        outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5,
+                             ngram_branches=b)
         drafted = sum(o.stats["drafted"] for o in outs)
         accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
         return (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
@@ -49,7 +56,7 @@ def run_ngram(cfg: NgramConfig) -> dict:
     for c in confs:
         tokens, rounds, hit, ids = stats[c]
         speed = tokens / statistics.median(seconds[c])
-        rows.append({"method": c[0], "n": c[1], "k": c[2], "tokens_per_s": round(speed, 2),
+        rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "tokens_per_s": round(speed, 2),
                      "speedup_vs_ar": round(speed / base, 3), "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
@@ -62,10 +69,12 @@ def markdown(data: dict) -> str:
     c = data["config"]
     lines = [f"### ANPD ablation `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| method | N | K | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | N | K | branches | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
-        lines.append(f"| {r['method']} | {r['n'] or '-'} | {r['k'] or '-'} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
+        b = r.get("branches", 1)
+        what = "-" if r["method"] == "autoregressive" else (f"{b} (tree)" if b > 1 else "1 (chain)")
+        lines.append(f"| {r['method']} | {r['n'] or '-'} | {r['k'] or '-'} | {what} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['tokens_per_target_call']:.2f} | {r['draft_hit_ratio']:.1%} | {'yes' if r['same_tokens_as_ar'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
@@ -76,10 +85,14 @@ def plot(data: dict, path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for n in data["config"]["orders"]:
-        rows = [r for r in data["rows"] if r["n"] == n]
+        rows = [r for r in data["rows"] if r["n"] == n and r.get("branches", 1) == 1]
         ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "o-", label=f"N = {n}")
+    for b in data["config"].get("tree_branches", ()):
+        rows = [r for r in data["rows"] if r.get("branches", 1) == b]
+        ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "s--",
+                label=f"N = {data['config']['tree_order']}, tree of {b} continuations per node")
     ax.axhline(1.0, color="gray", lw=1)
-    ax.set_xlabel("draft tokens per step (K)")
+    ax.set_xlabel("draft tokens per step (K: chain length or tree nodes)")
     ax.set_ylabel("speedup over autoregressive")
     ax.set_title(f"ANPD {data['label']}: speedup by N and K")
     ax.grid(alpha=0.3)
@@ -93,10 +106,12 @@ def add_ngram_args(p: argparse.ArgumentParser) -> None:
     add_bench_args(p, num_prompts=10)
     p.add_argument("--orders", default="2,3,4,5,6", help="n-gram orders N to try")
     p.add_argument("--lengths", default="1,3,5,7,9", help="draft lengths K to try")
+    p.add_argument("--tree-branches", default="2,3", help="continuations per node of n-gram trees to try ('' for none)")
 
 
 def main_from_args(args) -> dict:
     return run_ngram(NgramConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
                                  max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
                                  orders=tuple(int(x) for x in args.orders.split(",")),
-                                 lengths=tuple(int(x) for x in args.lengths.split(","))))
+                                 lengths=tuple(int(x) for x in args.lengths.split(",")),
+                                 tree_branches=tuple(int(x) for x in args.tree_branches.split(",") if x)))

@@ -1,8 +1,10 @@
 """`specrt bench trees`: measured tokens/s at each tree size next to the tuner's prediction.
 
 For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
-same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens, and the
-calibrated best tree of each size. Every configuration runs once untimed, then `runs` timed passes,
+same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens (and of
+a few longer widths, to compare with trees at equal width), the calibrated best static tree of each
+size, and dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
+confidence; no prediction, the tuner models static trees). Every configuration runs once untimed, then `runs` timed passes,
 interleaved; we report medians of end-to-end and of decode tokens/s (prefill excluded: the tuner's
 model predicts decoding, and one prompt's prefill is 5-15% of its time here), the tuner's predicted
 tokens/s for the same configuration, the prediction error against decode tokens/s, tokens per target
@@ -35,6 +37,8 @@ class TreesConfig:
     threads: int = 2
     tree_sizes: tuple[int, ...] = TREE_SIZES
     max_chain: int = 8
+    long_chains: tuple[int, ...] = (12, 16)  # chains wider than max_chain, measured for equal-width comparisons
+    dynamic_sizes: tuple[int, ...] = (4, 8, 12, 16)
 
 
 def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]:
@@ -43,15 +47,16 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
     trees = {t["num_nodes"]: t["paths"] for t in acceptance["trees"]}
     out = [{"name": "autoregressive", "kind": "autoregressive", "num_nodes": 0, "paths": None,
             "predicted": predicted[("autoregressive", 0)]}]
-    for g in range(1, cfg.max_chain + 1):
-        if ("chain", g) in predicted:
-            out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
-                        "predicted": predicted[("chain", g)]})
+    for g in sorted({g for g in range(1, cfg.max_chain + 1) if ("chain", g) in predicted} | set(cfg.long_chains)):
+        out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
+                    "predicted": predicted.get(("chain", g))})
     choice = plan["choices"]["1"]
     sizes = sorted(set(cfg.tree_sizes) | ({choice["num_nodes"]} if choice["kind"] == "tree" else set()))
     for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
             out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
+    for n in cfg.dynamic_sizes:
+        out.append({"name": f"dynamic {n}", "kind": "dynamic", "num_nodes": n, "paths": None, "predicted": None})
     return out
 
 
@@ -65,8 +70,11 @@ def run_trees(cfg: TreesConfig) -> dict:
     prompts = humaneval_prompts(cfg.num_prompts)
 
     def run(c):
-        method = "autoregressive" if c["paths"] is None else "tree"
-        outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
+        if c["kind"] == "dynamic":
+            outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"], max_new_tokens=cfg.max_new_tokens)
+        else:
+            method = "autoregressive" if c["paths"] is None else "tree"
+            outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
         prefill = sum(o.stats["seconds"]["prefill"] for o in outs)  # batch 1: each output's own prefill
         return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs], prefill
 
@@ -82,8 +90,8 @@ def run_trees(cfg: TreesConfig) -> dict:
         decode = c["tokens"] / statistics.median(c["decode_seconds"])
         rows.append({"name": c["name"], "kind": c["kind"], "num_nodes": c["num_nodes"],
                      "measured_tokens_per_s": round(measured, 2), "decode_tokens_per_s": round(decode, 2),
-                     "predicted_tokens_per_s": round(c["predicted"], 2),
-                     "prediction_error": round(c["predicted"] / decode - 1, 4),
+                     "predicted_tokens_per_s": None if c["predicted"] is None else round(c["predicted"], 2),
+                     "prediction_error": None if c["predicted"] is None else round(c["predicted"] / decode - 1, 4),
                      "tokens_per_target_call": round(c["tokens"] / c["rounds"], 3),
                      "runs_s": [round(s, 3) for s in seconds[c["name"]]],
                      "same_tokens_as_autoregressive": c["ids"] == ref})
@@ -95,16 +103,25 @@ def run_trees(cfg: TreesConfig) -> dict:
 def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
     by_name = {r["name"]: r for r in rows}
     best = max(rows, key=lambda r: r["measured_tokens_per_s"])
-    chains = [r for r in rows if r["kind"] == "chain"]
-    trees = [r for r in rows if r["kind"] == "tree"]
+    kinds = {k: [r for r in rows if r["kind"] == k] for k in ("chain", "tree", "dynamic")}
+
+    def best_vs_best_chain(kind):
+        if not kinds[kind] or not kinds["chain"]:
+            return None
+        return round(max(r["measured_tokens_per_s"] for r in kinds[kind]) / max(r["measured_tokens_per_s"] for r in kinds["chain"]), 4)
+
+    def per_call_vs_chain(kind):
+        return {str(r["num_nodes"]): round(r["tokens_per_target_call"] / by_name[f"chain {r['num_nodes']}"]["tokens_per_target_call"], 3)
+                for r in kinds[kind] if f"chain {r['num_nodes']}" in by_name}
+
     summary = {
         "tuned_choice": tuned,
         "best_measured": best["name"],
         "tuned_vs_best_measured": round(by_name[tuned]["measured_tokens_per_s"] / best["measured_tokens_per_s"], 4) if tuned in by_name else None,
-        "best_tree_vs_best_chain": round(max(r["measured_tokens_per_s"] for r in trees) / max(r["measured_tokens_per_s"] for r in chains), 4) if trees and chains else None,
-        "tokens_per_call_tree_vs_chain_same_width": {
-            str(r["num_nodes"]): round(r["tokens_per_target_call"] / by_name[f"chain {r['num_nodes']}"]["tokens_per_target_call"], 3)
-            for r in trees if f"chain {r['num_nodes']}" in by_name},
+        "best_tree_vs_best_chain": best_vs_best_chain("tree"),
+        "best_dynamic_vs_best_chain": best_vs_best_chain("dynamic"),
+        "tokens_per_call_tree_vs_chain_same_width": per_call_vs_chain("tree"),
+        "tokens_per_call_dynamic_vs_chain_same_width": per_call_vs_chain("dynamic"),
     }
     data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"),
             "config": config_dict(cfg),
@@ -121,13 +138,16 @@ def markdown(data: dict) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         mark = " **(tuned)**" if r["name"] == s["tuned_choice"] else ""
+        predicted = "-" if r["predicted_tokens_per_s"] is None else f"{r['predicted_tokens_per_s']:.1f}"
+        error = "-" if r["prediction_error"] is None else f"{r['prediction_error']:+.1%}"
         lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {r['measured_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-                     f"{r['predicted_tokens_per_s']:.1f} | "
-                     f"{r['prediction_error']:+.1%} | {r['tokens_per_target_call']:.2f} | {'yes' if r['same_tokens_as_autoregressive'] else 'NO'} |")
+                     f"{predicted} | {error} | {r['tokens_per_target_call']:.2f} | {'yes' if r['same_tokens_as_autoregressive'] else 'NO'} |")
     lines += ["", f"- tuned choice: {s['tuned_choice']}; best measured: {s['best_measured']}; "
                   f"tuned / best measured = {s['tuned_vs_best_measured']}",
-              f"- best tree / best chain (measured tokens/s) = {s['best_tree_vs_best_chain']}",
-              f"- tokens per target call, tree / chain of the same width: {s['tokens_per_call_tree_vs_chain_same_width']}"]
+              f"- best static tree / best chain (measured tokens/s) = {s['best_tree_vs_best_chain']}; "
+              f"best dynamic tree / best chain = {s.get('best_dynamic_vs_best_chain')}",
+              f"- tokens per target call, static tree / chain of the same width: {s['tokens_per_call_tree_vs_chain_same_width']}",
+              f"- tokens per target call, dynamic tree / chain of the same width: {s.get('tokens_per_call_dynamic_vs_chain_same_width')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -136,12 +156,16 @@ def plot(data: dict, path: Path) -> None:
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for kind, color in (("tree", "tab:blue"), ("chain", "tab:orange")):
+    for kind, color in (("tree", "tab:blue"), ("chain", "tab:orange"), ("dynamic", "tab:green")):
         rows = [r for r in data["rows"] if r["kind"] == kind]
+        if not rows:
+            continue
         ns = [r["num_nodes"] for r in rows]
         ax.plot(ns, [r["measured_tokens_per_s"] for r in rows], "o-", color=color, label=f"{kind}: measured")
         ax.plot(ns, [r["decode_tokens_per_s"] for r in rows], ".:", color=color, label=f"{kind}: measured, decode only")
-        ax.plot(ns, [r["predicted_tokens_per_s"] for r in rows], "x--", color=color, label=f"{kind}: predicted (decode)")
+        pred = [(r["num_nodes"], r["predicted_tokens_per_s"]) for r in rows if r["predicted_tokens_per_s"] is not None]
+        if pred:
+            ax.plot(*zip(*pred), "x--", color=color, label=f"{kind}: predicted (decode)")
     ar = next(r for r in data["rows"] if r["kind"] == "autoregressive")
     ax.axhline(ar["measured_tokens_per_s"], color="gray", lw=1, label="autoregressive: measured")
     tuned = next((r for r in data["rows"] if r["name"] == data["summary"]["tuned_choice"]), None)

@@ -4,14 +4,17 @@ Per round and sequence: W beams grown for gamma tokens by deterministic beam sea
 log-likelihood log q (warped like the target when sampling, raw when greedy). Beam nodes are scratch
 rows in the draft's KV cache, fed one depth per step (W tokens, each seeing only its own ancestors),
 so a round costs gamma draft steps of W tokens, like a W-wide tree. The best beam (highest joint
-log q) is returned as a chain with its per-prefix joint log-likelihoods, for JointLikelihoodVerifier.
-The last depth is never fed; after verification the accepted prefix of the best beam is compacted
-into place like any accepted tree path (ModelDrafter.commit).
+log q) is returned as a chain with its per-prefix joint log-likelihoods, for JointLikelihoodVerifier;
+with `num_verified` = k > 1 the top k beams are returned as one tree (shared prefixes merged), which
+the target verifies in one step (the MTAD paper's stated future work, section 3.3). The last depth is
+never fed; after verification the accepted path is compacted into place like any accepted tree path
+(ModelDrafter.commit).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,69 +48,114 @@ def top_beams(scores: np.ndarray, logq: np.ndarray, width: int) -> tuple[np.ndar
 
 
 class BeamDrafter(ModelDrafter):
-    def __init__(self, backend: Backend, num_beams: int, gamma: int, bucket: int = 128):
+    def __init__(self, backend: Backend, num_beams: int, gamma: int, bucket: int = 128, num_verified: int = 1):
         if num_beams < 1 or gamma < 1:
             raise ValueError(f"num_beams and gamma must be >= 1, got {num_beams} and {gamma}")
+        if not 1 <= num_verified <= num_beams:
+            raise ValueError(f"num_verified must be in [1, num_beams={num_beams}], got {num_verified}")
         super().__init__(backend, bucket)
         self.num_beams = num_beams
         self.gamma = gamma
+        self.num_verified = num_verified
 
     def propose(self, seqs, params, rng):
         t0, busy0 = time.perf_counter(), self.backend.busy_seconds
-        batch, width = len(seqs), self.num_beams
-        root = log_probs(self._feed_pending(seqs), params)  # [B, V]
-        # all nodes of all depths, per sequence: token, parent node (-1 = root), joint log q, scratch slot
-        tokens, parents, scores, slots = [], [], [], []
-        level = []  # node ids of the current depth, per sequence
-        for b in range(batch):
-            _, tok, sc = top_beams(np.zeros(1), root[b][None], width)
-            tokens.append(list(tok))
-            parents.append([-1] * len(tok))
-            scores.append(list(sc))
-            slots.append([-1] * len(tok))
-            level.append(list(range(len(tok))))
-        calls = 1
-        for depth in range(1, self.gamma):
-            n = len(level[0])
-            vis = []
-            for b in range(batch):  # each beam node sees its own fed ancestors among the scratch rows
-                fed = [i for i in range(len(tokens[b])) if slots[b][i] >= 0]
-                col = {node: j for j, node in enumerate(fed)}
-                v = np.zeros((n, len(fed)), dtype=bool)
-                for t, node in enumerate(level[b]):
-                    p = parents[b][node]
-                    while p >= 0:
-                        v[t, col[p]] = True
-                        p = parents[b][p]
-                vis.append(v)
-            rows = [np.asarray([tokens[b][i] for i in level[b]], dtype=np.int64) for b in range(batch)]
-            logits, first = self._step_nodes(rows, [np.full(n, depth)] * batch, vis, np.eye(n, dtype=bool))
-            calls += 1
-            for b in range(batch):
-                for t, node in enumerate(level[b]):
-                    slots[b][node] = int(first[b]) + t
-                logq = log_probs(logits[b, :n], params)  # [n, V]
-                par, tok, sc = top_beams(np.asarray([scores[b][i] for i in level[b]]), logq, width)
-                start = len(tokens[b])
-                tokens[b] += tok.tolist()
-                parents[b] += [level[b][int(p)] for p in par]
-                scores[b] += sc.tolist()
-                slots[b] += [-1] * len(tok)
-                level[b] = list(range(start, start + len(tok)))
+        nodes, calls = self._search(seqs, params)
+        chosen = [self._select(n) for n in nodes]
+        self._slots = np.full((len(seqs), max(len(c) for c in chosen)), -1, dtype=np.int64)
         trees = []
-        self._slots = np.full((batch, self.gamma), -1, dtype=np.int64)
-        for b in range(batch):
-            best = max(level[b], key=lambda i: scores[b][i])  # the highest joint log q at full depth
-            path = []
-            while best >= 0:
-                path.append(best)
-                best = parents[b][best]
-            path.reverse()
-            self._slots[b, : len(path)] = [slots[b][i] for i in path]
-            trees.append(DraftTree(np.asarray([tokens[b][i] for i in path], dtype=np.int64),
-                                   np.arange(-1, len(path) - 1), None, True,
-                                   joint_logq=np.asarray([scores[b][i] for i in path])))
+        for b, (n, keep) in enumerate(zip(nodes, chosen)):
+            # node ids grow with depth, so sorted ids put parents before children
+            keep = sorted(keep)
+            index = {node: j for j, node in enumerate(keep)}
+            self._slots[b, : len(keep)] = [n.slots[i] for i in keep]
+            trees.append(DraftTree(np.asarray([n.tokens[i] for i in keep], dtype=np.int64),
+                                   np.asarray([index.get(n.parents[i], -1) for i in keep], dtype=np.int64),
+                                   joint_logq=np.asarray([n.scores[i] for i in keep])))
         self.num_calls = calls
         self.seconds = time.perf_counter() - t0
         self.backend_seconds = self.backend.busy_seconds - busy0
         return trees
+
+    def _select(self, nodes: "SearchNodes") -> set[int]:
+        """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""
+        return nodes.closure(sorted(nodes.level, key=lambda i: -nodes.scores[i])[: self.num_verified])
+
+    def _search(self, seqs, params) -> tuple[list["SearchNodes"], int]:
+        """Beam search of gamma tokens per sequence; returns every node kept at every depth and the
+        number of draft calls."""
+        batch, width = len(seqs), self.num_beams
+        root = log_probs(self._feed_pending(seqs), params)  # [B, V]
+        found = []
+        for b in range(batch):
+            _, tok, sc = top_beams(np.zeros(1), root[b][None], width)
+            found.append(SearchNodes(list(tok), [-1] * len(tok), list(sc), [-1] * len(tok), list(range(len(tok)))))
+        calls = 1
+        for depth in range(1, self.gamma):
+            n = len(found[0].level)
+            vis = []
+            for f in found:  # each beam node sees its own fed ancestors among the scratch rows
+                fed = [i for i in range(len(f.tokens)) if f.slots[i] >= 0]
+                col = {node: j for j, node in enumerate(fed)}
+                v = np.zeros((n, len(fed)), dtype=bool)
+                for t, node in enumerate(f.level):
+                    p = f.parents[node]
+                    while p >= 0:
+                        v[t, col[p]] = True
+                        p = f.parents[p]
+                vis.append(v)
+            rows = [np.asarray([f.tokens[i] for i in f.level], dtype=np.int64) for f in found]
+            logits, first = self._step_nodes(rows, [np.full(n, depth)] * batch, vis, np.eye(n, dtype=bool))
+            calls += 1
+            for b, f in enumerate(found):
+                for t, node in enumerate(f.level):
+                    f.slots[node] = int(first[b]) + t
+                logq = log_probs(logits[b, :n], params)  # [n, V]
+                par, tok, sc = top_beams(np.asarray([f.scores[i] for i in f.level]), logq, width)
+                start = len(f.tokens)
+                f.tokens += tok.tolist()
+                f.parents += [f.level[int(p)] for p in par]
+                f.scores += sc.tolist()
+                f.slots += [-1] * len(tok)
+                f.level = list(range(start, start + len(tok)))
+        return found, calls
+
+
+@dataclass
+class SearchNodes:
+    """Every node a beam search kept, for one sequence (ids in creation order, so by depth)."""
+
+    tokens: list[int]
+    parents: list[int]  # parent node id, -1 = root
+    scores: list[float]  # joint log q of the path root..node
+    slots: list[int]  # scratch slot in the draft cache, -1 if never fed
+    level: list[int]  # node ids of the deepest depth
+
+    def closure(self, nodes) -> set[int]:
+        keep: set[int] = set()
+        for node in nodes:
+            while node >= 0 and node not in keep:
+                keep.add(node)
+                node = self.parents[node]
+        return keep
+
+
+class DynamicTreeDrafter(BeamDrafter):
+    """A dynamic draft tree (EAGLE-2, Li et al. 2024, section 4): the draft's beam search of `depth`
+    tokens with `width` beams grows candidates where the draft is confident, then the `num_nodes` nodes
+    with the highest joint log q over all depths are verified as one tree. A node scores no higher than
+    its parent (log q <= 0), so the chosen set is a tree; a confident draft yields a long chain, an
+    unsure one a bushy tree, per sequence and per round. Children are deterministic (top-k), so
+    verification is exact match (greedy) or one-hot rejection (sampling): lossless either way.
+    """
+
+    def __init__(self, backend: Backend, num_nodes: int, width: int, depth: int, bucket: int = 128):
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        super().__init__(backend, width, depth, bucket)
+        self.num_nodes = num_nodes
+
+    def _select(self, nodes: SearchNodes) -> set[int]:
+        # highest joint log q first; ties go to the shallower (earlier) node, so ancestors come first
+        order = sorted(range(len(nodes.tokens)), key=lambda i: (-nodes.scores[i], i))
+        return nodes.closure(order[: self.num_nodes])

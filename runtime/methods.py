@@ -5,9 +5,10 @@
 | autoregressive | none                                 | argmax / sample                           |
 | sd             | DraftModelDrafter, chain TreeSpec    | exact match / rejection sampling          |
 | tree           | DraftModelDrafter, static TreeSpec   | exact match / one-hot rejection           |
+| dynamic        | DynamicTreeDrafter (EAGLE-2 style)   | exact match / one-hot rejection           |
 | auto           | what plan.json says for the batch    | as the chosen method                      |
-| anpd           | NgramDrafter (no model)              | exact match / one-hot rejection           |
-| mtad           | BeamDrafter                          | JointLikelihoodVerifier (not lossless)    |
+| anpd           | NgramDrafter (no model), chain/tree  | exact match / one-hot rejection           |
+| mtad           | BeamDrafter (best beam or top beams) | JointLikelihoodVerifier (not lossless)    |
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specrt.errors import InvalidRequestError
-from specrt.runtime.beam import BeamDrafter
+from specrt.runtime.beam import BeamDrafter, DynamicTreeDrafter
 from specrt.runtime.drafters import DraftModelDrafter
 from specrt.runtime.ngram import NgramDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
 
-METHODS = ("autoregressive", "sd", "tree", "auto", "anpd", "mtad")
+METHODS = ("autoregressive", "sd", "tree", "auto", "dynamic", "anpd", "mtad")
 TREE_METHODS = ("autoregressive", "sd", "tree", "auto")
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
@@ -34,11 +35,15 @@ DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), 
 @dataclass(frozen=True)
 class MethodConfig:
     name: str = "sd"
-    num_draft_tokens: int | None = None  # sd and mtad: gamma (default 4); anpd: K (default 7)
+    num_draft_tokens: int | None = None  # sd and mtad: gamma (default 4); anpd: K (default 7); dynamic: nodes (8)
     tree: object = None  # tree: paths of child ranks or a TreeSpec (default: the plan's, else DEFAULT_TREE)
     ngram_n: int = 5  # anpd: highest n-gram order N
-    num_beams: int = 4  # mtad: beams W
+    num_beams: int = 4  # mtad: beams W; dynamic: nodes expanded per depth
     tau: float = 0.5  # mtad: joint-likelihood threshold
+    verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
+    ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
+    tree_depth: int | None = None  # dynamic: draft depth (default min(nodes, 8): the draft's rank-0 acceptance
+    # is ~0.74 per depth on the demo pair, so a 9th level is reached < 7% of the time)
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -48,10 +53,26 @@ class MethodConfig:
             raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
         if not isinstance(self.ngram_n, int) or self.ngram_n < 2:
             raise InvalidRequestError(f"ngram_n must be an integer >= 2, got {self.ngram_n!r}")
+        if self.tree_depth is not None and (not isinstance(self.tree_depth, int) or self.tree_depth < 1):
+            raise InvalidRequestError(f"tree_depth must be an integer >= 1, got {self.tree_depth!r}")
+        if not isinstance(self.ngram_branches, int) or self.ngram_branches < 1:
+            raise InvalidRequestError(f"ngram_branches must be an integer >= 1, got {self.ngram_branches!r}")
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise InvalidRequestError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
+        if not isinstance(self.verify_beams, int) or not 1 <= self.verify_beams <= self.num_beams:
+            raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={self.num_beams}], "
+                                      f"got {self.verify_beams!r}")
         if not 0 <= self.tau <= 1:
             raise InvalidRequestError(f"tau must be in [0, 1], got {self.tau}")
+
+    @classmethod
+    def create(cls, name: str, options: dict) -> "MethodConfig":
+        """From keyword options, refusing unknown ones by name."""
+        fields = [f for f in cls.__dataclass_fields__ if f != "name"]
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise InvalidRequestError(f"unknown method option(s) {', '.join(unknown)} (choose from {', '.join(fields)})")
+        return cls(name, **options)
 
     def draft_tokens(self, default: int) -> int:
         return default if self.num_draft_tokens is None else self.num_draft_tokens
@@ -85,12 +106,19 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
     """(drafter or None, verifier, slack): slack = context slots a round may use beyond the text."""
     if method.name == "anpd":
         k = method.draft_tokens(7)
-        return NgramDrafter(method.ngram_n, k), make_verifier(params), k + 1
+        return NgramDrafter(method.ngram_n, k, method.ngram_branches), make_verifier(params), k + 1
     if method.name == "mtad":
         gamma = method.draft_tokens(4)
-        drafter = BeamDrafter(pipe.draft, method.num_beams, gamma, pipe.bucket)
-        # every beam node of every fed depth lives in the draft cache during a round
-        return drafter, JointLikelihoodVerifier(method.tau), max(gamma + 1, method.num_beams * (gamma - 1) + 2)
+        drafter = BeamDrafter(pipe.draft, method.num_beams, gamma, pipe.bucket, method.verify_beams)
+        # the target step holds root + the verified beams' nodes; the draft cache every beam node of
+        # every fed depth during a round
+        slack = max(method.verify_beams * gamma + 1, method.num_beams * (gamma - 1) + 2)
+        return drafter, JointLikelihoodVerifier(method.tau), slack
+    if method.name == "dynamic":
+        nodes = method.draft_tokens(8)
+        depth = method.tree_depth or min(nodes, 8)
+        drafter = DynamicTreeDrafter(pipe.draft, nodes, method.num_beams, depth, pipe.bucket)
+        return drafter, make_verifier(params), max(nodes + 1, method.num_beams * (depth - 1) + 2)
     spec = tree_spec(pipe, method, batch_size)
     drafter = DraftModelDrafter(pipe.draft, spec, pipe.bucket) if spec is not None else None
     return drafter, make_verifier(params), (len(spec) + 1 if spec else 1)

@@ -9,10 +9,17 @@ drafted so far, and stops early when no level matches. No model runs: proposing 
 
 Cost: an update touches N - 1 table entries per token; a query at most N - 1 dict lookups. Both O(1).
 Ties between next tokens go to the one seen most recently reaching the top count.
+
+Beyond the paper (its chain is `branches=1`): with `branches` > 1 the drafter returns a token tree of
+the same K nodes, grown best-first by the estimated probability of each path, where a node's
+children are the `branches` most frequent continuations at the longest matching level, each with its
+relative count as the estimate. A context always followed by the same token keeps drafting a chain;
+one followed by several spends the budget on its alternatives. One target step verifies the tree.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -58,6 +65,45 @@ class NgramMemory:
                 return entry[0]
         return None
 
+    def continuations(self, context, limit: int) -> list[tuple[int, float]]:
+        """Up to `limit` (token, relative count) pairs after the longest matching suffix of `context`,
+        most frequent first (the query's answer first)."""
+        for c in range(min(len(context), self.max_n - 1), 0, -1):
+            entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
+            if entry is not None:
+                counts = entry[2]
+                total = sum(counts.values())
+                best = entry[0]
+                others = heapq.nlargest(limit - 1, (t for t in counts if t != best), key=counts.__getitem__)
+                return [(best, counts[best] / total)] + [(t, counts[t] / total) for t in others]
+        return []
+
+    def draft_tree(self, context, num_nodes: int, branches: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of up to num_nodes nodes, best-first by estimated path probability; parents
+        come before their children (-1 = the root)."""
+        keep = self.max_n - 1
+        tokens: list[int] = []
+        parents: list[int] = []
+        contexts: list[list[int]] = []
+        heap: list = []
+        order = 0  # FIFO among equal probabilities: shallower and more frequent first
+
+        def push(node: int, ctx: list[int], prob: float) -> None:
+            nonlocal order
+            for tok, rel in self.continuations(ctx, branches):
+                heapq.heappush(heap, (-prob * rel, order, node, tok))
+                order += 1
+
+        push(-1, [int(t) for t in context[-keep:]], 1.0)
+        while heap and len(tokens) < num_nodes:
+            neg, _, parent, tok = heapq.heappop(heap)
+            ctx = (contexts[parent] if parent >= 0 else [int(t) for t in context[-keep:]]) + [tok]
+            contexts.append(ctx[-keep:])
+            tokens.append(tok)
+            parents.append(parent)
+            push(len(tokens) - 1, contexts[-1], -neg)
+        return tokens, parents
+
     def draft(self, context, num_tokens: int) -> list[int]:
         """Up to num_tokens tokens, each the query on context + tokens drafted so far."""
         ctx = [int(t) for t in context[-(self.max_n - 1):]]
@@ -74,14 +120,18 @@ class NgramMemory:
 
 
 class NgramDrafter(Drafter):
-    """One NgramMemory per sequence; a chain of up to K tokens per round (one-hot drafts)."""
+    """One NgramMemory per sequence; per round a chain of up to K tokens, or with `branches` > 1 a tree
+    of up to K nodes (one-hot drafts)."""
 
-    def __init__(self, max_n: int = 5, num_draft_tokens: int = 7):
+    def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        if branches < 1:
+            raise ValueError(f"branches must be >= 1, got {branches}")
         NgramMemory(max_n)  # validates max_n
         self.max_n = max_n
         self.num_draft_tokens = num_draft_tokens
+        self.branches = branches
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
@@ -97,7 +147,11 @@ class NgramDrafter(Drafter):
             tokens = s.tokens
             self.memories[b].update(tokens[self._seen[b]:])  # the prompt at first, then what was emitted
             self._seen[b] = len(tokens)
-            trees.append(DraftTree.chain(np.asarray(self.memories[b].draft(tokens, self.num_draft_tokens), dtype=np.int64)))
+            if self.branches == 1:
+                trees.append(DraftTree.chain(np.asarray(self.memories[b].draft(tokens, self.num_draft_tokens), dtype=np.int64)))
+            else:
+                toks, parents = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches)
+                trees.append(DraftTree(np.asarray(toks, dtype=np.int64), np.asarray(parents, dtype=np.int64)))
         self.num_calls = 0
         self.seconds = time.perf_counter() - t0
         self.backend_seconds = 0.0

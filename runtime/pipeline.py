@@ -10,10 +10,11 @@ drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static
 paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
 tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
 chain, or no speculation); "anpd" drafts up to `num_draft_tokens` (default 7) tokens from a multi-level
-n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model;
+n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model
+(`ngram_branches=b` > 1: a best-first tree of as many nodes with up to b continuations per node);
 "mtad" drafts `num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the
 longest prefix of the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when
-greedy; not lossless by design). Greedy when temperature == 0, lossless rejection sampling otherwise.
+greedy; not lossless by design); `verify_beams=k` verifies the top k beams as one tree instead. Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -112,11 +113,12 @@ class Pipeline:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5,
-                 num_beams: int = 4, tau: float = 0.5, batch_size: int = 1, progress: bool = False):
+                 seed: int = 0, batch_size: int = 1, progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
-        Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
+        `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n,
+        ngram_branches, num_beams, tau, verify_beams, tree_depth). Prompts are decoded `batch_size`
+        at a time in one ragged batch (no KV padding).
         """
         single = isinstance(prompts, str)
         prompts = [prompts] if single else list(prompts)
@@ -125,8 +127,7 @@ class Pipeline:
         if batch_size < 1:
             raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
         params = SamplingParams(temperature, top_k, top_p)
-        m = MethodConfig(method, num_draft_tokens, tree, ngram_n, num_beams, tau)
-        scheduler, slack = self._scheduler(m, params, batch_size)
+        scheduler, slack = self._scheduler(MethodConfig.create(method, options), params, batch_size)
         seqs = self._sequences(prompts, max_new_tokens, slack)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
@@ -140,12 +141,10 @@ class Pipeline:
         return results[0] if single else results
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               num_draft_tokens: int | None = None, tree=None, ngram_n: int = 5, num_beams: int = 4,
-               tau: float = 0.5) -> Iterator[str]:
-        """Yield text pieces of one prompt's continuation as rounds are accepted."""
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, **options) -> Iterator[str]:
+        """Yield text pieces of one prompt's continuation as rounds are accepted (options: as generate)."""
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(MethodConfig(method, num_draft_tokens, tree, ngram_n, num_beams, tau), params, 1)
+        scheduler, slack = self._scheduler(MethodConfig.create(method, options), params, 1)
         seq = self._sequences([prompt], max_new_tokens, slack)[0]
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):

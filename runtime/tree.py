@@ -114,7 +114,7 @@ class DraftTree:
     draft_probs: np.ndarray | None = None  # [N, V] warped draft distribution each token was sampled from
     is_chain: bool | None = None  # node i's parent is i - 1 for every i (computed when not given)
     spec: TreeSpec | None = None  # the static shape this tree fills (its mask and depths are precomputed)
-    joint_logq: np.ndarray | None = None  # [N] chains only: draft log-likelihood of tokens[:i + 1] (MTAD)
+    joint_logq: np.ndarray | None = None  # [N] draft log-likelihood of the path root..node i (MTAD)
 
     def __post_init__(self):
         if self.is_chain is None:

@@ -101,6 +101,10 @@ class JointLikelihoodVerifier:
     are the target's and the draft's joint likelihoods of the prefix; then the bonus token from the
     target at the next position: its argmax when greedy (MJSD), a sample of the warped distribution
     otherwise (MTAD). Not lossless: it trades exactness for joint likelihood. tau = 1 accepts nothing.
+
+    The draft may be a tree of several beams (BeamDrafter num_verified > 1): every node is the end of a
+    prefix of some beam, so the accepted prefix is the deepest passing node of the whole tree; among
+    equally deep ones, the one the target likes best (highest p).
     """
 
     def __init__(self, tau: float):
@@ -108,31 +112,50 @@ class JointLikelihoodVerifier:
             raise ValueError(f"tau must be in [0, 1], got {tau}")
         self.tau = tau
 
-    def accepted_length(self, logp: np.ndarray, logq: np.ndarray) -> int:
-        """Longest j with min(1, p_j / q_j) > tau, from per-prefix joint log-likelihoods [gamma]."""
+    def passing(self, logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
+        """Which prefixes have min(1, p / q) > tau, from their joint log-likelihoods."""
         if self.tau >= 1:
-            return 0
+            return np.zeros(len(logp), dtype=bool)
         ratio = np.minimum(0.0, logp - logq)  # log min(1, p/q)
-        passing = np.flatnonzero(ratio > (np.log(self.tau) if self.tau > 0 else -np.inf))
+        return ratio > (np.log(self.tau) if self.tau > 0 else -np.inf)
+
+    def accepted_length(self, logp: np.ndarray, logq: np.ndarray) -> int:
+        """Longest j with min(1, p_j / q_j) > tau, from per-prefix joint log-likelihoods [gamma] of a chain."""
+        passing = np.flatnonzero(self.passing(logp, logq))
         return int(passing[-1]) + 1 if len(passing) else 0
 
     def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
-        if not tree.is_chain or (len(tree) and tree.joint_logq is None):
-            raise ValueError("joint-likelihood verification needs a chain with the draft's joint log-likelihoods")
-        num = 0
+        if len(tree) and tree.joint_logq is None:
+            raise ValueError("joint-likelihood verification needs the draft's joint log-likelihoods")
+        path: list[int] = []
         if len(tree):
-            rows = logits[: len(tree)].astype(np.float64)
+            rows = logits[: len(tree)].astype(np.float64)  # the rows that are parents of some node
             if params.greedy:
                 logprobs = rows - rows.max(axis=-1, keepdims=True)
                 logprobs -= np.log(np.exp(logprobs).sum(axis=-1, keepdims=True))
             else:
                 with np.errstate(divide="ignore"):
                     logprobs = np.log(warp(rows, params))
-            logp = np.cumsum(logprobs[np.arange(len(tree)), tree.tokens])  # [gamma] log p(x_1:j)
-            num = self.accepted_length(logp, tree.joint_logq)
-        row = logits[num]
+            step = logprobs[tree.parents + 1, tree.tokens]  # [N] log p(node | its ancestors)
+            if tree.is_chain:
+                logp = np.cumsum(step)
+            else:
+                logp = step.copy()
+                for i, parent in enumerate(tree.parents):  # parents come first
+                    if parent >= 0:
+                        logp[i] += logp[parent]
+            ok = np.flatnonzero(self.passing(logp, tree.joint_logq))
+            if len(ok):
+                depth = tree.depths()[ok + 1]
+                best = ok[np.lexsort((-logp[ok], -depth))[0]]  # deepest, then likeliest under the target
+                node = int(best)
+                while node >= 0:
+                    path.append(node)
+                    node = int(tree.parents[node])
+                path.reverse()
+        row = logits[path[-1] + 1 if path else 0]
         bonus = int(row.argmax()) if params.greedy else sample(warp(row, params), rng)
-        return Verdict(list(range(num)), bonus)
+        return Verdict(path, bonus)
 
 
 def make_verifier(params: SamplingParams):

@@ -48,12 +48,18 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto | anpd | mtad (default: %(default)s)")
+    g.add_argument("--method", default="sd", help="autoregressive | sd | tree | auto | dynamic | anpd | mtad (default: %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--num-draft-tokens", type=int, default=None, help="sd: chain length (default 4); anpd: K (default 7)")
+    g.add_argument("--num-draft-tokens", type=int, default=None, help="sd, mtad: chain length (default 4); anpd: K (default 7); dynamic: tree nodes (default 8)")
     g.add_argument("--ngram-n", type=int, default=5, help="anpd: highest n-gram order N (default: %(default)s)")
-    g.add_argument("--num-beams", type=int, default=4, help="mtad: beams W (default: %(default)s)")
+    g.add_argument("--ngram-branches", type=int, default=1,
+                   help="anpd: continuations per node of an n-gram tree (default: %(default)s, a chain)")
+    g.add_argument("--num-beams", type=int, default=4,
+                   help="mtad: beams W; dynamic: nodes expanded per depth (default: %(default)s)")
+    g.add_argument("--tree-depth", type=int, default=None, help="dynamic: draft depth (default: min(nodes, 8))")
     g.add_argument("--tau", type=float, default=0.5, help="mtad: joint-likelihood threshold (default: %(default)s)")
+    g.add_argument("--verify-beams", type=int, default=1,
+                   help="mtad: top beams verified as one tree (default: %(default)s, the best beam)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -109,7 +115,8 @@ def cmd_generate(args) -> None:
     pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
-              num_beams=args.num_beams, tau=args.tau)
+              num_beams=args.num_beams, tau=args.tau, verify_beams=args.verify_beams,
+              ngram_branches=args.ngram_branches, tree_depth=args.tree_depth)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):
             print(piece, end="", flush=True)

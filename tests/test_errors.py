@@ -95,6 +95,10 @@ def test_prompt_longer_than_context(pipelines):
     (dict(num_draft_tokens=0), "num_draft_tokens"),
     (dict(batch_size=0), "batch_size"),
     (dict(method="tree", tree=[(0, 1)]), "invalid tree"),
+    (dict(num_beam=4), "unknown method option.*num_beams"),
+    (dict(method="mtad", num_beams=2, verify_beams=3), "verify_beams"),
+    (dict(method="anpd", ngram_branches=0), "ngram_branches"),
+    (dict(method="dynamic", tree_depth=0), "tree_depth"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):

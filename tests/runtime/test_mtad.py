@@ -38,6 +38,31 @@ def test_verify_computes_joint_likelihoods_from_target_logits():
     assert v.path == [0, 1] and v.bonus == 0  # 0.125 > 0.1: both accepted; bonus from row 2
 
 
+def test_tree_of_beams_accepts_the_deepest_passing_prefix_then_the_likeliest():
+    # nodes: 0 = a (root child), 1 = b (child of a), 2 = c (root child), 3 = d (child of c), 4 = e (child of c)
+    tokens, parents = np.array([1, 2, 3, 1, 2]), np.array([-1, 0, -1, 2, 2])
+    probs = np.full((6, 4), 0.25)  # rows: root, then one row per node (only parent rows are read)
+    probs[0] = [0.0, 0.5, 0.0, 0.5]  # p(a) = 0.5, p(c) = 0.5
+    probs[1] = [0.9, 0.0, 0.1, 0.0]  # p(b | a) = 0.1
+    probs[3] = [0.2, 0.3, 0.5, 0.0]  # p(d | c) = 0.3, p(e | c) = 0.5
+    greedy = SamplingParams()
+    logq = np.log([0.5, 0.4, 0.5, 0.3, 0.25])  # joint q of a, ab, c, cd, ce
+    tree = DraftTree(tokens, parents, joint_logq=logq)
+    with np.errstate(divide="ignore"):
+        logits = np.log(probs)
+    # tau 0.5: ab fails (0.05 / 0.4), cd passes (0.15 / 0.3 = 0.5? no: strict, fails), ce passes (0.25 / 0.25)
+    v = JointLikelihoodVerifier(0.5).verify(tree, logits, greedy, None)
+    assert v.path == [2, 4] and v.bonus == int(np.argmax(probs[5]))
+    # tau 0.1: ab (0.125), cd (0.5) and ce (1.0) all pass at depth 2; ce has the highest p (0.25)
+    v = JointLikelihoodVerifier(0.1).verify(tree, logits, greedy, None)
+    assert v.path == [2, 4]
+    # tau 0.6: no depth-2 prefix passes (ce's ratio 1.0 does, so raise q(ce) to make it fail), a and c do
+    tree = DraftTree(tokens, parents, joint_logq=np.log([0.5, 0.4, 0.5, 0.3, 0.5]))
+    v = JointLikelihoodVerifier(0.6).verify(tree, logits, greedy, None)
+    assert v.path == [0]  # a and c tie on depth and p: the first wins
+    assert JointLikelihoodVerifier(1.0).verify(tree, logits, greedy, None).path == []
+
+
 class MarkovBackend(Backend):
     """A hand-built 'model' whose next-token logits depend only on the current token (a bigram table)."""
 
@@ -84,11 +109,93 @@ def test_beam_search_finds_the_top_joint_likelihood_sequence():
     assert drafter.num_calls == gamma  # root step + one step per fed depth
 
 
+def test_top_beams_as_one_tree_are_the_top_joint_likelihood_sequences():
+    rng = np.random.default_rng(5)
+    vocab, gamma, k = 5, 3, 3
+    table = rng.normal(size=(vocab, vocab)) * 2
+    backend = MarkovBackend(table)
+    logq = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
+
+    def joint(seq, prev=0):
+        return sum(logq[p, t] for p, t in zip((prev,) + tuple(seq[:-1]), seq))
+
+    top = sorted(itertools.product(range(vocab), repeat=gamma), key=joint, reverse=True)[:k]
+    # vocab ** (gamma - 1) beams keep every depth-2 prefix, so the search is exhaustive
+    drafter = BeamDrafter(backend, num_beams=vocab ** (gamma - 1), gamma=gamma, num_verified=k)
+    seqs = [SeqState(0, [3, 0], 8, 64)]
+    drafter.start(seqs)
+    tree = drafter.propose(seqs, SamplingParams(), None)[0]
+    assert all(tree.parents[i] < i for i in range(len(tree)))
+
+    def path(node):
+        out = []
+        while node >= 0:
+            out.append(int(tree.tokens[node]))
+            node = int(tree.parents[node])
+        return tuple(reversed(out))
+
+    leaves = [i for i in range(len(tree)) if not len(tree.children(i))]
+    assert sorted(path(i) for i in leaves) == sorted(top)
+    assert len(tree) == len({p[:d] for p in top for d in range(1, gamma + 1)})  # shared prefixes merged
+    assert np.allclose(tree.joint_logq, [joint(path(i)) for i in range(len(tree))])
+    with pytest.raises(ValueError, match="num_verified"):
+        BeamDrafter(backend, num_beams=2, gamma=3, num_verified=3)
+
+
+def test_dynamic_tree_is_the_top_joint_likelihood_prefixes():
+    from specrt.runtime.beam import DynamicTreeDrafter
+
+    rng = np.random.default_rng(7)
+    vocab, depth, nodes = 4, 3, 7
+    table = rng.normal(size=(vocab, vocab)) * 2
+    table[0] = [8.0, 0, 0, 0]  # a confident first token: the tree should go deep under it
+    backend = MarkovBackend(table)
+    logq = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
+
+    def joint(seq, prev=0):
+        return sum(logq[p, t] for p, t in zip((prev,) + tuple(seq[:-1]), seq))
+
+    prefixes = [p for d in range(1, depth + 1) for p in itertools.product(range(vocab), repeat=d)]
+    top = sorted(prefixes, key=lambda p: (-joint(p), len(p)))[:nodes]
+    # vocab ** (depth - 1) beams keep every prefix, so the search is exhaustive
+    drafter = DynamicTreeDrafter(backend, num_nodes=nodes, width=vocab ** (depth - 1), depth=depth)
+    seqs = [SeqState(0, [3, 0], 8, 64)]
+    drafter.start(seqs)
+    tree = drafter.propose(seqs, SamplingParams(), None)[0]
+
+    def path(node):
+        out = []
+        while node >= 0:
+            out.append(int(tree.tokens[node]))
+            node = int(tree.parents[node])
+        return tuple(reversed(out))
+
+    assert sorted(path(i) for i in range(len(tree))) == sorted(top)
+    assert all(tree.parents[i] < i for i in range(len(tree)))
+    assert max(len(p) for p in top) == depth and len({p[0] for p in top}) > 1  # deep and branching
+
+
 @pytest.mark.parametrize("backend", ["ort", "torch"])
-def test_tau_one_is_greedy_decoding(pipelines, humaneval, backend):
+def test_dynamic_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
     pipe = pipelines[backend]
     ar = pipe.generate(humaneval[:8], method="autoregressive", max_new_tokens=40)
-    mtad = pipe.generate(humaneval[:8], method="mtad", tau=1.0, max_new_tokens=40)
+    dyn = pipe.generate(humaneval[:8], method="dynamic", max_new_tokens=40)
+    batched = pipe.generate(humaneval[:6], method="dynamic", num_draft_tokens=12, num_beams=3, tree_depth=5,
+                            max_new_tokens=40, batch_size=3)
+    assert [a.token_ids for a in ar] == [d.token_ids for d in dyn]
+    assert [a.token_ids for a in ar[:6]] == [d.token_ids for d in batched]
+    assert sum(len(o.token_ids) for o in dyn) / sum(o.stats["rounds"] for o in dyn) > 1.5
+    sampled = pipe.generate(humaneval[0], method="dynamic", temperature=0.8, seed=1, max_new_tokens=24)
+    assert sampled.token_ids == pipe.generate(humaneval[0], method="dynamic", temperature=0.8, seed=1,
+                                              max_new_tokens=24).token_ids
+
+
+@pytest.mark.parametrize("backend,verify_beams", [("ort", 1), ("torch", 1), ("ort", 3)])
+def test_tau_one_is_greedy_decoding(pipelines, humaneval, backend, verify_beams):
+    pipe = pipelines[backend]
+    ar = pipe.generate(humaneval[:8], method="autoregressive", max_new_tokens=40)
+    mtad = pipe.generate(humaneval[:8], method="mtad", tau=1.0, verify_beams=verify_beams, max_new_tokens=40,
+                         batch_size=4 if verify_beams > 1 else 1)
     assert [a.token_ids for a in ar] == [m.token_ids for m in mtad]
 
 
