@@ -154,10 +154,14 @@ def add_mtad_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--sweeps", default="4:1,4:4,8:8",
                    help="W:k pairs run at every tau (k > 1: the top k of W beams verified as one tree)")
+    p.add_argument("--taus", default="0.1,0.3,0.5,0.7,0.9", help="thresholds tau of the sweeps")
+    p.add_argument("--beams", default="2,8", help="W run at tau 0.5 with the best beam only ('' for none)")
 
 
 def main_from_args(args) -> dict:
     return run_mtad(MtadConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
                                max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
                                gamma=args.gamma, temperature=args.temperature,
-                               sweeps=tuple(tuple(int(v) for v in x.split(":")) for x in args.sweeps.split(","))))
+                               sweeps=tuple(tuple(int(v) for v in x.split(":")) for x in args.sweeps.split(",")),
+                               taus=tuple(float(x) for x in args.taus.split(",")),
+                               beams=tuple(int(x) for x in args.beams.split(",") if x)))

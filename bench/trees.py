@@ -184,8 +184,12 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
     from specrt.cli import add_bench_args
 
     add_bench_args(p, num_prompts=5)
+    p.add_argument("--long-chains", default="12,16", help="chain widths past the calibrated depth to measure ('' for none)")
+    p.add_argument("--dynamic-sizes", default="4,8,12,16", help="dynamic tree sizes to measure ('' for none)")
 
 
 def main_from_args(args) -> dict:
     return run_trees(TreesConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
-                                 max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads))
+                                 max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
+                                 long_chains=tuple(int(x) for x in args.long_chains.split(",") if x),
+                                 dynamic_sizes=tuple(int(x) for x in args.dynamic_sizes.split(",") if x)))

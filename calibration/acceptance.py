@@ -13,6 +13,11 @@ accepted. Under the product model (SpecInfer, Medusa, Sequoia), a tree node reac
 tokens of a tree is the sum over its nodes, and the best tree of each size is built greedily by adding
 the most likely node (a node is never likelier than its parent, so the greedy trees are nested).
 
+The same positions also calibrate the draft's confidence for dynamic trees (`method="dynamic"`): the
+temperature T that maximises sum log softmax(draft logits / T)[target's greedy token], so that the
+draft's sharpened probability of a token estimates the chance that greedy verification accepts it
+(temperature scaling, Guo et al. 2017). A small draft is usually under-confident here: T < 1.
+
 Deterministic for a seed: prompts are drawn by a seeded generator and decoding is greedy.
 """
 
@@ -63,16 +68,31 @@ def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[
     raise SpecrtError(f"only {len(prompts)} validation prompts of {prompt_tokens} tokens could be cut")
 
 
-def draft_ranks(draft_backend, tokens: list[int], first: int) -> np.ndarray:
-    """Rank of tokens[j] among the draft's logits after tokens[:j], for j >= first (teacher forcing)."""
+TEMPERATURES = np.round(np.geomspace(0.1, 4.0, 81), 4)  # the grid draft_temperature searches
+
+
+def draft_ranks(draft_backend, tokens: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank of tokens[j] among the draft's logits after tokens[:j], for j >= first (teacher forcing),
+    and the summed negative log-likelihood of those tokens at each of TEMPERATURES."""
     from specrt.runtime.step_inputs import feed_rows
 
     cache = draft_backend.new_cache(1)
     logits = feed_rows(draft_backend, cache, [np.asarray(tokens[:-1], dtype=np.int64)])[0]  # [T - 1, V]
-    rows = logits[first - 1:]
+    rows = logits[first - 1:].astype(np.float64)
     true = np.asarray(tokens[first:])
     chosen = rows[np.arange(len(true)), true]
-    return (rows > chosen[:, None]).sum(axis=-1)
+    return (rows > chosen[:, None]).sum(axis=-1), nll_by_temperature(rows, true)
+
+
+def nll_by_temperature(rows: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Summed -log softmax(rows / T)[true] over the rows [N, V], for each T in TEMPERATURES."""
+    chosen = rows[np.arange(len(true)), true]
+    nll = np.empty(len(TEMPERATURES))
+    for i, t in enumerate(TEMPERATURES):
+        x = rows / t
+        top = x.max(axis=-1)
+        nll[i] = float((top + np.log(np.exp(x - top[:, None]).sum(axis=-1)) - chosen / t).sum())
+    return nll
 
 
 def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,10 +149,12 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
-    rank_seqs = []
+    rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
         out = pipe.generate([prompt], method="autoregressive", max_new_tokens=cfg.new_tokens)[0]
-        rank_seqs.append(draft_ranks(pipe.draft, prompt + out.token_ids, len(prompt)))
+        ranks, prompt_nll = draft_ranks(pipe.draft, prompt + out.token_ids, len(prompt))
+        rank_seqs.append(ranks)
+        nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     trees = best_trees(p, cfg.max_nodes)
     result = {
@@ -143,6 +165,9 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
         "depth_rank": p.round(6).tolist(),
         "depth_support": support.astype(int).tolist(),
         "chain_expected_accepted": [round(chain_expectation(p, g), 6) for g in range(1, cfg.max_depth + 1)],
+        "draft_temperature": float(TEMPERATURES[int(np.argmin(nll))]),
+        "draft_nll_at_temperature_1": round(float(np.interp(1.0, TEMPERATURES, nll)) / len(np.concatenate(rank_seqs)), 6),
+        "draft_nll_at_draft_temperature": round(float(nll.min()) / len(np.concatenate(rank_seqs)), 6),
         "trees": trees,
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -77,6 +77,9 @@ class BeamDrafter(ModelDrafter):
         self.backend_seconds = self.backend.busy_seconds - busy0
         return trees
 
+    def _log_probs(self, logits: np.ndarray, params) -> np.ndarray:
+        return log_probs(logits, params)
+
     def _select(self, nodes: "SearchNodes") -> set[int]:
         """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""
         return nodes.closure(sorted(nodes.level, key=lambda i: -nodes.scores[i])[: self.num_verified])
@@ -85,7 +88,7 @@ class BeamDrafter(ModelDrafter):
         """Beam search of gamma tokens per sequence; returns every node kept at every depth and the
         number of draft calls."""
         batch, width = len(seqs), self.num_beams
-        root = log_probs(self._feed_pending(seqs), params)  # [B, V]
+        root = self._log_probs(self._feed_pending(seqs), params)  # [B, V]
         found = []
         for b in range(batch):
             _, tok, sc = top_beams(np.zeros(1), root[b][None], width)
@@ -110,7 +113,7 @@ class BeamDrafter(ModelDrafter):
             for b, f in enumerate(found):
                 for t, node in enumerate(f.level):
                     f.slots[node] = int(first[b]) + t
-                logq = log_probs(logits[b, :n], params)  # [n, V]
+                logq = self._log_probs(logits[b, :n], params)  # [n, V]
                 par, tok, sc = top_beams(np.asarray([f.scores[i] for i in f.level]), logq, width)
                 start = len(f.tokens)
                 f.tokens += tok.tolist()
@@ -147,13 +150,28 @@ class DynamicTreeDrafter(BeamDrafter):
     its parent (log q <= 0), so the chosen set is a tree; a confident draft yields a long chain, an
     unsure one a bushy tree, per sequence and per round. Children are deterministic (top-k), so
     verification is exact match (greedy) or one-hot rejection (sampling): lossless either way.
+
+    When greedy, nodes are scored with the draft's logits divided by `temperature`, the calibrated
+    temperature (acceptance.json `draft_temperature`) at which the draft's probability of a token best
+    predicts the target's greedy choice, i.e. greedy acceptance; raw log q ranks deep chains too low
+    when the draft is under-confident. When sampling, one-hot acceptance of x is p(x), which the warped
+    draft distribution already estimates.
     """
 
-    def __init__(self, backend: Backend, num_nodes: int, width: int, depth: int, bucket: int = 128):
+    def __init__(self, backend: Backend, num_nodes: int, width: int, depth: int, bucket: int = 128,
+                 temperature: float = 1.0):
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         super().__init__(backend, width, depth, bucket)
         self.num_nodes = num_nodes
+        self.temperature = temperature
+
+    def _log_probs(self, logits, params):
+        if params is None or params.greedy:
+            return log_probs(logits / self.temperature, params)
+        return log_probs(logits, params)
 
     def _select(self, nodes: SearchNodes) -> set[int]:
         # highest joint log q first; ties go to the shallower (earlier) node, so ancestors come first

@@ -102,6 +102,15 @@ def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | Non
         raise InvalidRequestError(f"invalid tree: {e}") from None
 
 
+def draft_temperature(pipe) -> float:
+    """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated."""
+    from specrt.calibration.acceptance import ACCEPTANCE, load_acceptance
+
+    if not (pipe.bundle / ACCEPTANCE).is_file():
+        return 1.0
+    return float(load_acceptance(pipe.bundle).get("draft_temperature", 1.0))
+
+
 def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
     """(drafter or None, verifier, slack): slack = context slots a round may use beyond the text."""
     if method.name == "anpd":
@@ -117,7 +126,7 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
     if method.name == "dynamic":
         nodes = method.draft_tokens(8)
         depth = method.tree_depth or min(nodes, 8)
-        drafter = DynamicTreeDrafter(pipe.draft, nodes, method.num_beams, depth, pipe.bucket)
+        drafter = DynamicTreeDrafter(pipe.draft, nodes, method.num_beams, depth, pipe.bucket, draft_temperature(pipe))
         return drafter, make_verifier(params), max(nodes + 1, method.num_beams * (depth - 1) + 2)
     spec = tree_spec(pipe, method, batch_size)
     drafter = DraftModelDrafter(pipe.draft, spec, pipe.bucket) if spec is not None else None

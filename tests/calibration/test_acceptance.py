@@ -40,3 +40,17 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     assert 0 < a["depth_rank"][0][0] <= 1
     c = calibrate(CalibrationConfig(**{**cfg.__dict__, "seed": 2}), progress=False)
     assert c["depth_rank"] != a["depth_rank"]
+
+
+def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
+    from specrt.calibration.acceptance import TEMPERATURES, nll_by_temperature
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(4000, 50)) * 2.0
+    for t0 in (0.5, 2.0):
+        x = rows / t0
+        probs = np.exp(x - x.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        true = np.array([rng.choice(50, p=p) for p in probs])
+        fitted = TEMPERATURES[int(np.argmin(nll_by_temperature(rows, true)))]
+        assert abs(fitted / t0 - 1) < 0.1
