@@ -57,11 +57,14 @@ bench: bench-tiny bench-inflated
 
 bench-tiny: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
+	test -f $(OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(OUT)  # dynamic trees' draft temperature
 	$(BIN)/specrt bench e2e --bundle $(OUT) --label tiny --num-prompts $(PROMPTS) --threads $(THREADS)
 
 bench-inflated: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
-	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS)
+	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
+	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS) \
+		--num-draft-tokens 4,6
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
 bench-trees: $(STAMP)

@@ -142,7 +142,7 @@ def plot(data: dict, path: Path) -> None:
     ax2.axhline(sd["perplexity"], color="tab:red", ls=":", label="sd perplexity")
     ax2.set_ylabel("perplexity under the target")
     ax.set_title(f"MTAD {data['label']}: γ={c['gamma']}")
-    fig.legend(fontsize=7, loc="upper right")
+    fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
     save_figure(fig, path)
 
 

@@ -41,7 +41,7 @@ def save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps legends placed outside the axes
     plt.close(fig)
 
 

@@ -176,7 +176,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylabel("tokens/s (batch 1)")
     ax.set_title(f"trees {data['label']}: measured vs predicted")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, path)
 
 

@@ -92,35 +92,34 @@ class BeamDrafter(ModelDrafter):
         found = []
         for b in range(batch):
             _, tok, sc = top_beams(np.zeros(1), root[b][None], width)
-            found.append(SearchNodes(list(tok), [-1] * len(tok), list(sc), [-1] * len(tok), list(range(len(tok)))))
+            found.append(SearchNodes(list(tok), [-1] * len(tok), list(sc), [-1] * len(tok), list(range(len(tok))),
+                                     np.zeros((width * self.gamma, width * self.gamma), dtype=bool)))
         calls = 1
         for depth in range(1, self.gamma):
-            n = len(found[0].level)
-            vis = []
-            for f in found:  # each beam node sees its own fed ancestors among the scratch rows
-                fed = [i for i in range(len(f.tokens)) if f.slots[i] >= 0]
-                col = {node: j for j, node in enumerate(fed)}
-                v = np.zeros((n, len(fed)), dtype=bool)
-                for t, node in enumerate(f.level):
-                    p = f.parents[node]
-                    while p >= 0:
-                        v[t, col[p]] = True
-                        p = f.parents[p]
-                vis.append(v)
+            # every node of the earlier levels was fed, in id order: the scratch rows are nodes 0..start-1,
+            # and each node of this level sees its own ancestors among them (levels may be narrower than
+            # W where a warped draft left fewer candidates)
+            vis = [f.ancestors[f.level[0]: f.level[-1] + 1, : f.level[0]] for f in found]
             rows = [np.asarray([f.tokens[i] for i in f.level], dtype=np.int64) for f in found]
-            logits, first = self._step_nodes(rows, [np.full(n, depth)] * batch, vis, np.eye(n, dtype=bool))
+            logits, first = self._step_nodes(rows, [np.full(len(r), depth) for r in rows], vis,
+                                             [np.eye(len(r), dtype=bool) for r in rows])
             calls += 1
             for b, f in enumerate(found):
+                n = len(f.level)
                 for t, node in enumerate(f.level):
                     f.slots[node] = int(first[b]) + t
                 logq = self._log_probs(logits[b, :n], params)  # [n, V]
                 par, tok, sc = top_beams(np.asarray([f.scores[i] for i in f.level]), logq, width)
                 start = len(f.tokens)
+                parents = [f.level[int(p)] for p in par]
+                new = np.arange(start, start + len(tok))
+                f.ancestors[new] = f.ancestors[parents]
+                f.ancestors[new, parents] = True
                 f.tokens += tok.tolist()
-                f.parents += [f.level[int(p)] for p in par]
+                f.parents += parents
                 f.scores += sc.tolist()
                 f.slots += [-1] * len(tok)
-                f.level = list(range(start, start + len(tok)))
+                f.level = new.tolist()
         return found, calls
 
 
@@ -133,6 +132,7 @@ class SearchNodes:
     scores: list[float]  # joint log q of the path root..node
     slots: list[int]  # scratch slot in the draft cache, -1 if never fed
     level: list[int]  # node ids of the deepest depth
+    ancestors: np.ndarray  # [capacity, capacity] bool: ancestors[i, j] = node j is a strict ancestor of node i
 
     def closure(self, nodes) -> set[int]:
         keep: set[int] = set()

@@ -80,16 +80,18 @@ class ModelDrafter(Drafter):
         self._anchor = cache.lengths.copy()
         return logits[np.arange(len(seqs)), [len(p) - 1 for p in pending]]
 
-    def _step_nodes(self, rows, depths, vis, block):
-        """Feed one level of scratch nodes: rows[b] [n] tokens at depths[b] [n] (>= 1) below the root,
-        each seeing the scratch rows marked in vis[b] [n, scratch rows so far] (None: all of them) and,
-        among the new tokens, what `block` [n, n] says. Returns (logits [B, n, V], first slot [B])."""
+    def _step_nodes(self, rows, depths, vis, blocks):
+        """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,
+        each seeing the scratch rows marked in vis[b] [n_b, scratch rows so far] (None: all of them) and,
+        among the new tokens, what blocks[b] [n_b, n_b] says (one array: the same for every sequence).
+        Returns (logits [B, max n_b, V], first slot [B])."""
         cache, batch = self.cache, len(rows)
         first_slot = cache.lengths.copy()
-        cache.reserve(int(max(first_slot)) + len(rows[0]))
+        cache.reserve(int(max(first_slot + np.asarray([len(r) for r in rows]))))
         positions = [self._anchor[b] - 1 + depths[b] for b in range(batch)]
         scratch = None if vis is None else [(int(self._anchor[b]), vis[b]) for b in range(batch)]
-        ids, pos, mask = pack_step(cache, rows, positions, [block] * batch, scratch)
+        blocks = [blocks] * batch if isinstance(blocks, np.ndarray) else blocks
+        ids, pos, mask = pack_step(cache, rows, positions, blocks, scratch)
         logits, new_kv = self.backend.step(ids, pos, mask, cache)
         cache.append(new_kv, [len(r) for r in rows])
         return logits, first_slot
