@@ -2,9 +2,10 @@
 
 Same HumanEval prompts, greedy, batch 1; for each (N, K): tokens/s (median of `runs` after a warm-up
 run), speedup over autoregressive measured in the same run, tokens per target call and the draft hit
-ratio (accepted / drafted tokens). Beyond the paper: at order `tree_order`, the same K as n-gram trees
-of up to b continuations per node (`tree_branches`). Writes JSON, Markdown and a plot of speedup
-against K per N (trees dashed).
+ratio (accepted / drafted tokens). Beyond the paper, at order `tree_order`: the same K as n-gram trees
+of up to b continuations per node (`tree_branches`), and chains and 2-way trees that draft no token
+whose estimated path probability is below `min_prob` (so K is a cap, not a quota). Writes JSON,
+Markdown and a plot of speedup against K per N (trees dashed, pruned dotted).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class NgramConfig:
     lengths: tuple[int, ...] = (1, 3, 5, 7, 9)
     tree_branches: tuple[int, ...] = (2, 3)
     tree_order: int = 5
+    min_prob: float = 0.2  # pruned rows: chains and 2-way trees at tree_order drafting no token below it
 
 
 def run_ngram(cfg: NgramConfig) -> dict:
@@ -39,12 +41,13 @@ def run_ngram(cfg: NgramConfig) -> dict:
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
-    confs = ([("autoregressive", None, None, 1)] + [("anpd", n, k, 1) for n in cfg.orders for k in cfg.lengths]
-             + [("anpd", cfg.tree_order, k, b) for b in cfg.tree_branches for k in cfg.lengths])
+    confs = ([("autoregressive", None, None, 1, 0.0)] + [("anpd", n, k, 1, 0.0) for n in cfg.orders for k in cfg.lengths]
+             + [("anpd", cfg.tree_order, k, b, 0.0) for b in cfg.tree_branches for k in cfg.lengths]
+             + ([("anpd", cfg.tree_order, k, b, cfg.min_prob) for b in (1, 2) for k in cfg.lengths] if cfg.min_prob else []))
 
-    def run(method, n, k, b):
+    def run(method, n, k, b, min_prob):
         outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5,
-                             ngram_branches=b)
+                             ngram_branches=b, ngram_min_prob=min_prob)
         drafted = sum(o.stats["drafted"] for o in outs)
         accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
         return (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
@@ -56,7 +59,7 @@ def run_ngram(cfg: NgramConfig) -> dict:
     for c in confs:
         tokens, rounds, hit, ids = stats[c]
         speed = tokens / statistics.median(seconds[c])
-        rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "tokens_per_s": round(speed, 2),
+        rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "min_prob": c[4], "tokens_per_s": round(speed, 2),
                      "speedup_vs_ar": round(speed / base, 3), "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
@@ -69,12 +72,13 @@ def markdown(data: dict) -> str:
     c = data["config"]
     lines = [f"### ANPD ablation `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| method | N | K | branches | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | N | K | branches | min prob | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         b = r.get("branches", 1)
         what = "-" if r["method"] == "autoregressive" else (f"{b} (tree)" if b > 1 else "1 (chain)")
-        lines.append(f"| {r['method']} | {r['n'] or '-'} | {r['k'] or '-'} | {what} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
+        mp = "-" if r["method"] == "autoregressive" else f"{r.get('min_prob', 0.0):g}"
+        lines.append(f"| {r['method']} | {r['n'] or '-'} | {r['k'] or '-'} | {what} | {mp} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['tokens_per_target_call']:.2f} | {r['draft_hit_ratio']:.1%} | {'yes' if r['same_tokens_as_ar'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
@@ -88,15 +92,21 @@ def plot(data: dict, path: Path) -> None:
         rows = [r for r in data["rows"] if r["n"] == n and r.get("branches", 1) == 1]
         ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "o-", label=f"N = {n}")
     for b in data["config"].get("tree_branches", ()):
-        rows = [r for r in data["rows"] if r.get("branches", 1) == b]
+        rows = [r for r in data["rows"] if r.get("branches", 1) == b and not r.get("min_prob")]
         ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "s--",
                 label=f"N = {data['config']['tree_order']}, tree of {b} continuations per node")
+    for b in (1, 2):
+        rows = [r for r in data["rows"] if r.get("branches", 1) == b and r.get("min_prob")]
+        if rows:
+            what = "chain" if b == 1 else f"tree of {b} per node"
+            ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "^:",
+                    label=f"N = {data['config']['tree_order']}, {what}, min prob {rows[0]['min_prob']:g}")
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_xlabel("draft tokens per step (K: chain length or tree nodes)")
     ax.set_ylabel("speedup over autoregressive")
     ax.set_title(f"ANPD {data['label']}: speedup by N and K")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, path)
 
 
@@ -107,6 +117,7 @@ def add_ngram_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--orders", default="2,3,4,5,6", help="n-gram orders N to try")
     p.add_argument("--lengths", default="1,3,5,7,9", help="draft lengths K to try")
     p.add_argument("--tree-branches", default="2,3", help="continuations per node of n-gram trees to try ('' for none)")
+    p.add_argument("--min-prob", type=float, default=0.2, help="pruned rows' min path probability (0 for no such rows)")
 
 
 def main_from_args(args) -> dict:
@@ -114,4 +125,5 @@ def main_from_args(args) -> dict:
                                  max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
                                  orders=tuple(int(x) for x in args.orders.split(",")),
                                  lengths=tuple(int(x) for x in args.lengths.split(",")),
-                                 tree_branches=tuple(int(x) for x in args.tree_branches.split(",") if x)))
+                                 tree_branches=tuple(int(x) for x in args.tree_branches.split(",") if x),
+                                 min_prob=args.min_prob))

@@ -42,6 +42,7 @@ class MethodConfig:
     tau: float = 0.5  # mtad: joint-likelihood threshold
     verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
     ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
+    ngram_min_prob: float = 0.0  # anpd: draft no token whose estimated path probability is lower (0: all K)
     tree_depth: int | None = None  # dynamic: draft depth (default min(nodes, 8): the draft's rank-0 acceptance
     # is ~0.74 per depth on the demo pair, so a 9th level is reached < 7% of the time)
 
@@ -57,6 +58,8 @@ class MethodConfig:
             raise InvalidRequestError(f"tree_depth must be an integer >= 1, got {self.tree_depth!r}")
         if not isinstance(self.ngram_branches, int) or self.ngram_branches < 1:
             raise InvalidRequestError(f"ngram_branches must be an integer >= 1, got {self.ngram_branches!r}")
+        if not 0 <= self.ngram_min_prob <= 1:
+            raise InvalidRequestError(f"ngram_min_prob must be in [0, 1], got {self.ngram_min_prob}")
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
             raise InvalidRequestError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
         if not isinstance(self.verify_beams, int) or not 1 <= self.verify_beams <= self.num_beams:
@@ -115,7 +118,7 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
     """(drafter or None, verifier, slack): slack = context slots a round may use beyond the text."""
     if method.name == "anpd":
         k = method.draft_tokens(7)
-        return NgramDrafter(method.ngram_n, k, method.ngram_branches), make_verifier(params), k + 1
+        return NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob), make_verifier(params), k + 1
     if method.name == "mtad":
         gamma = method.draft_tokens(4)
         drafter = BeamDrafter(pipe.draft, method.num_beams, gamma, pipe.bucket, method.verify_beams)

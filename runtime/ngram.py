@@ -10,11 +10,14 @@ drafted so far, and stops early when no level matches. No model runs: proposing 
 Cost: an update touches N - 1 table entries per token; a query at most N - 1 dict lookups. Both O(1).
 Ties between next tokens go to the one seen most recently reaching the top count.
 
-Beyond the paper (its chain is `branches=1`): with `branches` > 1 the drafter returns a token tree of
-the same K nodes, grown best-first by the estimated probability of each path, where a node's
-children are the `branches` most frequent continuations at the longest matching level, each with its
-relative count as the estimate. A context always followed by the same token keeps drafting a chain;
-one followed by several spends the budget on its alternatives. One target step verifies the tree.
+Beyond the paper (its chain is `branches=1`, `min_prob=0`): with `branches` > 1 the drafter returns a
+token tree of up to K nodes, grown best-first by the estimated probability of each path, where a
+node's children are the `branches` most frequent continuations at the longest matching level, each
+estimated as count / (total + 1) (the + 1 leaves room for a continuation not seen yet, so a context
+seen once is not a certainty). A context always followed by the same token keeps drafting a chain;
+one followed by several spends the budget on its alternatives. With `min_prob` > 0, no node whose path
+estimate falls below it is drafted: where verifying one more token costs a noticeable fraction of a
+step (a CPU), drafting only likely tokens pays (see bench ngram). One target step verifies the tree.
 """
 
 from __future__ import annotations
@@ -72,15 +75,15 @@ class NgramMemory:
             entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
             if entry is not None:
                 counts = entry[2]
-                total = sum(counts.values())
+                total = sum(counts.values()) + 1  # + 1: the next occurrence may bring a continuation not seen yet
                 best = entry[0]
                 others = heapq.nlargest(limit - 1, (t for t in counts if t != best), key=counts.__getitem__)
                 return [(best, counts[best] / total)] + [(t, counts[t] / total) for t in others]
         return []
 
-    def draft_tree(self, context, num_nodes: int, branches: int) -> tuple[list[int], list[int]]:
-        """(tokens, parents) of up to num_nodes nodes, best-first by estimated path probability; parents
-        come before their children (-1 = the root)."""
+    def draft_tree(self, context, num_nodes: int, branches: int, min_prob: float = 0.0) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of up to num_nodes nodes, best-first by estimated path probability, none below
+        min_prob; parents come before their children (-1 = the root)."""
         keep = self.max_n - 1
         tokens: list[int] = []
         parents: list[int] = []
@@ -91,8 +94,9 @@ class NgramMemory:
         def push(node: int, ctx: list[int], prob: float) -> None:
             nonlocal order
             for tok, rel in self.continuations(ctx, branches):
-                heapq.heappush(heap, (-prob * rel, order, node, tok))
-                order += 1
+                if prob * rel >= min_prob:
+                    heapq.heappush(heap, (-prob * rel, order, node, tok))
+                    order += 1
 
         push(-1, [int(t) for t in context[-keep:]], 1.0)
         while heap and len(tokens) < num_nodes:
@@ -123,7 +127,7 @@ class NgramDrafter(Drafter):
     """One NgramMemory per sequence; per round a chain of up to K tokens, or with `branches` > 1 a tree
     of up to K nodes (one-hot drafts)."""
 
-    def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1):
+    def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1, min_prob: float = 0.0):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         if branches < 1:
@@ -132,6 +136,7 @@ class NgramDrafter(Drafter):
         self.max_n = max_n
         self.num_draft_tokens = num_draft_tokens
         self.branches = branches
+        self.min_prob = min_prob
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
@@ -147,10 +152,10 @@ class NgramDrafter(Drafter):
             tokens = s.tokens
             self.memories[b].update(tokens[self._seen[b]:])  # the prompt at first, then what was emitted
             self._seen[b] = len(tokens)
-            if self.branches == 1:
+            if self.branches == 1 and self.min_prob == 0:
                 trees.append(DraftTree.chain(np.asarray(self.memories[b].draft(tokens, self.num_draft_tokens), dtype=np.int64)))
             else:
-                toks, parents = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches)
+                toks, parents = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches, self.min_prob)
                 trees.append(DraftTree(np.asarray(toks, dtype=np.int64), np.asarray(parents, dtype=np.int64)))
         self.num_calls = 0
         self.seconds = time.perf_counter() - t0

@@ -117,7 +117,7 @@ class Pipeline:
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n,
-        ngram_branches, num_beams, tau, verify_beams, tree_depth). Prompts are decoded `batch_size`
+        ngram_branches, ngram_min_prob, num_beams, tau, verify_beams, tree_depth). Prompts are decoded `batch_size`
         at a time in one ragged batch (no KV padding).
         """
         single = isinstance(prompts, str)

@@ -54,6 +54,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-n", type=int, default=5, help="anpd: highest n-gram order N (default: %(default)s)")
     g.add_argument("--ngram-branches", type=int, default=1,
                    help="anpd: continuations per node of an n-gram tree (default: %(default)s, a chain)")
+    g.add_argument("--ngram-min-prob", type=float, default=0.0,
+                   help="anpd: skip draft tokens whose estimated path probability is lower (default: %(default)s)")
     g.add_argument("--num-beams", type=int, default=4,
                    help="mtad: beams W; dynamic: nodes expanded per depth (default: %(default)s)")
     g.add_argument("--tree-depth", type=int, default=None, help="dynamic: draft depth (default: min(nodes, 8))")
@@ -116,7 +118,7 @@ def cmd_generate(args) -> None:
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
               num_beams=args.num_beams, tau=args.tau, verify_beams=args.verify_beams,
-              ngram_branches=args.ngram_branches, tree_depth=args.tree_depth)
+              ngram_branches=args.ngram_branches, ngram_min_prob=args.ngram_min_prob, tree_depth=args.tree_depth)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):
             print(piece, end="", flush=True)

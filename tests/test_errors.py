@@ -98,6 +98,7 @@ def test_prompt_longer_than_context(pipelines):
     (dict(num_beam=4), "unknown method option.*num_beams"),
     (dict(method="mtad", num_beams=2, verify_beams=3), "verify_beams"),
     (dict(method="anpd", ngram_branches=0), "ngram_branches"),
+    (dict(method="anpd", ngram_min_prob=1.5), "ngram_min_prob"),
     (dict(method="dynamic", tree_depth=0), "tree_depth"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
