@@ -36,7 +36,7 @@ class NgramMemory:
         if max_n < 2:
             raise ValueError(f"n-gram order must be >= 2, got {max_n}")
         self.max_n = max_n
-        # per context length c = n - 1 (index c - 1): context tuple -> [best_token, best_count, {token: count}]
+        # per context length c = n - 1 (index c - 1): context tuple -> [best_token, best_count, {token: count}, total]
         self._tables: list[dict[tuple[int, ...], list]] = [{} for _ in range(max_n - 1)]
         self._tail: list[int] = []  # the last max_n - 1 tokens seen
 
@@ -49,11 +49,12 @@ class NgramMemory:
                 ctx = tuple(tail[-c:])
                 entry = self._tables[c - 1].get(ctx)
                 if entry is None:
-                    self._tables[c - 1][ctx] = [tok, 1, {tok: 1}]
+                    self._tables[c - 1][ctx] = [tok, 1, {tok: 1}, 1]
                     continue
                 counts = entry[2]
                 count = counts.get(tok, 0) + 1
                 counts[tok] = count
+                entry[3] += 1
                 if count >= entry[1]:
                     entry[0], entry[1] = tok, count
             tail.append(tok)
@@ -69,13 +70,13 @@ class NgramMemory:
         return None
 
     def continuations(self, context, limit: int) -> list[tuple[int, float]]:
-        """Up to `limit` (token, relative count) pairs after the longest matching suffix of `context`,
+        """Up to `limit` (token, count / (total + 1)) pairs after the longest matching suffix of `context`,
         most frequent first (the query's answer first)."""
         for c in range(min(len(context), self.max_n - 1), 0, -1):
             entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
             if entry is not None:
                 counts = entry[2]
-                total = sum(counts.values()) + 1  # + 1: the next occurrence may bring a continuation not seen yet
+                total = entry[3] + 1  # + 1: the next occurrence may bring a continuation not seen yet
                 best = entry[0]
                 others = heapq.nlargest(limit - 1, (t for t in counts if t != best), key=counts.__getitem__)
                 return [(best, counts[best] / total)] + [(t, counts[t] / total) for t in others]

@@ -9,12 +9,15 @@ Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive"
 drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static token tree (`tree=`
 paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
 tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
-chain, or no speculation); "anpd" drafts up to `num_draft_tokens` (default 7) tokens from a multi-level
-n-gram memory (orders 2..`ngram_n`, default 5) of the prompt and the text so far, with no model
-(`ngram_branches=b` > 1: a best-first tree of as many nodes with up to b continuations per node);
-"mtad" drafts `num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the
-longest prefix of the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when
-greedy; not lossless by design); `verify_beams=k` verifies the top k beams as one tree instead. Greedy when temperature == 0, lossless rejection sampling otherwise.
+chain, or no speculation); "dynamic" verifies the `num_draft_tokens` (default 8) likeliest nodes of
+the draft's beam search, a tree shaped anew every round (EAGLE-2); "anpd" drafts up to
+`num_draft_tokens` (default 7) tokens from a multi-level n-gram memory (orders 2..`ngram_n`, default
+5) of the prompt and the text so far, with no model (`ngram_branches=b` > 1: a best-first tree with up
+to b continuations per node; `ngram_min_prob`: no token estimated less likely); "mtad" drafts
+`num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the longest prefix of
+the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when greedy; not lossless
+by design); `verify_beams=k` verifies the top k beams as one tree instead. Greedy when temperature ==
+0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -116,9 +119,9 @@ class Pipeline:
                  seed: int = 0, batch_size: int = 1, progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
-        `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n,
-        ngram_branches, ngram_min_prob, num_beams, tau, verify_beams, tree_depth). Prompts are decoded `batch_size`
-        at a time in one ragged batch (no KV padding).
+        `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n, ngram_branches,
+        ngram_min_prob, num_beams, tau, verify_beams, tree_depth); unknown ones are refused by name.
+        Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
         """
         single = isinstance(prompts, str)
         prompts = [prompts] if single else list(prompts)
