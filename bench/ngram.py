@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
+from specrt.bench.report import config_dict, finish_figure, pyplot, timed_runs, write_report
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,8 @@ def plot(data: dict, path: Path) -> None:
             ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "^:",
                     label=f"N = {data['config']['tree_order']}, {what}, min prob {rows[0]['min_prob']:g}")
     ax.axhline(1.0, color="gray", lw=1)
-    ax.set_xlabel("draft tokens per step (K: chain length or tree nodes)")
-    ax.set_ylabel("speedup over autoregressive")
-    ax.set_title(f"ANPD {data['label']}: speedup by N and K")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    save_figure(fig, path)
+    finish_figure(fig, ax, path, "draft tokens per step (K: chain length or tree nodes)", "speedup over autoregressive",
+                  f"ANPD {data['label']}: speedup by N and K")
 
 
 def add_ngram_args(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,16 @@ def pyplot():
     return plt
 
 
+def finish_figure(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label, grid, legend to the right of the axes, then save_figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, path)
+
+
 def save_figure(fig, path: Path) -> None:
     """Lay out, write (PNG, 110 dpi) and release a figure."""
     import matplotlib.pyplot as plt

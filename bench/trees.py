@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
+from specrt.bench.report import config_dict, finish_figure, pyplot, timed_runs, write_report
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -172,12 +172,8 @@ def plot(data: dict, path: Path) -> None:
     if tuned is not None:
         ax.plot([max(tuned["num_nodes"], 0.8)], [tuned["measured_tokens_per_s"]], "*", ms=16, color="tab:red", label="tuned choice")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("drafted tokens verified per step (tree size)")
-    ax.set_ylabel("tokens/s (batch 1)")
-    ax.set_title(f"trees {data['label']}: measured vs predicted")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    save_figure(fig, path)
+    finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", "tokens/s (batch 1)",
+                  f"trees {data['label']}: measured vs predicted")
 
 
 def add_trees_args(p: argparse.ArgumentParser) -> None:
