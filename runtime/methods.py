@@ -38,7 +38,8 @@ class MethodConfig:
     num_draft_tokens: int | None = None  # sd and mtad: gamma (default 4); anpd: K (default 7); dynamic: nodes (8)
     tree: object = None  # tree: paths of child ranks or a TreeSpec (default: the plan's, else DEFAULT_TREE)
     ngram_n: int = 5  # anpd: highest n-gram order N
-    num_beams: int = 4  # mtad: beams W; dynamic: nodes expanded per depth
+    num_beams: int | None = None  # mtad: beams W (default 4); dynamic: nodes expanded per depth (default
+    # max(4, nodes // 4): measured on the inflated pair, 4 is best up to 16 nodes, 8 at 32)
     tau: float = 0.5  # mtad: joint-likelihood threshold
     verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
     ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
@@ -60,11 +61,11 @@ class MethodConfig:
             raise InvalidRequestError(f"ngram_branches must be an integer >= 1, got {self.ngram_branches!r}")
         if not 0 <= self.ngram_min_prob <= 1:
             raise InvalidRequestError(f"ngram_min_prob must be in [0, 1], got {self.ngram_min_prob}")
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+        if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
             raise InvalidRequestError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
-        if not isinstance(self.verify_beams, int) or not 1 <= self.verify_beams <= self.num_beams:
-            raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={self.num_beams}], "
-                                      f"got {self.verify_beams!r}")
+        beams = self.beams(4)
+        if not isinstance(self.verify_beams, int) or not 1 <= self.verify_beams <= beams:
+            raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={beams}], got {self.verify_beams!r}")
         if not 0 <= self.tau <= 1:
             raise InvalidRequestError(f"tau must be in [0, 1], got {self.tau}")
 
@@ -79,6 +80,9 @@ class MethodConfig:
 
     def draft_tokens(self, default: int) -> int:
         return default if self.num_draft_tokens is None else self.num_draft_tokens
+
+    def beams(self, default: int) -> int:
+        return default if self.num_beams is None else self.num_beams
 
 
 def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | None:
@@ -121,16 +125,18 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
         return NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob), make_verifier(params), k + 1
     if method.name == "mtad":
         gamma = method.draft_tokens(4)
-        drafter = BeamDrafter(pipe.draft, method.num_beams, gamma, pipe.bucket, method.verify_beams)
+        beams = method.beams(4)
+        drafter = BeamDrafter(pipe.draft, beams, gamma, pipe.bucket, method.verify_beams)
         # the target step holds root + the verified beams' nodes; the draft cache every beam node of
         # every fed depth during a round
-        slack = max(method.verify_beams * gamma + 1, method.num_beams * (gamma - 1) + 2)
+        slack = max(method.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
         return drafter, JointLikelihoodVerifier(method.tau), slack
     if method.name == "dynamic":
         nodes = method.draft_tokens(8)
         depth = method.tree_depth or min(nodes, 8)
-        drafter = DynamicTreeDrafter(pipe.draft, nodes, method.num_beams, depth, pipe.bucket, draft_temperature(pipe))
-        return drafter, make_verifier(params), max(nodes + 1, method.num_beams * (depth - 1) + 2)
+        width = method.beams(max(4, nodes // 4))
+        drafter = DynamicTreeDrafter(pipe.draft, nodes, width, depth, pipe.bucket, draft_temperature(pipe))
+        return drafter, make_verifier(params), max(nodes + 1, width * (depth - 1) + 2)
     spec = tree_spec(pipe, method, batch_size)
     drafter = DraftModelDrafter(pipe.draft, spec, pipe.bucket) if spec is not None else None
     return drafter, make_verifier(params), (len(spec) + 1 if spec else 1)

@@ -56,8 +56,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="anpd: continuations per node of an n-gram tree (default: %(default)s, a chain)")
     g.add_argument("--ngram-min-prob", type=float, default=0.0,
                    help="anpd: skip draft tokens whose estimated path probability is lower (default: %(default)s)")
-    g.add_argument("--num-beams", type=int, default=4,
-                   help="mtad: beams W; dynamic: nodes expanded per depth (default: %(default)s)")
+    g.add_argument("--num-beams", type=int, default=None,
+                   help="mtad: beams W (default 4); dynamic: nodes expanded per depth (default max(4, nodes // 4))")
     g.add_argument("--tree-depth", type=int, default=None, help="dynamic: draft depth (default: min(nodes, 8))")
     g.add_argument("--tau", type=float, default=0.5, help="mtad: joint-likelihood threshold (default: %(default)s)")
     g.add_argument("--verify-beams", type=int, default=1,
