@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
+from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
 
 OURS = ("autoregressive", "sd", "anpd", "anpd-tree", "dynamic")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
@@ -29,15 +29,9 @@ BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
 
 
 @dataclass(frozen=True)
-class E2EConfig:
-    bundle: Path
-    out: Path
-    label: str = "demo"
+class E2EConfig(BenchConfig):
     num_prompts: int = 30
-    max_new_tokens: int = 128
-    runs: int = 3
     warmup_runs: int = 1  # untimed full passes over all prompts per method (first passes measured ~2x slower)
-    threads: int = 2
     num_draft_tokens: tuple[int, ...] = (4,)  # one `sd` row per value
     methods: tuple[str, ...] = OURS
     baselines: tuple[str, ...] = BASELINES
@@ -234,7 +228,6 @@ def main_from_args(args) -> dict:
     for b in baselines:
         if b not in BASELINES:
             raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
-    cfg = E2EConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
-                    max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                    num_draft_tokens=tuple(int(g) for g in args.num_draft_tokens.split(",")), methods=tuple(args.methods.split(",")), baselines=baselines)
+    cfg = E2EConfig(**common_args(args), num_draft_tokens=number_list(args.num_draft_tokens),
+                    methods=tuple(args.methods.split(",")), baselines=baselines)
     return run_e2e(cfg)

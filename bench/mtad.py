@@ -18,18 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, pyplot, save_figure, timed_runs, write_report
+from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
 
 
 @dataclass(frozen=True)
-class MtadConfig:
-    bundle: Path
-    out: Path
-    label: str = "demo"
+class MtadConfig(BenchConfig):
     num_prompts: int = 10
-    max_new_tokens: int = 128
-    runs: int = 3
-    threads: int = 2
     gamma: int = 4
     tau: float = 0.5
     taus: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -159,9 +153,6 @@ def add_mtad_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_mtad(MtadConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
-                               max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                               gamma=args.gamma, temperature=args.temperature,
+    return run_mtad(MtadConfig(**common_args(args), gamma=args.gamma, temperature=args.temperature,
                                sweeps=tuple(tuple(int(v) for v in x.split(":")) for x in args.sweeps.split(",")),
-                               taus=tuple(float(x) for x in args.taus.split(",")),
-                               beams=tuple(int(x) for x in args.beams.split(",") if x)))
+                               taus=number_list(args.taus, float), beams=number_list(args.beams)))

@@ -17,18 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, finish_figure, pyplot, timed_runs, write_report
+from specrt.bench.report import BenchConfig, common_args, config_dict, finish_figure, number_list, pyplot, timed_runs, write_report
 
 
 @dataclass(frozen=True)
-class NgramConfig:
-    bundle: Path
-    out: Path
-    label: str = "demo"
+class NgramConfig(BenchConfig):
     num_prompts: int = 10
-    max_new_tokens: int = 128
-    runs: int = 3
-    threads: int = 2
     orders: tuple[int, ...] = (2, 3, 4, 5, 6)
     lengths: tuple[int, ...] = (1, 3, 5, 7, 9)
     tree_branches: tuple[int, ...] = (2, 3)
@@ -117,9 +111,5 @@ def add_ngram_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_ngram(NgramConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
-                                 max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                                 orders=tuple(int(x) for x in args.orders.split(",")),
-                                 lengths=tuple(int(x) for x in args.lengths.split(",")),
-                                 tree_branches=tuple(int(x) for x in args.tree_branches.split(",") if x),
-                                 min_prob=args.min_prob))
+    return run_ngram(NgramConfig(**common_args(args), orders=number_list(args.orders), lengths=number_list(args.lengths),
+                                 tree_branches=number_list(args.tree_branches), min_prob=args.min_prob))

@@ -4,8 +4,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What every `specrt bench` verb takes (the CLI's add_bench_args); each verb's config extends it."""
+
+    bundle: Path
+    out: Path
+    label: str = "demo"
+    num_prompts: int = 10
+    max_new_tokens: int = 128
+    runs: int = 3
+    threads: int = 2
+
+
+def common_args(args) -> dict:
+    """The BenchConfig fields from parsed add_bench_args arguments."""
+    return {f.name: getattr(args, f.name) for f in fields(BenchConfig)}
+
+
+def number_list(text: str, kind=int) -> tuple:
+    """A comma list from the command line: "1,2,4" -> (1, 2, 4); "" -> ()."""
+    return tuple(kind(x) for x in text.split(",") if x)
 
 
 def config_dict(cfg) -> dict:

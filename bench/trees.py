@@ -21,20 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import config_dict, finish_figure, pyplot, timed_runs, write_report
+from specrt.bench.report import BenchConfig, common_args, config_dict, finish_figure, number_list, pyplot, timed_runs, write_report
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
-class TreesConfig:
-    bundle: Path
-    out: Path
-    label: str = "demo"
+class TreesConfig(BenchConfig):
     num_prompts: int = 5
-    max_new_tokens: int = 128
-    runs: int = 3
-    threads: int = 2
     tree_sizes: tuple[int, ...] = TREE_SIZES
     max_chain: int = 8
     long_chains: tuple[int, ...] = (12, 16)  # chains wider than max_chain, measured for equal-width comparisons
@@ -185,7 +179,5 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_trees(TreesConfig(bundle=args.bundle, out=args.out, label=args.label, num_prompts=args.num_prompts,
-                                 max_new_tokens=args.max_new_tokens, runs=args.runs, threads=args.threads,
-                                 long_chains=tuple(int(x) for x in args.long_chains.split(",") if x),
-                                 dynamic_sizes=tuple(int(x) for x in args.dynamic_sizes.split(",") if x)))
+    return run_trees(TreesConfig(**common_args(args), long_chains=number_list(args.long_chains),
+                                 dynamic_sizes=number_list(args.dynamic_sizes)))
