@@ -68,7 +68,7 @@ def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[
     raise SpecrtError(f"only {len(prompts)} validation prompts of {prompt_tokens} tokens could be cut")
 
 
-TEMPERATURES = np.round(np.geomspace(0.1, 4.0, 81), 4)  # the grid draft_temperature searches
+TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0))  # draft_temperature's grid (1.0 exact)
 
 
 def draft_ranks(draft_backend, tokens: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +166,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
         "depth_support": support.astype(int).tolist(),
         "chain_expected_accepted": [round(chain_expectation(p, g), 6) for g in range(1, cfg.max_depth + 1)],
         "draft_temperature": float(TEMPERATURES[int(np.argmin(nll))]),
-        "draft_nll_at_temperature_1": round(float(np.interp(1.0, TEMPERATURES, nll)) / len(np.concatenate(rank_seqs)), 6),
+        "draft_nll_at_temperature_1": round(float(nll[np.flatnonzero(TEMPERATURES == 1.0)[0]]) / len(np.concatenate(rank_seqs)), 6),
         "draft_nll_at_draft_temperature": round(float(nll.min()) / len(np.concatenate(rank_seqs)), 6),
         "trees": trees,
         "seconds": round(time.perf_counter() - t0, 2),
