@@ -39,7 +39,8 @@ class MethodConfig:
     tree: object = None  # tree: paths of child ranks or a TreeSpec (default: the plan's, else DEFAULT_TREE)
     ngram_n: int = 5  # anpd: highest n-gram order N
     num_beams: int | None = None  # mtad: beams W (default 4); dynamic: nodes expanded per depth (default
-    # max(4, nodes // 4): measured on the inflated pair, 4 is best up to 16 nodes, 8 at 32)
+    # max(4, nodes // 4); `bench trees` on the inflated pair: 32 nodes accept 5.16 tokens/call with W = 8,
+    # 4.81 with W = 4; 24 nodes 4.81 with W = 6, 4.78 with W = 4; bench/results/trees-inflated*.md)
     tau: float = 0.5  # mtad: joint-likelihood threshold
     verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
     ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
