@@ -84,6 +84,10 @@ class BeamDrafter(ModelDrafter):
         """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""
         return nodes.closure(sorted(nodes.level, key=lambda i: -nodes.scores[i])[: self.num_verified])
 
+    def _expand(self, nodes: "SearchNodes") -> list[int]:
+        """The nodes of the deepest level to feed and extend (beam search: all of them)."""
+        return nodes.level
+
     def _search(self, seqs, params) -> tuple[list["SearchNodes"], int]:
         """Beam search of gamma tokens per sequence; returns every node kept at every depth and the
         number of draft calls."""
@@ -93,30 +97,37 @@ class BeamDrafter(ModelDrafter):
         for b in range(batch):
             _, tok, sc = top_beams(np.zeros(1), root[b][None], width)
             found.append(SearchNodes(list(tok), [-1] * len(tok), list(sc), [-1] * len(tok), list(range(len(tok))),
-                                     np.zeros((width * self.gamma, width * self.gamma), dtype=bool)))
+                                     np.zeros((width * self.gamma, width * self.gamma), dtype=bool), []))
         calls = 1
         for depth in range(1, self.gamma):
-            # every node of the earlier levels was fed, in id order: the scratch rows are nodes 0..start-1,
-            # and each node of this level sees its own ancestors among them (levels may be narrower than
-            # W where a warped draft left fewer candidates)
-            vis = [f.ancestors[f.level[0]: f.level[-1] + 1, : f.level[0]] for f in found]
-            rows = [np.asarray([f.tokens[i] for i in f.level], dtype=np.int64) for f in found]
+            # the scratch rows after each sequence's anchor are its fed nodes, in feeding order; each node
+            # of this level sees its own ancestors among them. Levels may be narrower than W (a warped
+            # draft left fewer candidates) or empty (nothing left worth extending: _expand)
+            expand = [np.asarray(self._expand(f), dtype=np.int64) for f in found]
+            if not any(len(e) for e in expand):
+                break
+            vis = [f.ancestors[np.ix_(e, np.asarray(f.fed, dtype=np.int64))] for f, e in zip(found, expand)]
+            rows = [np.asarray(f.tokens, dtype=np.int64)[e] for f, e in zip(found, expand)]
             logits, first = self._step_nodes(rows, [np.full(len(r), depth) for r in rows], vis,
                                              [np.eye(len(r), dtype=bool) for r in rows])
             calls += 1
-            for b, f in enumerate(found):
-                n = len(f.level)
-                for t, node in enumerate(f.level):
+            for b, (f, e) in enumerate(zip(found, expand)):
+                n = len(e)
+                for t, node in enumerate(e.tolist()):
                     f.slots[node] = int(first[b]) + t
+                f.fed += e.tolist()
+                if not n:
+                    f.level = []
+                    continue
                 logq = self._log_probs(logits[b, :n], params)  # [n, V]
-                par, tok, sc = top_beams(np.asarray([f.scores[i] for i in f.level]), logq, width)
+                par, tok, sc = top_beams(np.asarray(f.scores)[e], logq, width)
                 start = len(f.tokens)
-                parents = [f.level[int(p)] for p in par]
+                parents = e[par]
                 new = np.arange(start, start + len(tok))
                 f.ancestors[new] = f.ancestors[parents]
                 f.ancestors[new, parents] = True
                 f.tokens += tok.tolist()
-                f.parents += parents
+                f.parents += parents.tolist()
                 f.scores += sc.tolist()
                 f.slots += [-1] * len(tok)
                 f.level = new.tolist()
@@ -133,6 +144,7 @@ class SearchNodes:
     slots: list[int]  # scratch slot in the draft cache, -1 if never fed
     level: list[int]  # node ids of the deepest depth
     ancestors: np.ndarray  # [capacity, capacity] bool: ancestors[i, j] = node j is a strict ancestor of node i
+    fed: list[int]  # node ids fed to the draft, in the order of their scratch slots
 
     def closure(self, nodes) -> set[int]:
         keep: set[int] = set()
@@ -172,6 +184,16 @@ class DynamicTreeDrafter(BeamDrafter):
         if params is None or params.greedy:
             return log_probs(logits / self.temperature, params)
         return log_probs(logits, params)
+
+    def _expand(self, nodes: SearchNodes) -> list[int]:
+        # A node scores no higher than its parent, and ties go to earlier nodes, so a node that does not beat
+        # the num_nodes-th best score found so far has no descendant that can be chosen: feeding it is
+        # wasted draft work. Search stops for a sequence when no node of its level beats it; the chosen
+        # tree is the same as a full search's (tested).
+        if len(nodes.scores) < self.num_nodes:
+            return nodes.level
+        bar = np.partition(np.asarray(nodes.scores), -self.num_nodes)[-self.num_nodes]
+        return [i for i in nodes.level if nodes.scores[i] > bar]
 
     def _select(self, nodes: SearchNodes) -> set[int]:
         # highest joint log q first; ties go to the shallower (earlier) node, so ancestors come first

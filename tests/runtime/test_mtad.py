@@ -162,6 +162,49 @@ def test_dynamic_tree_is_the_top_joint_likelihood_prefixes():
     assert sorted(tree_path(tree, i) for i in range(len(tree))) == sorted(top_sharp)
 
 
+class FullDynamicSearch:
+    """Mixin: a dynamic drafter that feeds every beam node (no pruning), as the reference."""
+
+    def _expand(self, nodes):
+        return BeamDrafter._expand(self, nodes)
+
+
+def fed_tokens(drafter):
+    return int(sum(drafter.cache.lengths - drafter._anchor))
+
+
+def test_pruned_dynamic_search_chooses_the_same_tree_with_less_draft_work(pipelines, humaneval):
+    from specrt.runtime.beam import DynamicTreeDrafter
+
+    class Full(FullDynamicSearch, DynamicTreeDrafter):
+        pass
+
+    # a real draft model, whose logits depend on which scratch rows each node sees: a wrong visibility mask
+    # for the pruned search's non-contiguous scratch rows would change deeper scores and the chosen tree
+    pipe = pipelines["ort"]
+    seqs = [SeqState(b, pipe.encode(p), 8, 256) for b, p in enumerate(humaneval[:6])]
+    fed = {}
+    for cls in (DynamicTreeDrafter, Full):
+        drafter = cls(pipe.draft, num_nodes=6, width=4, depth=6, temperature=0.6)
+        drafter.start(seqs)
+        trees = drafter.propose(seqs, SamplingParams(), None)
+        fed[cls] = fed_tokens(drafter), [(t.tokens.tolist(), t.parents.tolist()) for t in trees]
+    assert fed[DynamicTreeDrafter][1] == fed[Full][1]
+    assert fed[DynamicTreeDrafter][0] < fed[Full][0]
+    # and on Markov tables, which reach every branch of the search
+    saved = 0
+    for seed in range(20):
+        table = np.random.default_rng(seed).normal(size=(6, 6)) * 2
+        trees = []
+        for cls in (DynamicTreeDrafter, Full):
+            drafter = cls(MarkovBackend(table), num_nodes=5, width=3, depth=5)
+            trees.append(draft_once(drafter))
+            saved += fed_tokens(drafter) * (1 if cls is Full else -1)
+        assert sorted(tree_path(trees[0], i) for i in range(len(trees[0]))) == \
+            sorted(tree_path(trees[1], i) for i in range(len(trees[1])))
+    assert saved > 0
+
+
 @pytest.mark.parametrize("backend", ["ort", "torch"])
 def test_dynamic_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
     pipe = pipelines[backend]
