@@ -3,9 +3,9 @@
 Each point is the median of `repeats` timed steps after `warmup` untimed ones, on a cache filled to
 `context` slots (contents do not change the cost). Points with batch * n above `max_tokens_per_step`
 are skipped (CPU time). It also measures the runtime's own host work per decode round (masks, drafting
-bookkeeping, verification, cache commits: everything outside model calls) for trees of several sizes at
-batch 1, since on small models that is a real part of a round. Writes latency.json into the bundle and
-latency.png beside it.
+bookkeeping, verification, cache commits: everything outside model calls) for static and dynamic trees
+of several sizes at batch 1, since on small models that is a real part of a round (a dynamic tree's beam
+search is host work at every depth). Writes latency.json into the bundle and latency.png beside it.
 """
 
 from __future__ import annotations
@@ -79,37 +79,43 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict:
         models[role].setdefault(str(b), {}).setdefault(str(c), {})[str(n)] = round(ms, 4)
     data = {"config": config_dict(cfg),
             "machine": fingerprint(cfg.backend, cfg.threads, cfg.device), "date": time.strftime("%Y-%m-%d"),
-            "unit": "ms", "models": models, "host_ms": host_per_round(pipe)}
+            "unit": "ms", "models": models, "host_ms": host_per_round(pipe),
+            "dynamic_host_ms": host_per_round(pipe, dynamic=True)}
     (cfg.bundle / LATENCY).write_text(json.dumps(data, indent=1) + "\n")
     plot_latency(data, cfg.bundle / "latency.png")
     return data
 
 
 HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
+HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
 
 
-def host_per_round(pipe, new_tokens: int = 48) -> dict[str, float]:
+def host_per_round(pipe, new_tokens: int = 48, dynamic: bool = False) -> dict[str, float]:
     """Median host milliseconds per decode round (outside any model call) by tree size, batch 1.
 
-    Trees come from a fixed synthetic acceptance table (the shape calibration would build); size 0 is
-    autoregressive. Two generations per size on one held-out prompt; the second is measured."""
+    Static trees come from a fixed synthetic acceptance table (the shape calibration would build); size 0
+    is autoregressive. With `dynamic`, dynamic trees of HOST_DYNAMIC_SIZES nodes instead. Two generations
+    per size on one held-out prompt; the second is measured."""
     from specrt.calibration.acceptance import best_trees, validation_prompts
 
     prompt = validation_prompts(pipe.encode, 1, 64, seed=0)[0]
     trees = {t["num_nodes"]: t["paths"] for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
     out = {}
-    for n in HOST_TREE_SIZES:
-        kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
+    for n in HOST_DYNAMIC_SIZES if dynamic else HOST_TREE_SIZES:
+        if dynamic:
+            kw = {"method": "dynamic", "num_draft_tokens": n}
+        else:
+            kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
         for _ in range(2):
             stats = pipe.generate([prompt], max_new_tokens=new_tokens, **kw)[0].stats
         out[str(n)] = round(1e3 * stats["seconds"]["host"] / max(1, stats["rounds"]), 4)
     return out
 
 
-def host_ms(data: dict, num_nodes: int) -> float:
+def host_ms(data: dict, num_nodes: int, dynamic: bool = False) -> float:
     """Host work per round for a tree of num_nodes (0 = autoregressive), linear between measured sizes;
-    0 for profiles that did not measure it."""
-    table = data.get("host_ms")
+    a dynamic tree's where profiled (else a static tree's), 0 for profiles that did not measure it."""
+    table = (dynamic and data.get("dynamic_host_ms")) or data.get("host_ms")
     if not table:
         return 0.0
     ns = sorted(int(k) for k in table)

@@ -4,7 +4,8 @@ For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/pro
 same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens (and of
 a few longer widths, to compare with trees at equal width), the calibrated best static tree of each
 size, and dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
-confidence; no prediction, the tuner models static trees). Every configuration runs once untimed, then `runs` timed passes,
+confidence; predicted from the accepted lengths calibration measured). Every configuration runs once
+untimed, then `runs` timed passes,
 interleaved; we report medians of end-to-end and of decode tokens/s (prefill excluded: the tuner's
 model predicts decoding, and one prompt's prefill is 5-15% of its time here), the tuner's predicted
 tokens/s for the same configuration, the prediction error against decode tokens/s, tokens per target
@@ -49,8 +50,10 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
     for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
             out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
-    for n in cfg.dynamic_sizes:
-        out.append({"name": f"dynamic {n}", "kind": "dynamic", "num_nodes": n, "paths": None, "predicted": None})
+    tuned_dynamic = {choice["num_nodes"]} if choice["kind"] == "dynamic" else set()
+    for n in sorted(set(cfg.dynamic_sizes) | tuned_dynamic):
+        out.append({"name": f"dynamic {n}", "kind": "dynamic", "num_nodes": n, "paths": None,
+                    "predicted": predicted.get(("dynamic", n))})
     return out
 
 

@@ -8,8 +8,10 @@ latencies L (latency.json), one round emits f(n) + 1 tokens per sequence and cos
     + H(n)                                       the runtime's host work per round (profiled at batch 1)
 
 so the predicted speed is batch * (f(n) + 1) / cost (PPD section 4's hardware-aware pruning, with the
-Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes and the
-chains of 1..max_depth tokens; no speculation (L_target(batch, 1) per token) is always a candidate, and
+Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes, the chains
+of 1..max_depth tokens and the dynamic trees whose acceptance calibration measured (f(n) and draft calls
+per round as measured; each call after the root's feeds up to W beams: L_draft(batch, W); host work as
+profiled for dynamic trees); no speculation (L_target(batch, 1) per token) is always a candidate, and
 wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
 """
 
@@ -43,6 +45,14 @@ def round_cost_ms(latency: dict, batch: int, spec: TreeSpec) -> tuple[float, flo
     return target, draft + host_ms(latency, len(spec))
 
 
+def dynamic_round_cost_ms(latency: dict, batch: int, dyn: dict) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round with a dynamic tree (a calibration `dynamic` entry)."""
+    target = latency_ms(latency, "target", batch, dyn["num_nodes"] + 1)
+    draft = latency_ms(latency, "draft", batch, 1)  # the pending tokens, whose logits are the root's
+    draft += max(0.0, dyn["draft_calls_per_round"] - 1) * latency_ms(latency, "draft", batch, dyn["width"])
+    return target, draft + host_ms(latency, dyn["num_nodes"], dynamic=True)
+
+
 def candidates(acceptance: dict) -> list[dict]:
     """Calibrated best trees and rank-0 chains, each with its expected accepted tokens."""
     import numpy as np
@@ -66,21 +76,26 @@ def tune(cfg: TuneConfig) -> dict:
         ar = batch * 1e3 / (latency_ms(latency, "target", batch, 1) + host_ms(latency, 0))
         rows = [{"kind": "autoregressive", "num_nodes": 0, "expected_accepted": 0.0, "predicted_tokens_per_s": ar,
                  "target_ms": latency_ms(latency, "target", batch, 1), "draft_ms": host_ms(latency, 0)}]
-        for c in candidates(acceptance):
-            spec = TreeSpec.from_paths(c["paths"])
+        for c in candidates(acceptance) + [{"kind": "dynamic", **d} for d in acceptance.get("dynamic", [])]:
             try:
-                target_ms, draft_ms = round_cost_ms(latency, batch, spec)
+                if c["kind"] == "dynamic":
+                    target_ms, draft_ms = dynamic_round_cost_ms(latency, batch, c)
+                else:
+                    target_ms, draft_ms = round_cost_ms(latency, batch, TreeSpec.from_paths(c["paths"]))
             except SpecrtError:
                 continue  # beyond the profiled token counts for this batch size
             speed = batch * 1e3 * (c["expected_accepted"] + 1) / (target_ms + draft_ms)
-            rows.append({"kind": c["kind"], "num_nodes": len(spec), "paths": c["paths"],
+            rows.append({**{k: c[k] for k in ("kind", "paths", "width", "depth") if k in c},
+                         "num_nodes": len(c["paths"]) if "paths" in c else c["num_nodes"],
                          "expected_accepted": c["expected_accepted"], "predicted_tokens_per_s": speed,
                          "target_ms": target_ms, "draft_ms": draft_ms})
         best = max(rows, key=lambda r: r["predicted_tokens_per_s"])
-        best_tree = max(rows[1:], key=lambda r: r["predicted_tokens_per_s"])  # what method="tree" uses
+        # what method="tree" uses: the best static tree or chain
+        best_tree = max((r for r in rows if r["kind"] in ("tree", "chain")), key=lambda r: r["predicted_tokens_per_s"])
         choices[str(batch)] = {
-            "method": "autoregressive" if best["kind"] == "autoregressive" else "tree",
+            "method": {"autoregressive": "autoregressive", "dynamic": "dynamic"}.get(best["kind"], "tree"),
             "kind": best["kind"], "num_nodes": best["num_nodes"], "paths": best.get("paths"),
+            "width": best.get("width"), "depth": best.get("depth"),
             "predicted_tokens_per_s": round(best["predicted_tokens_per_s"], 2),
             "predicted_speedup": round(best["predicted_tokens_per_s"] / ar, 3),
             "best_tree": {"kind": best_tree["kind"], "num_nodes": best_tree["num_nodes"], "paths": best_tree["paths"],
@@ -100,7 +115,7 @@ def describe_plan(plan: dict) -> str:
         if c["method"] == "autoregressive":
             what = "no speculation (drafting does not pay here)"
         else:
-            what = f"{c['kind']} of {c['num_nodes']} nodes"
+            what = f"{'dynamic tree' if c['kind'] == 'dynamic' else c['kind']} of {c['num_nodes']} nodes"
         lines.append(f"batch {batch}: {what}: predicted {c['predicted_tokens_per_s']:.1f} tokens/s, "
                      f"{c['predicted_speedup']:.2f}x autoregressive")
     return "\n".join(lines)

@@ -17,6 +17,11 @@ The same positions also calibrate the draft's confidence for dynamic trees (`met
 temperature T that maximises sum log softmax(draft logits / T)[target's greedy token], so that the
 draft's sharpened probability of a token estimates the chance that greedy verification accepts it
 (temperature scaling, Guo et al. 2017). A small draft is usually under-confident here: T < 1.
+A dynamic tree's shape follows the draft's confidence position by position, so its expected accepted
+length is not a product over the depth x rank table: it is measured instead, by decoding the same
+prompts with dynamic trees of each size (greedy, batch 1, at the fitted temperature) and counting
+accepted drafted tokens and draft calls per round; `specrt tune` weighs those against the profiled
+latencies like any static tree.
 
 Deterministic for a seed: prompts are drawn by a seeded generator and decoding is greedy.
 """
@@ -47,6 +52,7 @@ class CalibrationConfig:
     max_nodes: int = 64
     seed: int = 0
     threads: int | None = 2
+    dynamic_sizes: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 16, 24, 32)  # dynamic trees to measure (() for none)
 
 
 def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
@@ -139,6 +145,32 @@ def chain_expectation(p: np.ndarray, length: int) -> float:
     return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))
 
 
+def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
+                       progress: bool = True) -> list[dict]:
+    """Per dynamic tree size: accepted drafted tokens and draft calls per round, measured by decoding."""
+    from tqdm import tqdm
+
+    from specrt.runtime.methods import dynamic_shape
+
+    out = []
+    bar = tqdm(total=len(sizes) * len(prompts), desc="calibrate dynamic trees", unit="prompt", disable=not progress)
+    for n in sizes:
+        accepted = rounds = calls = 0
+        for prompt in prompts:
+            st = pipe.generate([prompt], method="dynamic", num_draft_tokens=n, draft_temperature=temperature,
+                               max_new_tokens=new_tokens)[0].stats
+            rounds += st["rounds"]
+            accepted += sum(int(k) * v for k, v in st["accepted_hist"].items())
+            calls += st["draft_calls"] - 1  # the prompt's prefill is one draft call
+            bar.update()
+        width, depth = dynamic_shape(n)
+        out.append({"num_nodes": n, "width": width, "depth": depth,
+                    "expected_accepted": round(accepted / max(1, rounds), 6),
+                    "draft_calls_per_round": round(calls / max(1, rounds), 4)})
+    bar.close()
+    return out
+
+
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
     from tqdm import tqdm
 
@@ -157,6 +189,8 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     trees = best_trees(p, cfg.max_nodes)
+    temperature = float(TEMPERATURES[int(np.argmin(nll))])
+    dynamic = dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)
     result = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "manifest_sha256": _manifest_hash(cfg.bundle),
@@ -165,10 +199,11 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
         "depth_rank": p.round(6).tolist(),
         "depth_support": support.astype(int).tolist(),
         "chain_expected_accepted": [round(chain_expectation(p, g), 6) for g in range(1, cfg.max_depth + 1)],
-        "draft_temperature": float(TEMPERATURES[int(np.argmin(nll))]),
+        "draft_temperature": temperature,
         "draft_nll_at_temperature_1": round(float(nll[np.flatnonzero(TEMPERATURES == 1.0)[0]]) / len(np.concatenate(rank_seqs)), 6),
         "draft_nll_at_draft_temperature": round(float(nll.min()) / len(np.concatenate(rank_seqs)), 6),
         "trees": trees,
+        "dynamic": dynamic,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     (cfg.bundle / ACCEPTANCE).write_text(json.dumps(result, indent=1) + "\n")

@@ -24,7 +24,7 @@ from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
 
 METHODS = ("autoregressive", "sd", "tree", "auto", "dynamic", "anpd", "mtad")
-TREE_METHODS = ("autoregressive", "sd", "tree", "auto")
+TREE_METHODS = ("autoregressive", "sd", "tree")
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best tree replaces it once `specrt tune` has run.
@@ -47,6 +47,7 @@ class MethodConfig:
     ngram_min_prob: float = 0.0  # anpd: draft no token whose estimated path probability is lower (0: all K)
     tree_depth: int | None = None  # dynamic: draft depth (default min(nodes, 8): the draft's rank-0 acceptance
     # is ~0.74 per depth on the demo pair, so a 9th level is reached < 7% of the time)
+    draft_temperature: float | None = None  # dynamic: temperature of the node scores (default: calibrated)
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -69,6 +70,9 @@ class MethodConfig:
             raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={beams}], got {self.verify_beams!r}")
         if not 0 <= self.tau <= 1:
             raise InvalidRequestError(f"tau must be in [0, 1], got {self.tau}")
+        t = self.draft_temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            raise InvalidRequestError(f"draft_temperature must be a number > 0, got {t!r}")
 
     @classmethod
     def create(cls, name: str, options: dict) -> "MethodConfig":
@@ -86,6 +90,24 @@ class MethodConfig:
         return default if self.num_beams is None else self.num_beams
 
 
+def dynamic_shape(nodes: int, width: int | None = None, depth: int | None = None) -> tuple[int, int]:
+    """(beams expanded per depth, depth) of a dynamic tree of `nodes` nodes, defaults where not given."""
+    return width or max(4, nodes // 4), depth or min(nodes, 8)
+
+
+def resolve_auto(pipe, batch_size: int) -> MethodConfig:
+    """What the bundle's plan chose for this batch size, as a concrete method."""
+    from specrt.runtime.plan import choice_for
+
+    choice = choice_for(pipe.plan(), batch_size)
+    if choice["method"] == "dynamic":
+        return MethodConfig("dynamic", num_draft_tokens=choice["num_nodes"], num_beams=choice["width"],
+                            tree_depth=choice["depth"])
+    if choice["method"] == "tree":
+        return MethodConfig("tree", tree=choice["paths"])
+    return MethodConfig("autoregressive")
+
+
 def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | None:
     """The static tree a tree method drafts (None for no speculation)."""
     from specrt.runtime.plan import PLAN, choice_for
@@ -96,9 +118,6 @@ def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | Non
         return None
     if method.name == "sd":
         return TreeSpec.chain(method.draft_tokens(4))
-    if method.name == "auto":
-        choice = choice_for(pipe.plan(), batch_size)
-        return None if choice["method"] == "autoregressive" else TreeSpec.from_paths(choice["paths"])
     tree = method.tree
     if isinstance(tree, TreeSpec):
         return tree
@@ -121,6 +140,8 @@ def draft_temperature(pipe) -> float:
 
 def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
     """(drafter or None, verifier, slack): slack = context slots a round may use beyond the text."""
+    if method.name == "auto":
+        method = resolve_auto(pipe, batch_size)
     if method.name == "anpd":
         k = method.draft_tokens(7)
         return NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob), make_verifier(params), k + 1
@@ -134,9 +155,9 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
         return drafter, JointLikelihoodVerifier(method.tau), slack
     if method.name == "dynamic":
         nodes = method.draft_tokens(8)
-        depth = method.tree_depth or min(nodes, 8)
-        width = method.beams(max(4, nodes // 4))
-        drafter = DynamicTreeDrafter(pipe.draft, nodes, width, depth, pipe.bucket, draft_temperature(pipe))
+        width, depth = dynamic_shape(nodes, method.num_beams, method.tree_depth)
+        temperature = method.draft_temperature or draft_temperature(pipe)
+        drafter = DynamicTreeDrafter(pipe.draft, nodes, width, depth, pipe.bucket, temperature)
         return drafter, make_verifier(params), max(nodes + 1, width * (depth - 1) + 2)
     spec = tree_spec(pipe, method, batch_size)
     drafter = DraftModelDrafter(pipe.draft, spec, pipe.bucket) if spec is not None else None

@@ -59,6 +59,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-beams", type=int, default=None,
                    help="mtad: beams W (default 4); dynamic: nodes expanded per depth (default max(4, nodes // 4))")
     g.add_argument("--tree-depth", type=int, default=None, help="dynamic: draft depth (default: min(nodes, 8))")
+    g.add_argument("--draft-temperature", type=float, default=None,
+                   help="dynamic: temperature of the draft's node scores (default: the calibrated one, else 1)")
     g.add_argument("--tau", type=float, default=0.5, help="mtad: joint-likelihood threshold (default: %(default)s)")
     g.add_argument("--verify-beams", type=int, default=1,
                    help="mtad: top beams verified as one tree (default: %(default)s, the best beam)")
@@ -118,7 +120,8 @@ def cmd_generate(args) -> None:
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
               num_beams=args.num_beams, tau=args.tau, verify_beams=args.verify_beams,
-              ngram_branches=args.ngram_branches, ngram_min_prob=args.ngram_min_prob, tree_depth=args.tree_depth)
+              ngram_branches=args.ngram_branches, ngram_min_prob=args.ngram_min_prob, tree_depth=args.tree_depth,
+              draft_temperature=args.draft_temperature)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):
             print(piece, end="", flush=True)
@@ -141,13 +144,18 @@ def cmd_demo(args) -> None:
 def cmd_calibrate(args) -> None:
     from specrt.calibration.acceptance import CalibrationConfig, calibrate
 
+    from specrt.bench.report import number_list
+
     r = calibrate(CalibrationConfig(bundle=args.bundle, num_prompts=args.num_prompts, new_tokens=args.new_tokens,
-                                    max_depth=args.max_depth, max_rank=args.max_rank, seed=args.seed, threads=args.threads))
+                                    max_depth=args.max_depth, max_rank=args.max_rank, seed=args.seed, threads=args.threads,
+                                    dynamic_sizes=number_list(args.dynamic_sizes)))
     print(f"{r['num_positions']} positions; rank-0 acceptance by depth: "
           + " ".join(f"{row[0]:.2f}" for row in r["depth_rank"]))
     for t in r["trees"]:
         if t["num_nodes"] in (1, 2, 4, 8, 16, 32, 64):
             print(f"best tree of {t['num_nodes']:>2} nodes: {t['expected_accepted']:.2f} accepted tokens expected per round")
+    print(f"draft temperature {r['draft_temperature']}; dynamic trees, measured accepted tokens per round: "
+          + ", ".join(f"{d['num_nodes']} nodes {d['expected_accepted']:.2f}" for d in r["dynamic"]))
     print(f"wrote {args.bundle}/acceptance.json")
 
 
@@ -227,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--max-rank", type=int, default=8)
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--threads", type=int, default=2)
+    cal.add_argument("--dynamic-sizes", default="2,4,6,8,10,12,16,24,32",
+                     help="dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
     cal.set_defaults(func=cmd_calibrate)
 
     prof = sub.add_parser("profile", help="step latency L(n) of target and draft -> latency.json")

@@ -100,6 +100,8 @@ def test_prompt_longer_than_context(pipelines):
     (dict(method="anpd", ngram_branches=0), "ngram_branches"),
     (dict(method="anpd", ngram_min_prob=1.5), "ngram_min_prob"),
     (dict(method="dynamic", tree_depth=0), "tree_depth"),
+    (dict(method="dynamic", draft_temperature=0.0), "draft_temperature"),
+    (dict(method="dynamic", draft_temperature="hot"), "draft_temperature"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):

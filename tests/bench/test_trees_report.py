@@ -41,3 +41,14 @@ def test_configurations_follow_the_plan_curve(tmp_path):
     assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "chain 3", "tree 2", "tree 3", "dynamic 2"]
     assert confs[2]["predicted"] is None and confs[-1]["paths"] is None
     assert confs[3]["paths"] == [[0], [1]] and confs[3]["predicted"] == 13.0
+
+
+def test_a_tuned_dynamic_tree_is_measured_with_its_prediction(tmp_path):
+    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
+                             {"kind": "dynamic", "num_nodes": 2, "predicted_tokens_per_s": 15.0},
+                             {"kind": "dynamic", "num_nodes": 5, "predicted_tokens_per_s": 16.0}]},
+            "choices": {"1": {"kind": "dynamic", "num_nodes": 5}}}
+    confs = configurations(plan, {"trees": []}, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0,
+                                                            long_chains=(), dynamic_sizes=(2, 3)))
+    assert [(c["name"], c["predicted"]) for c in confs] == [("autoregressive", 10.0), ("dynamic 2", 15.0),
+                                                            ("dynamic 3", None), ("dynamic 5", 16.0)]

@@ -10,15 +10,18 @@ from specrt.machine import fingerprint
 from specrt.runtime.plan import choice_for, load_plan
 
 
-def write_bundle(tmp_path, depth_rank, target_ms, draft_ms):
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=()):
+    """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
     from specrt.calibration.acceptance import _manifest_hash, best_trees
 
     import numpy as np
 
-    (tmp_path / "manifest.json").write_text("{}")
+    if not (tmp_path / "manifest.json").is_file():
+        (tmp_path / "manifest.json").write_text("{}")
     p = np.array(depth_rank)
     (tmp_path / "acceptance.json").write_text(json.dumps({
-        "manifest_sha256": _manifest_hash(tmp_path), "depth_rank": depth_rank, "trees": best_trees(p, 8)}))
+        "manifest_sha256": _manifest_hash(tmp_path), "depth_rank": depth_rank, "trees": best_trees(p, 8),
+        "dynamic": list(dynamic)}))
     ns = list(range(1, 17))
     lat = {"machine": fingerprint("ort", 2), "config": {},
            "models": {"target": {"1": {"128": {str(n): target_ms(n) for n in ns}}},
@@ -82,3 +85,32 @@ def test_host_work_can_tip_the_choice(tmp_path):
     lat["host_ms"] = {"0": 0.0, "1": 40.0, "16": 40.0}
     (b / "latency.json").write_text(json.dumps(lat))
     assert tune(TuneConfig(bundle=b, batch_sizes=(1,)))["choices"]["1"]["method"] == "autoregressive"
+
+
+def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
+    import shutil
+
+    from specrt.runtime.beam import DynamicTreeDrafter
+    from specrt.runtime.methods import MethodConfig, build
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    # static trees accept at most 0.5 + 0.25 + ... here; the measured dynamic tree of 6 nodes accepts 2.5
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1, dynamic=[
+        {"num_nodes": 6, "width": 4, "depth": 5, "expected_accepted": 2.5, "draft_calls_per_round": 4.0},
+        {"num_nodes": 12, "width": 4, "depth": 8, "expected_accepted": 2.6, "draft_calls_per_round": 7.0}])
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    choice = plan["choices"]["1"]
+    assert (choice["method"], choice["num_nodes"], choice["width"], choice["depth"]) == ("dynamic", 6, 4, 5)
+    dyn = [r for r in plan["curves"]["1"] if r["kind"] == "dynamic"]
+    # 6 nodes: target L(7) = 10.7 ms, draft L(1) + 3 L(4) = 0.4 ms, no host term in this profile
+    assert dyn[0]["predicted_tokens_per_s"] == pytest.approx(1e3 * 3.5 / (10.7 + 0.4), rel=1e-3)
+    assert choice["best_tree"]["kind"] in ("tree", "chain")  # method="tree" still gets a static tree
+    pipe = Pipeline.load(b, threads=2)
+    drafter = build(pipe, MethodConfig("auto"), SamplingParams(), 1)[0]
+    assert isinstance(drafter, DynamicTreeDrafter) and (drafter.num_nodes, drafter.num_beams, drafter.gamma) == (6, 4, 5)
+    prompts = ["def add(a, b):", "import os\n"]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]

@@ -33,11 +33,17 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
 
     copy = tmp_path / "b"
     shutil.copytree(demo_bundle, copy)
-    cfg = CalibrationConfig(bundle=copy, num_prompts=4, new_tokens=24, max_depth=4, max_rank=4, max_nodes=8, seed=1)
+    cfg = CalibrationConfig(bundle=copy, num_prompts=4, new_tokens=24, max_depth=4, max_rank=4, max_nodes=8, seed=1,
+                            dynamic_sizes=(2, 6))
     a = calibrate(cfg, progress=False)
     b = calibrate(cfg, progress=False)
-    assert a["depth_rank"] == b["depth_rank"] and a["trees"] == b["trees"]
+    assert a["depth_rank"] == b["depth_rank"] and a["trees"] == b["trees"] and a["dynamic"] == b["dynamic"]
     assert 0 < a["depth_rank"][0][0] <= 1
+    # dynamic trees are measured by decoding: at most `depth` drafted tokens accepted per round, and at
+    # most one draft call per depth (fewer where the search stops early)
+    assert [(d["num_nodes"], d["width"], d["depth"]) for d in a["dynamic"]] == [(2, 4, 2), (6, 4, 6)]
+    for d in a["dynamic"]:
+        assert 0 < d["expected_accepted"] <= d["depth"] and 1 <= d["draft_calls_per_round"] <= d["depth"]
     c = calibrate(CalibrationConfig(**{**cfg.__dict__, "seed": 2}), progress=False)
     assert c["depth_rank"] != a["depth_rank"]
 
