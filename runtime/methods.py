@@ -45,6 +45,8 @@ class MethodConfig:
     verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
     ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
     ngram_min_prob: float = 0.0  # anpd: draft no token whose estimated path probability is lower (0: all K)
+    ngram_hardware_aware: bool = False  # anpd: per round, verify the best-first prefix of the drafted tokens
+    # that maximises expected tokens per ms under the bundle's profiled target latency (latency.json)
     tree_depth: int | None = None  # dynamic: draft depth (default min(nodes, 8): the draft's rank-0 acceptance
     # is ~0.74 per depth on the demo pair, so a 9th level is reached < 7% of the time)
     draft_temperature: float | None = None  # dynamic: temperature of the node scores (default: calibrated)
@@ -61,6 +63,8 @@ class MethodConfig:
             raise InvalidRequestError(f"tree_depth must be an integer >= 1, got {self.tree_depth!r}")
         if not isinstance(self.ngram_branches, int) or self.ngram_branches < 1:
             raise InvalidRequestError(f"ngram_branches must be an integer >= 1, got {self.ngram_branches!r}")
+        if not isinstance(self.ngram_hardware_aware, bool):
+            raise InvalidRequestError(f"ngram_hardware_aware must be True or False, got {self.ngram_hardware_aware!r}")
         if not 0 <= self.ngram_min_prob <= 1:
             raise InvalidRequestError(f"ngram_min_prob must be in [0, 1], got {self.ngram_min_prob}")
         if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
@@ -129,6 +133,27 @@ def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | Non
         raise InvalidRequestError(f"invalid tree: {e}") from None
 
 
+def step_costs(pipe, num_draft_tokens: int, batch_size: int) -> list[float]:
+    """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
+    of n + 1 tokens and the host work of an n-node tree, at the largest profiled batch size <= batch_size
+    (a round's step costs what its widest sequence needs; each sequence is costed on that curve)."""
+    from specrt.bench.latency import LATENCY, host_ms, latency_ms, load_latency
+    from specrt.errors import BundleError, SpecrtError
+    from specrt.machine import describe, fingerprint
+
+    try:
+        latency = load_latency(pipe.bundle)
+    except SpecrtError as e:  # no latency.json: say what to run
+        raise BundleError(f"ngram_hardware_aware needs the bundle's latency profile: {e}") from None
+    here = fingerprint(pipe.backend_name, pipe.threads, pipe.device)
+    if latency.get("machine") != here:
+        raise BundleError(f"{pipe.bundle / LATENCY} was profiled on {describe(latency.get('machine', {}))}, but this is "
+                          f"{describe(here)}: re-run `specrt profile` here")
+    sizes = sorted(int(b) for b in latency["models"]["target"])
+    batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
+    return [latency_ms(latency, "target", batch, n + 1) + host_ms(latency, n) for n in range(num_draft_tokens + 1)]
+
+
 def draft_temperature(pipe) -> float:
     """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated."""
     from specrt.calibration.acceptance import ACCEPTANCE, load_acceptance
@@ -144,7 +169,9 @@ def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
         method = resolve_auto(pipe, batch_size)
     if method.name == "anpd":
         k = method.draft_tokens(7)
-        return NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob), make_verifier(params), k + 1
+        costs = step_costs(pipe, k, batch_size) if method.ngram_hardware_aware else None
+        drafter = NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob, costs)
+        return drafter, make_verifier(params), k + 1
     if method.name == "mtad":
         gamma = method.draft_tokens(4)
         beams = method.beams(4)

@@ -56,6 +56,8 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="anpd: continuations per node of an n-gram tree (default: %(default)s, a chain)")
     g.add_argument("--ngram-min-prob", type=float, default=0.0,
                    help="anpd: skip draft tokens whose estimated path probability is lower (default: %(default)s)")
+    g.add_argument("--ngram-hardware-aware", action="store_true",
+                   help="anpd: per round, verify as many drafted tokens as pay off under the bundle's latency profile")
     g.add_argument("--num-beams", type=int, default=None,
                    help="mtad: beams W (default 4); dynamic: nodes expanded per depth (default max(4, nodes // 4))")
     g.add_argument("--tree-depth", type=int, default=None, help="dynamic: draft depth (default: min(nodes, 8))")
@@ -121,6 +123,7 @@ def cmd_generate(args) -> None:
               top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
               num_beams=args.num_beams, tau=args.tau, verify_beams=args.verify_beams,
               ngram_branches=args.ngram_branches, ngram_min_prob=args.ngram_min_prob, tree_depth=args.tree_depth,
+              ngram_hardware_aware=args.ngram_hardware_aware,
               draft_temperature=args.draft_temperature)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):

@@ -100,6 +100,7 @@ def test_prompt_longer_than_context(pipelines):
     (dict(method="anpd", ngram_branches=0), "ngram_branches"),
     (dict(method="anpd", ngram_min_prob=1.5), "ngram_min_prob"),
     (dict(method="dynamic", tree_depth=0), "tree_depth"),
+    (dict(method="anpd", ngram_hardware_aware="yes"), "ngram_hardware_aware"),
     (dict(method="dynamic", draft_temperature=0.0), "draft_temperature"),
     (dict(method="dynamic", draft_temperature="hot"), "draft_temperature"),
 ])

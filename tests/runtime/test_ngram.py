@@ -32,29 +32,55 @@ def test_draft_chains_queries_and_stops_without_a_match():
     assert m.draft([9], 3) == []  # 9 was never followed by anything
 
 
-def test_continuations_are_most_frequent_first_with_relative_counts():
+def test_hit_rates_are_counted_online_per_context_length():
     m = NgramMemory(max_n=3)
+    assert m.hit_rate(1) == m.hit_rate(2) == 0.5  # the prior: one hit in two tries
     m.update([1, 2, 5, 1, 2, 6, 1, 2, 6, 0, 2, 7])
-    # count / (total + 1): room for a continuation not seen yet
-    assert m.continuations([1, 2], 3) == [(6, 2 / 4), (5, 1 / 4)]  # longest level (1, 2) only
-    assert m.continuations([8, 2], 2) == [(6, 2 / 5), (5, 1 / 5)]  # falls back to the bigram after 2
+    # longest matching level and its most frequent token, per token from the 5th: (1,) -> 2 for 2: hit;
+    # (1, 2) -> 5 for 6: miss; (1,) -> 2 for 2: hit; (1, 2) -> 6 for 6: hit; (2, 6) -> 1 for 0: miss;
+    # (2,) -> 6 for 7: miss
+    assert m.hit_rate(1) == (1 + 2) / (2 + 3) and m.hit_rate(2) == (1 + 1) / (2 + 3)
+
+
+def split(pairs):
+    return [t for t, _ in pairs], [p for _, p in pairs]
+
+
+def test_continuations_estimate_the_best_at_the_level_hit_rate_and_the_rest_by_count():
+    m = NgramMemory(max_n=3)
+    m.update([1, 2, 5, 1, 2, 6, 1, 2, 6, 0, 2, 7])  # hit rates 0.6 (1-token contexts), 0.4 (2-token)
+    # after (1, 2): 6 twice, 5 once -> 6 at 0.4, 5 at (1 - 0.4) * 1 / (3 + 1)
+    assert split(m.continuations([1, 2], 3)) == ([6, 5], pytest.approx([0.4, 0.6 / 4]))
+    # (8, 2) unseen: falls back to the bigram after 2 (5, 6, 6, 7) -> 6 at 0.6, then 5 at 0.4 * 1 / 5
+    assert split(m.continuations([8, 2], 2)) == ([6, 5], pytest.approx([0.6, 0.4 / 5]))
     assert m.continuations([9], 2) == []
 
 
 def test_ngram_tree_grows_best_first_and_is_the_chain_with_one_branch():
     m = NgramMemory(max_n=2)
-    m.update([1, 2, 5, 1, 3, 6, 1, 2, 7])
-    # after 1: 2 (2/4), 3 (1/4); after 2: 5 and 7 (1/3 each, 7 most recent); after 3: 6 (1/2)
-    tokens, parents = m.draft_tree([1], 4, branches=2)
-    assert tokens == [2, 3, 7, 5] and parents == [-1, -1, 0, 0]  # paths 2/4, 1/4, 1/6, 1/6 (3->6: 1/8)
-    assert m.draft_tree([1], 4, branches=2, min_prob=0.2) == ([2, 3], [-1, -1])  # nothing below 0.2
+    m.update([1, 2, 5, 1, 3, 6, 1, 2, 7])  # every prediction missed: hit rate 1 / 5
+    # after 1: 2 (0.2), 3 (0.8 * 1/4 = 0.2); after 2: 7 (0.2), 5 (0.8 * 1/3); after 3: 6 (0.2)
+    tokens, parents, probs = m.draft_tree([1], 4, branches=2)
+    assert tokens == [2, 3, 5, 7] and parents == [-1, -1, 0, 0]
+    assert probs == pytest.approx([0.2, 0.2, 0.2 * 0.8 / 3, 0.2 * 0.2])  # best first; 3 -> 6 (0.04) came later
+    assert m.draft_tree([1], 4, branches=2, min_prob=0.1)[:2] == ([2, 3], [-1, -1])  # nothing below 0.1
     m = NgramMemory(max_n=3)
-    m.update([1, 2, 3, 4, 1, 2, 3, 4])
-    tokens, parents = m.draft_tree([9, 1], 6, branches=1)
+    m.update([1, 2, 3, 4, 1, 2, 3, 4])  # hit rates 2/3 (1-token contexts), 3/4 (2-token)
+    tokens, parents, _ = m.draft_tree([9, 1], 6, branches=1)
     assert tokens == m.draft([9, 1], 6) and parents == [-1, 0, 1, 2, 3, 4]
-    assert m.draft_tree([9], 3, branches=2) == ([], [])
-    # a certain-looking chain still fades: after (3, 4) came 1 twice, so each step is 2/3
-    assert m.draft_tree([9, 1], 6, branches=1, min_prob=0.25) == ([2, 3, 4], [-1, 0, 1])
+    assert m.draft_tree([9], 3, branches=2) == ([], [], [])
+    # a certain-looking chain still fades: 2/3, then * 3/4 per step (0.5, 0.375, 0.28, 0.21)
+    assert m.draft_tree([9, 1], 6, branches=1, min_prob=0.25)[:2] == ([2, 3, 4, 1], [-1, 0, 1, 2])
+
+
+def test_best_prefix_maximises_expected_tokens_per_ms():
+    from specrt.runtime.ngram import best_prefix
+
+    probs = [0.9, 0.5, 0.1]
+    assert best_prefix(probs, [10, 10, 10, 10]) == 3  # verification is free: take every node
+    assert best_prefix(probs, [10, 11, 12, 13]) == 2  # (1 + 1.4) / 12 beats 2.5 / 13 and 1.9 / 11
+    assert best_prefix(probs, [10, 30, 40, 50]) == 0  # one more token costs 3 steps: do not draft
+    assert best_prefix(probs, [10, 10]) == 1  # costs known up to 1 node only
 
 
 def test_sequences_do_not_share_memories():
@@ -97,3 +123,38 @@ def test_anpd_is_token_identical_to_autoregressive(pipelines, humaneval, backend
     per_call = sum(len(o.token_ids) for o in anpd) / sum(o.stats["rounds"] for o in anpd)
     assert per_call > 1.1  # the n-gram drafts really are accepted
     assert all(o.stats["draft_calls"] == 0 for o in anpd)  # no draft model runs
+
+
+def test_hardware_aware_anpd_is_lossless_and_drafts_what_the_latency_profile_pays_for(demo_bundle, humaneval, tmp_path):
+    import json
+    import shutil
+
+    from specrt.errors import BundleError
+    from specrt.machine import fingerprint
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    pipe = Pipeline.load(b, threads=2)
+    kw = dict(method="anpd", ngram_branches=2, num_draft_tokens=12, ngram_hardware_aware=True, max_new_tokens=48)
+    with pytest.raises(BundleError, match="latency profile.*specrt profile"):
+        pipe.generate(humaneval[:1], **kw)
+
+    def profile(step_ms, machine=fingerprint("ort", 2)):
+        ns = range(1, 17)
+        (b / "latency.json").write_text(json.dumps({"machine": machine, "models": {
+            "target": {"1": {"128": {str(n): step_ms(n) for n in ns}}}, "draft": {"1": {"128": {str(n): 0.1 for n in ns}}}}}))
+
+    ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=48)
+    drafted = {}
+    for name, step_ms in (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1))):
+        profile(step_ms)
+        outs = pipe.generate(humaneval[:6], **kw)
+        assert [o.token_ids for o in outs] == [a.token_ids for a in ar]
+        drafted[name] = sum(o.stats["drafted"] for o in outs) / sum(o.stats["rounds"] for o in outs)
+    # free verification: the whole best-first tree (up to 12 nodes) each round; at +40% of a step per
+    # token only the likeliest few
+    assert drafted["steep"] < 0.5 * drafted["flat"] and drafted["flat"] > 3
+    profile(lambda n: 10.0, machine={**fingerprint("ort", 2), "cpu": "Some Other CPU"})
+    with pytest.raises(BundleError, match="was profiled on Some Other CPU.*re-run `specrt profile` here"):
+        pipe.generate(humaneval[:1], **kw)
