@@ -58,11 +58,13 @@ bench: bench-tiny bench-inflated
 bench-tiny: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	test -f $(OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(OUT)  # dynamic trees' draft temperature
+	test -f $(OUT)/latency.json || $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)  # anpd-hw's L(n)
 	$(BIN)/specrt bench e2e --bundle $(OUT) --label tiny --num-prompts $(PROMPTS) --threads $(THREADS)
 
 bench-inflated: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
+	test -f build/inflated/bundle/latency.json || $(BIN)/specrt profile --bundle build/inflated/bundle --threads $(THREADS)
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS) \
 		--num-draft-tokens 4,6
 

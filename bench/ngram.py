@@ -4,8 +4,11 @@ Same HumanEval prompts, greedy, batch 1; for each (N, K): tokens/s (median of `r
 run), speedup over autoregressive measured in the same run, tokens per target call and the draft hit
 ratio (accepted / drafted tokens). Beyond the paper, at order `tree_order`: the same K as n-gram trees
 of up to b continuations per node (`tree_branches`), and chains and 2-way trees that draft no token
-whose estimated path probability is below `min_prob` (so K is a cap, not a quota). Writes JSON,
-Markdown and a plot of speedup against K per N (trees dashed, pruned dotted).
+whose estimated path probability is below `min_prob` (so K is a cap, not a quota), and hardware-aware
+chains and 2-way trees of up to `hw_length` nodes that verify, per round, the best-first prefix the
+bundle's latency profile says pays (needs `specrt profile` on this machine; `hw_length` 0: no such
+rows). Writes JSON, Markdown and a plot of speedup against K per N (trees dashed, pruned dotted,
+hardware-aware stars).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class NgramConfig(BenchConfig):
     tree_branches: tuple[int, ...] = (2, 3)
     tree_order: int = 5
     min_prob: float = 0.2  # pruned rows: chains and 2-way trees at tree_order drafting no token below it
+    hw_length: int = 16  # hardware-aware rows: chains and 2-way trees at tree_order of up to this many nodes
 
 
 def run_ngram(cfg: NgramConfig) -> dict:
@@ -35,13 +39,16 @@ def run_ngram(cfg: NgramConfig) -> dict:
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
-    confs = ([("autoregressive", None, None, 1, 0.0)] + [("anpd", n, k, 1, 0.0) for n in cfg.orders for k in cfg.lengths]
-             + [("anpd", cfg.tree_order, k, b, 0.0) for b in cfg.tree_branches for k in cfg.lengths]
-             + ([("anpd", cfg.tree_order, k, b, cfg.min_prob) for b in (1, 2) for k in cfg.lengths] if cfg.min_prob else []))
+    # (method, N, K, branches, min prob, hardware-aware)
+    confs = ([("autoregressive", None, None, 1, 0.0, False)]
+             + [("anpd", n, k, 1, 0.0, False) for n in cfg.orders for k in cfg.lengths]
+             + [("anpd", cfg.tree_order, k, b, 0.0, False) for b in cfg.tree_branches for k in cfg.lengths]
+             + ([("anpd", cfg.tree_order, k, b, cfg.min_prob, False) for b in (1, 2) for k in cfg.lengths] if cfg.min_prob else [])
+             + ([("anpd", cfg.tree_order, cfg.hw_length, b, 0.0, True) for b in (1, 2)] if cfg.hw_length else []))
 
-    def run(method, n, k, b, min_prob):
+    def run(method, n, k, b, min_prob, hw):
         outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5,
-                             ngram_branches=b, ngram_min_prob=min_prob)
+                             ngram_branches=b, ngram_min_prob=min_prob, ngram_hardware_aware=hw)
         drafted = sum(o.stats["drafted"] for o in outs)
         accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
         return (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
@@ -53,7 +60,8 @@ def run_ngram(cfg: NgramConfig) -> dict:
     for c in confs:
         tokens, rounds, hit, ids = stats[c]
         speed = tokens / statistics.median(seconds[c])
-        rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "min_prob": c[4], "tokens_per_s": round(speed, 2),
+        rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "min_prob": c[4], "hardware_aware": c[5],
+                     "tokens_per_s": round(speed, 2),
                      "speedup_vs_ar": round(speed / base, 3), "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
@@ -66,12 +74,12 @@ def markdown(data: dict) -> str:
     c = data["config"]
     lines = [f"### ANPD ablation `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| method | N | K | branches | min prob | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
+             "| method | N | K | branches | min prob (hw: hardware-aware) | tokens/s | vs AR | tokens/target call | draft hit ratio | same tokens as AR |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         b = r.get("branches", 1)
         what = "-" if r["method"] == "autoregressive" else (f"{b} (tree)" if b > 1 else "1 (chain)")
-        mp = "-" if r["method"] == "autoregressive" else f"{r.get('min_prob', 0.0):g}"
+        mp = "-" if r["method"] == "autoregressive" else ("hw" if r.get("hardware_aware") else f"{r.get('min_prob', 0.0):g}")
         lines.append(f"| {r['method']} | {r['n'] or '-'} | {r['k'] or '-'} | {what} | {mp} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | "
                      f"{r['tokens_per_target_call']:.2f} | {r['draft_hit_ratio']:.1%} | {'yes' if r['same_tokens_as_ar'] else 'NO'} |")
     return "\n".join(lines) + "\n"
@@ -83,10 +91,11 @@ def plot(data: dict, path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for n in data["config"]["orders"]:
-        rows = [r for r in data["rows"] if r["n"] == n and r.get("branches", 1) == 1]
+        rows = [r for r in data["rows"] if r["n"] == n and r.get("branches", 1) == 1 and not r.get("min_prob")
+                and not r.get("hardware_aware")]
         ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "o-", label=f"N = {n}")
     for b in data["config"].get("tree_branches", ()):
-        rows = [r for r in data["rows"] if r.get("branches", 1) == b and not r.get("min_prob")]
+        rows = [r for r in data["rows"] if r.get("branches", 1) == b and not r.get("min_prob") and not r.get("hardware_aware")]
         ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "s--",
                 label=f"N = {data['config']['tree_order']}, tree of {b} continuations per node")
     for b in (1, 2):
@@ -95,6 +104,9 @@ def plot(data: dict, path: Path) -> None:
             what = "chain" if b == 1 else f"tree of {b} per node"
             ax.plot([r["k"] for r in rows], [r["speedup_vs_ar"] for r in rows], "^:",
                     label=f"N = {data['config']['tree_order']}, {what}, min prob {rows[0]['min_prob']:g}")
+    for r in (r for r in data["rows"] if r.get("hardware_aware")):
+        what = "chain" if r["branches"] == 1 else f"tree of {r['branches']} per node"
+        ax.plot([r["k"]], [r["speedup_vs_ar"]], "*", ms=12, label=f"N = {r['n']}, {what}, hardware-aware (K: cap)")
     ax.axhline(1.0, color="gray", lw=1)
     finish_figure(fig, ax, path, "draft tokens per step (K: chain length or tree nodes)", "speedup over autoregressive",
                   f"ANPD {data['label']}: speedup by N and K")
@@ -108,8 +120,9 @@ def add_ngram_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="1,3,5,7,9", help="draft lengths K to try")
     p.add_argument("--tree-branches", default="2,3", help="continuations per node of n-gram trees to try ('' for none)")
     p.add_argument("--min-prob", type=float, default=0.2, help="pruned rows' min path probability (0 for no such rows)")
+    p.add_argument("--hw-length", type=int, default=16, help="hardware-aware rows' node cap (0 for no such rows)")
 
 
 def main_from_args(args) -> dict:
     return run_ngram(NgramConfig(**common_args(args), orders=number_list(args.orders), lengths=number_list(args.lengths),
-                                 tree_branches=number_list(args.tree_branches), min_prob=args.min_prob))
+                                 tree_branches=number_list(args.tree_branches), min_prob=args.min_prob, hw_length=args.hw_length))

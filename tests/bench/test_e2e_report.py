@@ -9,11 +9,11 @@ def result(name, seconds, tokens=100, calls=0, outputs=None):
 
 def test_ngram_speedup_is_compared_with_prompt_lookup_speedup(tmp_path):
     results = {r.name: r for r in [result("autoregressive", 1.0, calls=100), result("anpd", 0.5, calls=40),
-                                   result("anpd-tree", 0.4, calls=30), result("sd", 0.6, calls=35),
+                                   result("anpd-hw", 0.4, calls=30), result("sd", 0.6, calls=35),
                                    result("hf", 4.0), result("hf-lookup", 2.5, outputs=[[1, 3]])]}
     data = report(E2EConfig(bundle=tmp_path, out=tmp_path, label="t"), results)
     # anpd 2.0x our AR, prompt lookup 1.6x HF generate: 1.25; the tree 2.5x: 1.5625; sd is no n-gram method
-    assert data["summary"]["ngram_speedup_over_hf_lookup_speedup"] == {"anpd": 1.25, "anpd-tree": 1.562}
+    assert data["summary"]["ngram_speedup_over_hf_lookup_speedup"] == {"anpd": 1.25, "anpd-hw": 1.562}
     rows = {r["method"]: r for r in data["rows"]}
     assert rows["anpd"]["tokens_per_target_call"] == 2.5 and rows["hf-lookup"]["same_tokens_as_ours_ar"] == 0.0
-    assert "anpd 1.25x, anpd-tree 1.56x" in (tmp_path / "e2e-t.md").read_text()
+    assert "anpd 1.25x, anpd-hw 1.56x" in (tmp_path / "e2e-t.md").read_text()
