@@ -1,5 +1,5 @@
-"""`specrt demo` (what `make demo` runs): export the committed demo pair if needed, then compare
-autoregressive and sd on HumanEval prompts with the e2e bench (no external baselines)."""
+"""`specrt demo` (what `make demo` runs): export the committed demo pair if needed, then compare our
+methods on HumanEval prompts with the e2e bench (no external baselines)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt.bench.e2e import E2EConfig, run_e2e
-
+from specrt.bench.e2e import OURS, VARIANTS, E2EConfig, run_e2e
 
 
 @dataclass(frozen=True)
@@ -20,6 +19,15 @@ class DemoConfig:
     backend: str = "ort"
 
 
+def demo_methods(bundle: Path) -> tuple[str, ...]:
+    """The e2e rows of our methods, less the hardware-aware ones when the bundle has no latency profile."""
+    from specrt.bench.latency import LATENCY
+
+    if (bundle / LATENCY).is_file():
+        return OURS
+    return tuple(m for m in OURS if not VARIANTS.get(m, ("", {}))[1].get("ngram_hardware_aware"))
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     from specrt.export.onnx_export import ExportConfig, export_bundle
     from specrt.manifest import MANIFEST
@@ -29,9 +37,13 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"exporting the demo pair to {cfg.bundle}")
         export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=cfg.bundle,
                                    tokenizer=DEMO_DIR / "tokenizer"))
+    methods = demo_methods(cfg.bundle)
+    if methods != OURS:
+        print(f"skipping {', '.join(m for m in OURS if m not in methods)}: run `specrt profile --bundle {cfg.bundle}` "
+              "(a few minutes) to include it")
     data = run_e2e(E2EConfig(bundle=cfg.bundle, out=cfg.bundle.parent / "bench", label="make-demo",
                              num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, runs=3,
-                             threads=cfg.threads or 2, baselines=()))
+                             threads=cfg.threads or 2, methods=methods, baselines=()))
     from specrt.bench.prompts import humaneval_prompts
     from specrt.runtime.pipeline import Pipeline
 

@@ -17,3 +17,13 @@ def test_ngram_speedup_is_compared_with_prompt_lookup_speedup(tmp_path):
     rows = {r["method"]: r for r in data["rows"]}
     assert rows["anpd"]["tokens_per_target_call"] == 2.5 and rows["hf-lookup"]["same_tokens_as_ours_ar"] == 0.0
     assert "anpd 1.25x, anpd-hw 1.56x" in (tmp_path / "e2e-t.md").read_text()
+
+
+def test_demo_runs_hardware_aware_rows_only_on_a_profiled_bundle(tmp_path):
+    from specrt.bench.demo import demo_methods
+    from specrt.bench.e2e import OURS
+
+    assert "anpd-hw" in OURS and "anpd-hw" not in demo_methods(tmp_path)
+    assert set(OURS) - set(demo_methods(tmp_path)) == {"anpd-hw"}
+    (tmp_path / "latency.json").write_text("{}")
+    assert demo_methods(tmp_path) == OURS
