@@ -16,8 +16,9 @@ the draft's beam search, a tree shaped anew every round (EAGLE-2); "anpd" drafts
 to b continuations per node; `ngram_min_prob`: no token estimated less likely); "mtad" drafts
 `num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the longest prefix of
 the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when greedy; not lossless
-by design); `verify_beams=k` verifies the top k beams as one tree instead. Greedy when temperature ==
-0, lossless rejection sampling otherwise.
+by design); `verify_beams=k` verifies the top k beams as one tree instead. With `ngram_tokens=k`, sd,
+tree and dynamic also draft up to k tokens from an ANPD n-gram memory and verify the union of both
+drafts as one tree (MergedDrafter). Greedy when temperature == 0, lossless rejection sampling otherwise.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class Pipeline:
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n, ngram_branches,
-        ngram_min_prob, num_beams, tau, verify_beams, tree_depth); unknown ones are refused by name.
+        ngram_min_prob, ngram_hardware_aware, ngram_tokens, num_beams, tau, verify_beams, tree_depth,
+        draft_temperature); unknown ones are refused by name.
         Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
         """
         single = isinstance(prompts, str)

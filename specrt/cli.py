@@ -54,8 +54,12 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-n", type=int, default=5, help="anpd: highest n-gram order N (default: %(default)s)")
     g.add_argument("--ngram-branches", type=int, default=1,
                    help="anpd: continuations per node of an n-gram tree (default: %(default)s, a chain)")
-    g.add_argument("--ngram-min-prob", type=float, default=0.0,
-                   help="anpd: skip draft tokens whose estimated path probability is lower (default: %(default)s)")
+    g.add_argument("--ngram-min-prob", type=float, default=None,
+                   help="anpd, --ngram-tokens: skip n-gram drafts whose estimated path probability is lower "
+                        "(default: 0 for anpd, 0.3 when merged)")
+    g.add_argument("--ngram-tokens", type=int, default=0,
+                   help="sd, tree, dynamic: merge up to this many n-gram drafted tokens into the draft model's tree "
+                        "(default: %(default)s, off)")
     g.add_argument("--ngram-hardware-aware", action="store_true",
                    help="anpd: per round, verify as many drafted tokens as pay off under the bundle's latency profile")
     g.add_argument("--num-beams", type=int, default=None,
@@ -123,7 +127,7 @@ def cmd_generate(args) -> None:
               top_p=args.top_p, seed=args.seed, num_draft_tokens=args.num_draft_tokens, ngram_n=args.ngram_n,
               num_beams=args.num_beams, tau=args.tau, verify_beams=args.verify_beams,
               ngram_branches=args.ngram_branches, ngram_min_prob=args.ngram_min_prob, tree_depth=args.tree_depth,
-              ngram_hardware_aware=args.ngram_hardware_aware,
+              ngram_hardware_aware=args.ngram_hardware_aware, ngram_tokens=args.ngram_tokens,
               draft_temperature=args.draft_temperature)
     if args.stream:
         for piece in pipe.stream(args.prompt, **kw):

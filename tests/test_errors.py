@@ -103,6 +103,9 @@ def test_prompt_longer_than_context(pipelines):
     (dict(method="anpd", ngram_hardware_aware="yes"), "ngram_hardware_aware"),
     (dict(method="dynamic", draft_temperature=0.0), "draft_temperature"),
     (dict(method="dynamic", draft_temperature="hot"), "draft_temperature"),
+    (dict(method="dynamic", ngram_tokens=-1), "ngram_tokens must be"),
+    (dict(method="anpd", ngram_tokens=4), "ngram_tokens merges"),
+    (dict(method="dynamic", ngram_tokens=4, ngram_hardware_aware=True), "anpd' alone"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):

@@ -1,0 +1,89 @@
+"""MergedDrafter: one token tree from several drafters (SpecInfer's merge-based tree construction, Miao et
+al. 2024, section 3: the speculations of several small models are merged into one token tree, shared
+prefixes once, and verified in one target step).
+
+Per round each drafter proposes its own tree; a node of a later tree whose path of tokens is already in
+the merged tree reuses that node, the others become new nodes under their merged parent. After
+verification each drafter commits the longest prefix of the accepted path that lies in its own tree:
+the rest of the emitted tokens is simply text it has not seen (a model drafter feeds it as pending
+tokens next round; an n-gram memory reads it from the sequence).
+
+Only deterministic drafts merge (top-k children, n-grams; no sampled chain with its q): siblings then
+carry distinct tokens, so exact match (greedy) and one-hot rejection (sampling) stay lossless.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from specrt.runtime.drafters import Drafter
+from specrt.runtime.tree import DraftTree
+from specrt.runtime.verify import Verdict
+
+
+def merge_trees(trees: list[DraftTree]) -> tuple[DraftTree, list[np.ndarray]]:
+    """The union of `trees` by token path, and per tree the merged node of each of its nodes."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    maps = []
+    for tree in trees:
+        if tree.draft_probs is not None:
+            raise ValueError("only deterministic drafts (no sampled q) can be merged into one tree")
+        where = np.empty(len(tree), dtype=np.int64)
+        for i, (tok, par) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
+            key = (int(where[par]) if par >= 0 else -1, tok)
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(key[0])
+            where[i] = node
+        maps.append(where)
+    merged = DraftTree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64))
+    return merged, maps
+
+
+class MergedDrafter(Drafter):
+    def __init__(self, drafters: list[Drafter]):
+        if len(drafters) < 2:
+            raise ValueError(f"merging needs at least two drafters, got {len(drafters)}")
+        self.drafters = drafters
+        self._maps: list[list[np.ndarray]] = []  # per sequence, per drafter: merged node of each of its nodes
+
+    def start(self, seqs) -> None:
+        for d in self.drafters:
+            d.start(seqs)
+        self.num_calls = sum(d.num_calls for d in self.drafters)
+
+    def propose(self, seqs, params, rng) -> list[DraftTree]:
+        t0 = time.perf_counter()
+        proposed = [d.propose(seqs, params, rng) for d in self.drafters]  # [drafter][sequence]
+        self.num_calls = sum(d.num_calls for d in self.drafters)
+        self.backend_seconds = sum(d.backend_seconds for d in self.drafters)
+        trees, self._maps = [], []
+        for b in range(len(seqs)):
+            merged, maps = merge_trees([p[b] for p in proposed])
+            trees.append(merged)
+            self._maps.append(maps)
+        self.seconds = time.perf_counter() - t0
+        return trees
+
+    def commit(self, seqs, verdicts) -> None:
+        for k, d in enumerate(self.drafters):
+            own = []
+            for b, v in enumerate(verdicts):
+                back = {int(m): i for i, m in enumerate(self._maps[b][k])}
+                path = []
+                for node in v.path:
+                    if node not in back:
+                        break
+                    path.append(back[node])
+                own.append(Verdict(path, v.bonus))
+            d.commit(seqs, own)
+
+    def keep(self, rows) -> None:
+        for d in self.drafters:
+            d.keep(rows)

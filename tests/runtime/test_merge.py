@@ -1,0 +1,102 @@
+"""MergedDrafter: n-gram drafts merged into the draft model's tree (SpecInfer-style)."""
+
+import numpy as np
+import pytest
+
+from specrt.errors import InvalidRequestError
+from specrt.runtime.drafters import Drafter
+from specrt.runtime.merge import MergedDrafter, merge_trees
+from specrt.runtime.tree import DraftTree
+from specrt.runtime.verify import Verdict
+
+
+def _tree(tokens, parents):
+    return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
+
+
+def test_merge_shares_prefixes_and_keeps_parents_first():
+    a = _tree([5, 6, 7], [-1, -1, 0])  # 5 -> 7, and 6
+    b = DraftTree.chain([5, 7, 9])  # agrees with a for two tokens, then goes deeper
+    c = DraftTree.chain([6, 8])  # a's second branch, extended
+    merged, maps = merge_trees([a, b, c])
+    assert merged.tokens.tolist() == [5, 6, 7, 9, 8]
+    assert merged.parents.tolist() == [-1, -1, 0, 2, 1]
+    assert [m.tolist() for m in maps] == [[0, 1, 2], [0, 2, 3], [1, 4]]
+    assert not merged.is_chain
+    for node in range(-1, len(merged)):  # siblings carry distinct tokens: one-hot verification stays lossless
+        kids = merged.tokens[merged.children(node)]
+        assert len(set(kids.tolist())) == len(kids)
+    # a tree whose nodes are all in the first one adds nothing
+    same, maps = merge_trees([a, DraftTree.chain([5, 7])])
+    assert same.tokens.tolist() == [5, 6, 7] and maps[1].tolist() == [0, 2]
+
+
+def test_merge_refuses_sampled_drafts():
+    sampled = DraftTree.chain([1, 2], np.full((2, 4), 0.25))
+    with pytest.raises(ValueError, match="deterministic"):
+        merge_trees([DraftTree.chain([1]), sampled])
+
+
+class _Fixed(Drafter):
+    """Proposes the same tree every round and records what it is told to commit."""
+
+    def __init__(self, tree):
+        self.tree, self.committed = tree, []
+
+    def propose(self, seqs, params, rng):
+        return [self.tree for _ in seqs]
+
+    def commit(self, seqs, verdicts):
+        self.committed.append(verdicts)
+
+
+def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
+    model, ngram = _Fixed(_tree([5, 6, 7], [-1, -1, 0])), _Fixed(DraftTree.chain([5, 7, 9]))
+    drafter = MergedDrafter([model, ngram])
+    merged = drafter.propose([None], None, None)[0]  # nodes 5, 6, 7, 9 (merged ids 0..3)
+    assert merged.tokens.tolist() == [5, 6, 7, 9]
+    drafter.commit([None], [Verdict([0, 2, 3], bonus=11)])  # 5, 7, 9 accepted: 9 only the n-gram drafted
+    assert model.committed[-1] == [Verdict([0, 2], 11)]  # 9 stays pending text for the draft model
+    assert ngram.committed[-1] == [Verdict([0, 1, 2], 11)]
+    drafter.propose([None], None, None)
+    drafter.commit([None], [Verdict([1], bonus=3)])  # 6: only the model drafted it
+    assert model.committed[-1] == [Verdict([1], 3)] and ngram.committed[-1] == [Verdict([], 3)]
+    with pytest.raises(ValueError, match="at least two"):
+        MergedDrafter([model])
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_merged_drafts_are_token_identical_to_autoregressive(pipelines, humaneval, backend):
+    pipe = pipelines[backend]
+    prompts = humaneval[:12]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=64)
+    runs = {
+        "dynamic": dict(method="dynamic", num_draft_tokens=6),
+        "dynamic+ngram": dict(method="dynamic", num_draft_tokens=6, ngram_tokens=7),
+        "sd+ngram": dict(method="sd", num_draft_tokens=3, ngram_tokens=5, ngram_min_prob=0.0),
+        "tree+ngram": dict(method="tree", tree=[(0,), (1,), (0, 0)], ngram_tokens=6, ngram_branches=2),
+    }
+    outs = {name: pipe.generate(prompts, max_new_tokens=64, **kw) for name, kw in runs.items()}
+    batched = pipe.generate(prompts[:6], max_new_tokens=64, batch_size=3, **runs["dynamic+ngram"])
+    for name, got in outs.items():
+        assert [o.token_ids for o in got] == [a.token_ids for a in ar], name
+    assert [o.token_ids for o in batched] == [a.token_ids for a in ar[:6]]
+
+    def per_call(got):
+        return sum(len(o.token_ids) for o in got) / sum(o.stats["rounds"] for o in got)
+
+    # the n-gram nodes really are verified and accepted: more tokens per target step than the model's tree alone
+    assert per_call(outs["dynamic+ngram"]) > per_call(outs["dynamic"]) + 0.2
+    def nodes_per_round(got):
+        return sum(o.stats["drafted"] for o in got) / sum(o.stats["rounds"] for o in got)
+
+    assert nodes_per_round(outs["dynamic+ngram"]) > nodes_per_round(outs["dynamic"])
+
+
+def test_merged_sampling_is_seeded_and_sampled_chains_are_refused(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    kw = dict(method="dynamic", ngram_tokens=5, max_new_tokens=24, temperature=0.8, top_k=50)
+    a, b = (pipe.generate(humaneval[4], seed=3, **kw) for _ in range(2))
+    assert a.token_ids == b.token_ids
+    with pytest.raises(InvalidRequestError, match="deterministic drafts"):
+        pipe.generate(humaneval[4], method="sd", ngram_tokens=5, temperature=0.8)
