@@ -80,7 +80,7 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     data = {"config": config_dict(cfg),
             "machine": fingerprint(cfg.backend, cfg.threads, cfg.device), "date": time.strftime("%Y-%m-%d"),
             "unit": "ms", "models": models, "host_ms": host_per_round(pipe),
-            "dynamic_host_ms": host_per_round(pipe, dynamic=True)}
+            "dynamic_host_ms": host_per_round(pipe, "dynamic"), "merged_host_ms": host_per_round(pipe, "merged")}
     (cfg.bundle / LATENCY).write_text(json.dumps(data, indent=1) + "\n")
     plot_latency(data, cfg.bundle / "latency.png")
     return data
@@ -90,20 +90,22 @@ HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
 HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
 
 
-def host_per_round(pipe, new_tokens: int = 48, dynamic: bool = False) -> dict[str, float]:
+def host_per_round(pipe, kind: str = "tree", new_tokens: int = 48) -> dict[str, float]:
     """Median host milliseconds per decode round (outside any model call) by tree size, batch 1.
 
-    Static trees come from a fixed synthetic acceptance table (the shape calibration would build); size 0
-    is autoregressive. With `dynamic`, dynamic trees of HOST_DYNAMIC_SIZES nodes instead. Two generations
+    kind "tree": static trees from a fixed synthetic acceptance table (the shape calibration would build);
+    size 0 is autoregressive. "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes; "merged": the same
+    with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes). Two generations
     per size on one held-out prompt; the second is measured."""
     from specrt.calibration.acceptance import best_trees, validation_prompts
+    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
 
     prompt = validation_prompts(pipe.encode, 1, 64, seed=0)[0]
     trees = {t["num_nodes"]: t["paths"] for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
     out = {}
-    for n in HOST_DYNAMIC_SIZES if dynamic else HOST_TREE_SIZES:
-        if dynamic:
-            kw = {"method": "dynamic", "num_draft_tokens": n}
+    for n in HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES:
+        if kind != "tree":
+            kw = {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
         else:
             kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
         for _ in range(2):
@@ -112,10 +114,13 @@ def host_per_round(pipe, new_tokens: int = 48, dynamic: bool = False) -> dict[st
     return out
 
 
-def host_ms(data: dict, num_nodes: int, dynamic: bool = False) -> float:
-    """Host work per round for a tree of num_nodes (0 = autoregressive), linear between measured sizes;
-    a dynamic tree's where profiled (else a static tree's), 0 for profiles that did not measure it."""
-    table = (dynamic and data.get("dynamic_host_ms")) or data.get("host_ms")
+def host_ms(data: dict, num_nodes: int, kind: str = "tree") -> float:
+    """Host work per round for a tree of num_nodes (0 = autoregressive), linear between measured sizes; of
+    this kind ("tree", "dynamic" or "merged") where profiled, else of the next simpler one, 0 for profiles
+    that did not measure it."""
+    order = ("merged_host_ms", "dynamic_host_ms", "host_ms")
+    keys = order[{"merged": 0, "dynamic": 1, "tree": 2}[kind]:]
+    table = next((data[k] for k in keys if data.get(k)), None)
     if not table:
         return 0.0
     ns = sorted(int(k) for k in table)

@@ -3,8 +3,9 @@
 For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
 same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens (and of
 a few longer widths, to compare with trees at equal width), the calibrated best static tree of each
-size, and dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
-confidence; predicted from the accepted lengths calibration measured). Every configuration runs once
+size, dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
+confidence; predicted from the accepted lengths calibration measured) and merged trees (dynamic trees
+with n-gram drafts merged in, `ngram_tokens`; SpecInfer's merge of several drafters' trees). Every configuration runs once
 untimed, then `runs` timed passes,
 interleaved; we report medians of end-to-end and of decode tokens/s (prefill excluded: the tuner's
 model predicts decoding, and one prompt's prefill is 5-15% of its time here), the tuner's predicted
@@ -34,6 +35,7 @@ class TreesConfig(BenchConfig):
     max_chain: int = 8
     long_chains: tuple[int, ...] = (12, 16)  # chains wider than max_chain, measured for equal-width comparisons
     dynamic_sizes: tuple[int, ...] = (4, 8, 12, 16)
+    merged_sizes: tuple[int, ...] = (6, 8, 10)  # dynamic trees of these sizes with n-gram drafts merged in
 
 
 def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]:
@@ -50,10 +52,11 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
     for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
             out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
-    tuned_dynamic = {choice["num_nodes"]} if choice["kind"] == "dynamic" else set()
-    for n in sorted(set(cfg.dynamic_sizes) | tuned_dynamic):
-        out.append({"name": f"dynamic {n}", "kind": "dynamic", "num_nodes": n, "paths": None,
-                    "predicted": predicted.get(("dynamic", n))})
+    for kind, measure in (("dynamic", cfg.dynamic_sizes), ("merged", cfg.merged_sizes)):
+        tuned = {choice["num_nodes"]} if choice["kind"] == kind else set()
+        for n in sorted(set(measure) | tuned):
+            out.append({"name": f"{kind} {n}", "kind": kind, "num_nodes": n, "paths": None,
+                        "predicted": predicted.get((kind, n))})
     return out
 
 
@@ -66,18 +69,22 @@ def run_trees(cfg: TreesConfig) -> dict:
     confs = configurations(plan, acceptance, cfg)
     prompts = humaneval_prompts(cfg.num_prompts)
 
+    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
+
     def run(c):
-        if c["kind"] == "dynamic":
-            outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"], max_new_tokens=cfg.max_new_tokens)
+        if c["kind"] in ("dynamic", "merged"):
+            outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"], max_new_tokens=cfg.max_new_tokens,
+                                 ngram_tokens=MERGE_NGRAM_TOKENS if c["kind"] == "merged" else 0)
         else:
             method = "autoregressive" if c["paths"] is None else "tree"
             outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
         prefill = sum(o.stats["seconds"]["prefill"] for o in outs)  # batch 1: each output's own prefill
-        return sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs), [o.token_ids for o in outs], prefill
+        rounds = sum(o.stats["rounds"] for o in outs)
+        return sum(len(o.token_ids) for o in outs), rounds, [o.token_ids for o in outs], prefill, sum(o.stats["drafted"] for o in outs)
 
     seconds, last = timed_runs({c["name"]: (lambda c=c: run(c)) for c in confs}, cfg.runs, 1, f"bench trees {cfg.label}")
     for c in confs:
-        c["tokens"], c["rounds"], c["ids"], prefill = last[c["name"]]
+        c["tokens"], c["rounds"], c["ids"], prefill, c["drafted"] = last[c["name"]]
         # the last run's prefill, subtracted from each timed run (same prompts every run: prefill barely varies)
         c["decode_seconds"] = [t - prefill for t in seconds[c["name"]]]
     ref = confs[0]["ids"]
@@ -90,6 +97,7 @@ def run_trees(cfg: TreesConfig) -> dict:
                      "predicted_tokens_per_s": None if c["predicted"] is None else round(c["predicted"], 2),
                      "prediction_error": None if c["predicted"] is None else round(c["predicted"] / decode - 1, 4),
                      "tokens_per_target_call": round(c["tokens"] / c["rounds"], 3),
+                     "nodes_per_round": round(c["drafted"] / c["rounds"], 2),
                      "runs_s": [round(s, 3) for s in seconds[c["name"]]],
                      "same_tokens_as_autoregressive": c["ids"] == ref})
     choice = plan["choices"]["1"]
@@ -100,7 +108,7 @@ def run_trees(cfg: TreesConfig) -> dict:
 def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
     by_name = {r["name"]: r for r in rows}
     best = max(rows, key=lambda r: r["measured_tokens_per_s"])
-    kinds = {k: [r for r in rows if r["kind"] == k] for k in ("chain", "tree", "dynamic")}
+    kinds = {k: [r for r in rows if r["kind"] == k] for k in ("chain", "tree", "dynamic", "merged")}
 
     def best_vs_best_chain(kind):
         if not kinds[kind] or not kinds["chain"]:
@@ -117,6 +125,7 @@ def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
         "tuned_vs_best_measured": round(by_name[tuned]["measured_tokens_per_s"] / best["measured_tokens_per_s"], 4) if tuned in by_name else None,
         "best_tree_vs_best_chain": best_vs_best_chain("tree"),
         "best_dynamic_vs_best_chain": best_vs_best_chain("dynamic"),
+        "best_merged_vs_best_chain": best_vs_best_chain("merged"),
         "tokens_per_call_tree_vs_chain_same_width": per_call_vs_chain("tree"),
         "tokens_per_call_dynamic_vs_chain_same_width": per_call_vs_chain("dynamic"),
     }
@@ -131,18 +140,21 @@ def markdown(data: dict) -> str:
     c, s = data["config"], data["summary"]
     lines = [f"### trees `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy, "
              f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| config | nodes | measured tok/s | decode tok/s | predicted (decode) | prediction error | tokens/target call | same tokens as AR |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| config | nodes | nodes verified/round | measured tok/s | decode tok/s | predicted (decode) | prediction error | "
+             "tokens/target call | same tokens as AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         mark = " **(tuned)**" if r["name"] == s["tuned_choice"] else ""
         predicted = "-" if r["predicted_tokens_per_s"] is None else f"{r['predicted_tokens_per_s']:.1f}"
         error = "-" if r["prediction_error"] is None else f"{r['prediction_error']:+.1%}"
-        lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {r['measured_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+        per_round = "-" if r.get("nodes_per_round") is None else f"{r['nodes_per_round']:.1f}"
+        lines.append(f"| {r['name']}{mark} | {r['num_nodes']} | {per_round} | {r['measured_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                      f"{predicted} | {error} | {r['tokens_per_target_call']:.2f} | {'yes' if r['same_tokens_as_autoregressive'] else 'NO'} |")
     lines += ["", f"- tuned choice: {s['tuned_choice']}; best measured: {s['best_measured']}; "
                   f"tuned / best measured = {s['tuned_vs_best_measured']}",
               f"- best static tree / best chain (measured tokens/s) = {s['best_tree_vs_best_chain']}; "
-              f"best dynamic tree / best chain = {s.get('best_dynamic_vs_best_chain')}",
+              f"best dynamic tree / best chain = {s.get('best_dynamic_vs_best_chain')}; "
+              f"best merged tree (dynamic + n-gram drafts) / best chain = {s.get('best_merged_vs_best_chain')}",
               f"- tokens per target call, static tree / chain of the same width: {s['tokens_per_call_tree_vs_chain_same_width']}",
               f"- tokens per target call, dynamic tree / chain of the same width: {s.get('tokens_per_call_dynamic_vs_chain_same_width')}"]
     return "\n".join(lines) + "\n"
@@ -153,14 +165,16 @@ def plot(data: dict, path: Path) -> None:
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for kind, color in (("tree", "tab:blue"), ("chain", "tab:orange"), ("dynamic", "tab:green")):
+    colors = (("tree", "tab:blue"), ("chain", "tab:orange"), ("dynamic", "tab:green"), ("merged", "tab:purple"))
+    for kind, color in colors:
         rows = [r for r in data["rows"] if r["kind"] == kind]
         if not rows:
             continue
-        ns = [r["num_nodes"] for r in rows]
+        # merged trees verify a varying number of nodes: placed at the measured mean per round
+        ns = [r["nodes_per_round"] if kind == "merged" else r["num_nodes"] for r in rows]
         ax.plot(ns, [r["measured_tokens_per_s"] for r in rows], "o-", color=color, label=f"{kind}: measured")
         ax.plot(ns, [r["decode_tokens_per_s"] for r in rows], ".:", color=color, label=f"{kind}: measured, decode only")
-        pred = [(r["num_nodes"], r["predicted_tokens_per_s"]) for r in rows if r["predicted_tokens_per_s"] is not None]
+        pred = [(x, r["predicted_tokens_per_s"]) for x, r in zip(ns, rows) if r["predicted_tokens_per_s"] is not None]
         if pred:
             ax.plot(*zip(*pred), "x--", color=color, label=f"{kind}: predicted (decode)")
     ar = next(r for r in data["rows"] if r["kind"] == "autoregressive")
@@ -179,8 +193,10 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
     add_bench_args(p, num_prompts=5)
     p.add_argument("--long-chains", default="12,16", help="chain widths past the calibrated depth to measure ('' for none)")
     p.add_argument("--dynamic-sizes", default="4,8,12,16", help="dynamic tree sizes to measure ('' for none)")
+    p.add_argument("--merged-sizes", default="6,8,10",
+                   help="dynamic tree sizes to measure with n-gram drafts merged in ('' for none)")
 
 
 def main_from_args(args) -> dict:
     return run_trees(TreesConfig(**common_args(args), long_chains=number_list(args.long_chains),
-                                 dynamic_sizes=number_list(args.dynamic_sizes)))
+                                 dynamic_sizes=number_list(args.dynamic_sizes), merged_sizes=number_list(args.merged_sizes)))

@@ -11,7 +11,8 @@ so the predicted speed is batch * (f(n) + 1) / cost (PPD section 4's hardware-aw
 Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes, the chains
 of 1..max_depth tokens and the dynamic trees whose acceptance calibration measured (f(n) and draft calls
 per round as measured; each call after the root's feeds up to W beams: L_draft(batch, W); host work as
-profiled for dynamic trees); no speculation (L_target(batch, 1) per token) is always a candidate, and
+profiled for dynamic trees), also with n-gram drafts merged in (kind "merged": the target verifies the
+measured mean number of nodes per round); no speculation (L_target(batch, 1) per token) is always a candidate, and
 wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
 """
 
@@ -46,11 +47,13 @@ def round_cost_ms(latency: dict, batch: int, spec: TreeSpec) -> tuple[float, flo
 
 
 def dynamic_round_cost_ms(latency: dict, batch: int, dyn: dict) -> tuple[float, float]:
-    """(target ms, draft + host ms) of one round with a dynamic tree (a calibration `dynamic` entry)."""
-    target = latency_ms(latency, "target", batch, dyn["num_nodes"] + 1)
+    """(target ms, draft + host ms) of one round with a dynamic tree (a calibration `dynamic` entry, or a
+    `merged` one: n-gram drafts merged in)."""
+    merged = bool(dyn.get("ngram_tokens"))
+    target = latency_ms(latency, "target", batch, dyn.get("nodes_per_round", dyn["num_nodes"]) + 1)
     draft = latency_ms(latency, "draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, dyn["draft_calls_per_round"] - 1) * latency_ms(latency, "draft", batch, dyn["width"])
-    return target, draft + host_ms(latency, dyn["num_nodes"], dynamic=True)
+    return target, draft + host_ms(latency, dyn["num_nodes"], "merged" if merged else "dynamic")
 
 
 def candidates(acceptance: dict) -> list[dict]:
@@ -76,16 +79,17 @@ def tune(cfg: TuneConfig) -> dict:
         ar = batch * 1e3 / (latency_ms(latency, "target", batch, 1) + host_ms(latency, 0))
         rows = [{"kind": "autoregressive", "num_nodes": 0, "expected_accepted": 0.0, "predicted_tokens_per_s": ar,
                  "target_ms": latency_ms(latency, "target", batch, 1), "draft_ms": host_ms(latency, 0)}]
-        for c in candidates(acceptance) + [{"kind": "dynamic", **d} for d in acceptance.get("dynamic", [])]:
+        measured = [{"kind": kind, **d} for kind in ("dynamic", "merged") for d in acceptance.get(kind, [])]
+        for c in candidates(acceptance) + measured:
             try:
-                if c["kind"] == "dynamic":
+                if c["kind"] in ("dynamic", "merged"):
                     target_ms, draft_ms = dynamic_round_cost_ms(latency, batch, c)
                 else:
                     target_ms, draft_ms = round_cost_ms(latency, batch, TreeSpec.from_paths(c["paths"]))
             except SpecrtError:
                 continue  # beyond the profiled token counts for this batch size
             speed = batch * 1e3 * (c["expected_accepted"] + 1) / (target_ms + draft_ms)
-            rows.append({**{k: c[k] for k in ("kind", "paths", "width", "depth") if k in c},
+            rows.append({**{k: c[k] for k in ("kind", "paths", "width", "depth", "ngram_tokens", "ngram_min_prob") if k in c},
                          "num_nodes": len(c["paths"]) if "paths" in c else c["num_nodes"],
                          "expected_accepted": c["expected_accepted"], "predicted_tokens_per_s": speed,
                          "target_ms": target_ms, "draft_ms": draft_ms})
@@ -93,9 +97,10 @@ def tune(cfg: TuneConfig) -> dict:
         # what method="tree" uses: the best static tree or chain
         best_tree = max((r for r in rows if r["kind"] in ("tree", "chain")), key=lambda r: r["predicted_tokens_per_s"])
         choices[str(batch)] = {
-            "method": {"autoregressive": "autoregressive", "dynamic": "dynamic"}.get(best["kind"], "tree"),
+            "method": {"autoregressive": "autoregressive", "dynamic": "dynamic", "merged": "dynamic"}.get(best["kind"], "tree"),
             "kind": best["kind"], "num_nodes": best["num_nodes"], "paths": best.get("paths"),
             "width": best.get("width"), "depth": best.get("depth"),
+            "ngram_tokens": best.get("ngram_tokens", 0), "ngram_min_prob": best.get("ngram_min_prob"),
             "predicted_tokens_per_s": round(best["predicted_tokens_per_s"], 2),
             "predicted_speedup": round(best["predicted_tokens_per_s"] / ar, 3),
             "best_tree": {"kind": best_tree["kind"], "num_nodes": best_tree["num_nodes"], "paths": best_tree["paths"],
@@ -115,7 +120,9 @@ def describe_plan(plan: dict) -> str:
         if c["method"] == "autoregressive":
             what = "no speculation (drafting does not pay here)"
         else:
-            what = f"{'dynamic tree' if c['kind'] == 'dynamic' else c['kind']} of {c['num_nodes']} nodes"
+            what = f"{'dynamic tree' if c['kind'] in ('dynamic', 'merged') else c['kind']} of {c['num_nodes']} nodes"
+            if c.get("ngram_tokens"):
+                what += f" + up to {c['ngram_tokens']} n-gram drafts"
         lines.append(f"batch {batch}: {what}: predicted {c['predicted_tokens_per_s']:.1f} tokens/s, "
                      f"{c['predicted_speedup']:.2f}x autoregressive")
     return "\n".join(lines)

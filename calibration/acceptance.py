@@ -21,7 +21,9 @@ A dynamic tree's shape follows the draft's confidence position by position, so i
 length is not a product over the depth x rank table: it is measured instead, by decoding the same
 prompts with dynamic trees of each size (greedy, batch 1, at the fitted temperature) and counting
 accepted drafted tokens and draft calls per round; `specrt tune` weighs those against the profiled
-latencies like any static tree.
+latencies like any static tree. Merged trees (dynamic trees with MERGE_NGRAM_TOKENS n-gram drafts merged
+in, `ngram_tokens`) are measured the same way, with the nodes verified per round (their number varies:
+n-gram drafts that agree with the draft model's cost nothing).
 
 Deterministic for a seed: prompts are drawn by a seeded generator and decoding is greedy.
 """
@@ -53,6 +55,7 @@ class CalibrationConfig:
     seed: int = 0
     threads: int | None = 2
     dynamic_sizes: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 16, 24, 32)  # dynamic trees to measure (() for none)
+    merged_sizes: tuple[int, ...] = (4, 6, 8, 10, 12, 16)  # the same, n-gram drafts merged in (() for none)
 
 
 def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
@@ -146,27 +149,34 @@ def chain_expectation(p: np.ndarray, length: int) -> float:
 
 
 def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
-                       progress: bool = True) -> list[dict]:
-    """Per dynamic tree size: accepted drafted tokens and draft calls per round, measured by decoding."""
+                       progress: bool = True, ngram_tokens: int = 0) -> list[dict]:
+    """Per dynamic tree size (with `ngram_tokens` n-gram drafts merged in): accepted drafted tokens, draft
+    calls and verified nodes per round, measured by decoding."""
     from tqdm import tqdm
 
-    from specrt.runtime.methods import dynamic_shape
+    from specrt.runtime.methods import MERGE_MIN_PROB, dynamic_shape
 
     out = []
-    bar = tqdm(total=len(sizes) * len(prompts), desc="calibrate dynamic trees", unit="prompt", disable=not progress)
+    desc = "calibrate merged trees" if ngram_tokens else "calibrate dynamic trees"
+    bar = tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress)
     for n in sizes:
-        accepted = rounds = calls = 0
+        accepted = rounds = calls = nodes = 0
         for prompt in prompts:
             st = pipe.generate([prompt], method="dynamic", num_draft_tokens=n, draft_temperature=temperature,
-                               max_new_tokens=new_tokens)[0].stats
+                               ngram_tokens=ngram_tokens, max_new_tokens=new_tokens)[0].stats
             rounds += st["rounds"]
             accepted += sum(int(k) * v for k, v in st["accepted_hist"].items())
             calls += st["draft_calls"] - 1  # the prompt's prefill is one draft call
+            nodes += st["drafted"]
             bar.update()
         width, depth = dynamic_shape(n)
-        out.append({"num_nodes": n, "width": width, "depth": depth,
-                    "expected_accepted": round(accepted / max(1, rounds), 6),
-                    "draft_calls_per_round": round(calls / max(1, rounds), 4)})
+        entry = {"num_nodes": n, "width": width, "depth": depth,
+                 "expected_accepted": round(accepted / max(1, rounds), 6),
+                 "draft_calls_per_round": round(calls / max(1, rounds), 4),
+                 "nodes_per_round": round(nodes / max(1, rounds), 4)}
+        if ngram_tokens:
+            entry.update(ngram_tokens=ngram_tokens, ngram_min_prob=MERGE_MIN_PROB)
+        out.append(entry)
     bar.close()
     return out
 
@@ -190,7 +200,10 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     trees = best_trees(p, cfg.max_nodes)
     temperature = float(TEMPERATURES[int(np.argmin(nll))])
+    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
+
     dynamic = dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)
+    merged = dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress, MERGE_NGRAM_TOKENS)
     result = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "manifest_sha256": _manifest_hash(cfg.bundle),
@@ -204,6 +217,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
         "draft_nll_at_draft_temperature": round(float(nll.min()) / len(np.concatenate(rank_seqs)), 6),
         "trees": trees,
         "dynamic": dynamic,
+        "merged": merged,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     (cfg.bundle / ACCEPTANCE).write_text(json.dumps(result, indent=1) + "\n")

@@ -32,6 +32,7 @@ MERGE_METHODS = ("sd", "tree", "dynamic")  # whose drafts may be merged with n-g
 # n-gram drafts merged into a draft model's tree: none estimated below this. Ad hoc sweep on the inflated
 # pair (8 HumanEval prompts, dynamic 8 + 7 n-gram tokens): 0.3 -> 150.7 tok/s, 0.2 -> 148.5, 0.5 -> 144.2
 MERGE_MIN_PROB = 0.3
+MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best tree replaces it once `specrt tune` has run.

@@ -155,7 +155,8 @@ def cmd_calibrate(args) -> None:
 
     r = calibrate(CalibrationConfig(bundle=args.bundle, num_prompts=args.num_prompts, new_tokens=args.new_tokens,
                                     max_depth=args.max_depth, max_rank=args.max_rank, seed=args.seed, threads=args.threads,
-                                    dynamic_sizes=number_list(args.dynamic_sizes)))
+                                    dynamic_sizes=number_list(args.dynamic_sizes),
+                                    merged_sizes=number_list(args.merged_sizes)))
     print(f"{r['num_positions']} positions; rank-0 acceptance by depth: "
           + " ".join(f"{row[0]:.2f}" for row in r["depth_rank"]))
     for t in r["trees"]:
@@ -163,6 +164,10 @@ def cmd_calibrate(args) -> None:
             print(f"best tree of {t['num_nodes']:>2} nodes: {t['expected_accepted']:.2f} accepted tokens expected per round")
     print(f"draft temperature {r['draft_temperature']}; dynamic trees, measured accepted tokens per round: "
           + ", ".join(f"{d['num_nodes']} nodes {d['expected_accepted']:.2f}" for d in r["dynamic"]))
+    if r["merged"]:
+        print("merged with n-gram drafts, measured accepted tokens per round (nodes verified): "
+              + ", ".join(f"{d['num_nodes']} nodes {d['expected_accepted']:.2f} ({d['nodes_per_round']:.1f})"
+                          for d in r["merged"]))
     print(f"wrote {args.bundle}/acceptance.json")
 
 
@@ -244,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--threads", type=int, default=2)
     cal.add_argument("--dynamic-sizes", default="2,4,6,8,10,12,16,24,32",
                      help="dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
+    cal.add_argument("--merged-sizes", default="4,6,8,10,12,16",
+                     help="dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
     cal.set_defaults(func=cmd_calibrate)
 
     prof = sub.add_parser("profile", help="step latency L(n) of target and draft -> latency.json")

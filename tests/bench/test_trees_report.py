@@ -3,8 +3,9 @@
 from specrt.bench.trees import TreesConfig, configurations, report
 
 
-def row(name, kind, n, measured, predicted, per_call):
-    return {"name": name, "kind": kind, "num_nodes": n, "measured_tokens_per_s": measured, "decode_tokens_per_s": measured * 1.1,
+def row(name, kind, n, measured, predicted, per_call, per_round=None):
+    return {"name": name, "kind": kind, "num_nodes": n, "nodes_per_round": n if per_round is None else per_round,
+            "measured_tokens_per_s": measured, "decode_tokens_per_s": measured * 1.1,
             "predicted_tokens_per_s": predicted, "prediction_error": None if predicted is None else predicted / measured - 1,
             "tokens_per_target_call": per_call, "runs_s": [1.0], "same_tokens_as_autoregressive": True}
 
@@ -13,16 +14,18 @@ def test_summary_and_outputs(tmp_path):
     rows = [row("autoregressive", "autoregressive", 0, 60, 62, 1.0),
             row("chain 4", "chain", 4, 120, 125, 2.9), row("tree 4", "tree", 4, 118, 125, 2.9),
             row("tree 16", "tree", 16, 138, 140, 3.8), row("chain 16", "chain", 16, 100, None, 3.0),
-            row("dynamic 16", "dynamic", 16, 150, None, 4.2)]
+            row("dynamic 16", "dynamic", 16, 150, None, 4.2), row("merged 8", "merged", 8, 156, 150, 4.4, per_round=9.25)]
     data = report(TreesConfig(bundle=tmp_path, out=tmp_path, label="t"), rows, tuned="tree 16")
     s = data["summary"]
-    assert s["tuned_vs_best_measured"] == round(138 / 150, 4)
+    assert s["tuned_vs_best_measured"] == round(138 / 156, 4) and s["best_measured"] == "merged 8"
+    assert s["best_merged_vs_best_chain"] == 1.3
     assert s["best_tree_vs_best_chain"] == round(138 / 120, 4)
     assert s["tokens_per_call_tree_vs_chain_same_width"] == {"4": 1.0, "16": round(3.8 / 3.0, 3)}
-    assert s["best_dynamic_vs_best_chain"] == 1.25 and s["best_measured"] == "dynamic 16"
+    assert s["best_dynamic_vs_best_chain"] == 1.25
     assert s["tokens_per_call_dynamic_vs_chain_same_width"] == {"16": 1.4}
     md = (tmp_path / "trees-t.md").read_text()
-    assert "| tree 16 **(tuned)** | 16 |" in md and "| dynamic 16 | 16 | 150.0 | 165.0 | - | - | 4.20 | yes |" in md
+    assert "| tree 16 **(tuned)** | 16 |" in md and "| dynamic 16 | 16 | 16.0 | 150.0 | 165.0 | - | - | 4.20 | yes |" in md
+    assert "| merged 8 | 8 | 9.2 | 156.0 |" in md
     assert (tmp_path / "trees-t.json").is_file()
 
 
@@ -35,7 +38,7 @@ def test_configurations_follow_the_plan_curve(tmp_path):
     acceptance = {"trees": [{"num_nodes": 1, "paths": [[0]]}, {"num_nodes": 2, "paths": [[0], [1]]},
                             {"num_nodes": 3, "paths": [[0], [1], [0, 0]]}]}
     confs = configurations(plan, acceptance, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(1, 2), max_chain=2,
-                                                         long_chains=(3,), dynamic_sizes=(2,)))
+                                                         long_chains=(3,), dynamic_sizes=(2,), merged_sizes=()))
     # tree 1 was not in the curve; tree 3 is measured although not in tree_sizes, because it is the tuned one;
     # chain 3 is measured without a prediction
     assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "chain 3", "tree 2", "tree 3", "dynamic 2"]
@@ -46,9 +49,15 @@ def test_configurations_follow_the_plan_curve(tmp_path):
 def test_a_tuned_dynamic_tree_is_measured_with_its_prediction(tmp_path):
     plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
                              {"kind": "dynamic", "num_nodes": 2, "predicted_tokens_per_s": 15.0},
-                             {"kind": "dynamic", "num_nodes": 5, "predicted_tokens_per_s": 16.0}]},
+                             {"kind": "dynamic", "num_nodes": 5, "predicted_tokens_per_s": 16.0},
+                             {"kind": "merged", "num_nodes": 5, "predicted_tokens_per_s": 17.0}]},
             "choices": {"1": {"kind": "dynamic", "num_nodes": 5}}}
-    confs = configurations(plan, {"trees": []}, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0,
-                                                            long_chains=(), dynamic_sizes=(2, 3)))
-    assert [(c["name"], c["predicted"]) for c in confs] == [("autoregressive", 10.0), ("dynamic 2", 15.0),
-                                                            ("dynamic 3", None), ("dynamic 5", 16.0)]
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(2, 3),
+                      merged_sizes=(5,))
+    assert [(c["name"], c["predicted"]) for c in configurations(plan, {"trees": []}, cfg)] == [
+        ("autoregressive", 10.0), ("dynamic 2", 15.0), ("dynamic 3", None), ("dynamic 5", 16.0), ("merged 5", 17.0)]
+    # a tuned merged tree is measured whatever merged_sizes says
+    plan["choices"]["1"]["kind"] = "merged"
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(),
+                      merged_sizes=())
+    assert [c["name"] for c in configurations(plan, {"trees": []}, cfg)] == ["autoregressive", "merged 5"]

@@ -10,7 +10,7 @@ from specrt.machine import fingerprint
 from specrt.runtime.plan import choice_for, load_plan
 
 
-def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=()):
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=()):
     """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
     from specrt.calibration.acceptance import _manifest_hash, best_trees
 
@@ -21,7 +21,7 @@ def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=()):
     p = np.array(depth_rank)
     (tmp_path / "acceptance.json").write_text(json.dumps({
         "manifest_sha256": _manifest_hash(tmp_path), "depth_rank": depth_rank, "trees": best_trees(p, 8),
-        "dynamic": list(dynamic)}))
+        "dynamic": list(dynamic), "merged": list(merged)}))
     ns = list(range(1, 17))
     lat = {"machine": fingerprint("ort", 2), "config": {},
            "models": {"target": {"1": {"128": {str(n): target_ms(n) for n in ns}}},
@@ -76,6 +76,11 @@ def test_host_work_term_interpolates_and_defaults_to_zero():
     data = {"host_ms": {"0": 0.02, "8": 0.3, "32": 0.6}}
     assert host_ms(data, 0) == pytest.approx(0.02)
     assert host_ms(data, 20) == pytest.approx(0.45)
+    assert host_ms(data, 8, "merged") == pytest.approx(0.3)  # not profiled: the static trees' term
+    data["dynamic_host_ms"] = {"2": 0.5, "32": 2.0}
+    assert host_ms(data, 8, "merged") == host_ms(data, 8, "dynamic") == pytest.approx(0.8)
+    data["merged_host_ms"] = {"2": 0.7, "32": 2.2}
+    assert host_ms(data, 8, "merged") == pytest.approx(1.0) and host_ms(data, 8) == pytest.approx(0.3)
 
 
 def test_host_work_can_tip_the_choice(tmp_path):
@@ -111,6 +116,42 @@ def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_
     pipe = Pipeline.load(b, threads=2)
     drafter = build(pipe, MethodConfig("auto"), SamplingParams(), 1)[0]
     assert isinstance(drafter, DynamicTreeDrafter) and (drafter.num_nodes, drafter.num_beams, drafter.gamma) == (6, 4, 5)
+    prompts = ["def add(a, b):", "import os\n"]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
+
+
+def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
+    import shutil
+
+    from specrt.runtime.beam import DynamicTreeDrafter
+    from specrt.runtime.merge import MergedDrafter
+    from specrt.runtime.methods import MethodConfig, build
+    from specrt.runtime.ngram import NgramDrafter
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    dyn = {"num_nodes": 6, "width": 4, "depth": 5, "expected_accepted": 2.5, "draft_calls_per_round": 4.0}
+    merged = {**dyn, "expected_accepted": 3.0, "nodes_per_round": 9.0, "ngram_tokens": 7, "ngram_min_prob": 0.3}
+    # a steep target: merged trees verify 9 nodes per round (L(10) = 20 ms) for 4 tokens, dynamic 6 (17 ms) for 3.5
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 1.0 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged])
+    choice = tune(TuneConfig(bundle=b, batch_sizes=(1,)))["choices"]["1"]
+    assert (choice["kind"], choice["num_nodes"]) == ("dynamic", 6)  # 3.5 / 17.4 > 4 / 20.4
+    # a flat one: the merged tree's extra nodes are nearly free
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged])
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    choice = plan["choices"]["1"]
+    assert (choice["method"], choice["kind"], choice["ngram_tokens"], choice["ngram_min_prob"]) == ("dynamic", "merged", 7, 0.3)
+    (row,) = [r for r in plan["curves"]["1"] if r["kind"] == "merged"]
+    assert row["target_ms"] == pytest.approx(11.0)  # L(9 + 1): the measured nodes per round, not the 6 drafted
+    pipe = Pipeline.load(b, threads=2)
+    drafter = build(pipe, MethodConfig("auto"), SamplingParams(), 1)[0]
+    assert isinstance(drafter, MergedDrafter)
+    model, ngram = drafter.drafters
+    assert isinstance(model, DynamicTreeDrafter) and model.num_nodes == 6 and isinstance(ngram, NgramDrafter)
+    assert (ngram.num_draft_tokens, ngram.min_prob) == (7, 0.3)
     prompts = ["def add(a, b):", "import os\n"]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
     assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]

@@ -34,16 +34,23 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(demo_bundle, copy)
     cfg = CalibrationConfig(bundle=copy, num_prompts=4, new_tokens=24, max_depth=4, max_rank=4, max_nodes=8, seed=1,
-                            dynamic_sizes=(2, 6))
+                            dynamic_sizes=(2, 6), merged_sizes=(6,))
     a = calibrate(cfg, progress=False)
     b = calibrate(cfg, progress=False)
     assert a["depth_rank"] == b["depth_rank"] and a["trees"] == b["trees"] and a["dynamic"] == b["dynamic"]
+    assert a["merged"] == b["merged"]
     assert 0 < a["depth_rank"][0][0] <= 1
     # dynamic trees are measured by decoding: at most `depth` drafted tokens accepted per round, and at
     # most one draft call per depth (fewer where the search stops early)
     assert [(d["num_nodes"], d["width"], d["depth"]) for d in a["dynamic"]] == [(2, 4, 2), (6, 4, 6)]
     for d in a["dynamic"]:
         assert 0 < d["expected_accepted"] <= d["depth"] and 1 <= d["draft_calls_per_round"] <= d["depth"]
+        assert d["nodes_per_round"] <= d["num_nodes"]
+    # merged with up to 7 n-gram drafts: more nodes verified per round than the model's 6 (some merge away)
+    (m,) = a["merged"]
+    (d6,) = [d for d in a["dynamic"] if d["num_nodes"] == 6]
+    assert (m["num_nodes"], m["ngram_tokens"]) == (6, 7) and 6 < m["nodes_per_round"] <= 13
+    assert m["expected_accepted"] > d6["expected_accepted"]
     c = calibrate(CalibrationConfig(**{**cfg.__dict__, "seed": 2}), progress=False)
     assert c["depth_rank"] != a["depth_rank"]
 
