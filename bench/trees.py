@@ -116,8 +116,12 @@ def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
         return round(max(r["measured_tokens_per_s"] for r in kinds[kind]) / max(r["measured_tokens_per_s"] for r in kinds["chain"]), 4)
 
     def per_call_vs_chain(kind):
-        return {str(r["num_nodes"]): round(r["tokens_per_target_call"] / by_name[f"chain {r['num_nodes']}"]["tokens_per_target_call"], 3)
-                for r in kinds[kind] if f"chain {r['num_nodes']}" in by_name}
+        # merged trees verify a varying number of nodes: compared with the chain of their rounded mean width
+        def width(r):
+            return round(r["nodes_per_round"]) if kind == "merged" else r["num_nodes"]
+
+        return {str(r["num_nodes"]): round(r["tokens_per_target_call"] / by_name[f"chain {width(r)}"]["tokens_per_target_call"], 3)
+                for r in kinds[kind] if f"chain {width(r)}" in by_name}
 
     summary = {
         "tuned_choice": tuned,
@@ -128,6 +132,7 @@ def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
         "best_merged_vs_best_chain": best_vs_best_chain("merged"),
         "tokens_per_call_tree_vs_chain_same_width": per_call_vs_chain("tree"),
         "tokens_per_call_dynamic_vs_chain_same_width": per_call_vs_chain("dynamic"),
+        "tokens_per_call_merged_vs_chain_same_width": per_call_vs_chain("merged"),
     }
     data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"),
             "config": config_dict(cfg),
@@ -156,7 +161,9 @@ def markdown(data: dict) -> str:
               f"best dynamic tree / best chain = {s.get('best_dynamic_vs_best_chain')}; "
               f"best merged tree (dynamic + n-gram drafts) / best chain = {s.get('best_merged_vs_best_chain')}",
               f"- tokens per target call, static tree / chain of the same width: {s['tokens_per_call_tree_vs_chain_same_width']}",
-              f"- tokens per target call, dynamic tree / chain of the same width: {s.get('tokens_per_call_dynamic_vs_chain_same_width')}"]
+              f"- tokens per target call, dynamic tree / chain of the same width: {s.get('tokens_per_call_dynamic_vs_chain_same_width')}",
+              f"- tokens per target call, merged tree (by its model nodes) / chain of its rounded mean verified width: "
+              f"{s.get('tokens_per_call_merged_vs_chain_same_width')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +188,8 @@ def plot(data: dict, path: Path) -> None:
     ax.axhline(ar["measured_tokens_per_s"], color="gray", lw=1, label="autoregressive: measured")
     tuned = next((r for r in data["rows"] if r["name"] == data["summary"]["tuned_choice"]), None)
     if tuned is not None:
-        ax.plot([max(tuned["num_nodes"], 0.8)], [tuned["measured_tokens_per_s"]], "*", ms=16, color="tab:red", label="tuned choice")
+        x = tuned["nodes_per_round"] if tuned["kind"] == "merged" else tuned["num_nodes"]
+        ax.plot([max(x, 0.8)], [tuned["measured_tokens_per_s"]], "*", ms=16, color="tab:red", label="tuned choice")
     ax.set_xscale("log", base=2)
     finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", "tokens/s (batch 1)",
                   f"trees {data['label']}: measured vs predicted")

@@ -12,7 +12,8 @@ Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1
 of 1..max_depth tokens and the dynamic trees whose acceptance calibration measured (f(n) and draft calls
 per round as measured; each call after the root's feeds up to W beams: L_draft(batch, W); host work as
 profiled for dynamic trees), also with n-gram drafts merged in (kind "merged": the target verifies the
-measured mean number of nodes per round); no speculation (L_target(batch, 1) per token) is always a candidate, and
+measured mean number of nodes per round at batch 1; at larger batches, where the step is as wide as the
+widest tree, the most there can be); no speculation (L_target(batch, 1) per token) is always a candidate, and
 wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
 """
 
@@ -50,7 +51,10 @@ def dynamic_round_cost_ms(latency: dict, batch: int, dyn: dict) -> tuple[float, 
     """(target ms, draft + host ms) of one round with a dynamic tree (a calibration `dynamic` entry, or a
     `merged` one: n-gram drafts merged in)."""
     merged = bool(dyn.get("ngram_tokens"))
-    target = latency_ms(latency, "target", batch, dyn.get("nodes_per_round", dyn["num_nodes"]) + 1)
+    width = dyn.get("nodes_per_round", dyn["num_nodes"])  # measured at batch 1
+    if merged and batch > 1:  # the step is as wide as the batch's widest tree: costed at the most nodes there can be
+        width = dyn["num_nodes"] + dyn["ngram_tokens"]
+    target = latency_ms(latency, "target", batch, width + 1)
     draft = latency_ms(latency, "draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, dyn["draft_calls_per_round"] - 1) * latency_ms(latency, "draft", batch, dyn["width"])
     return target, draft + host_ms(latency, dyn["num_nodes"], "merged" if merged else "dynamic")

@@ -14,11 +14,14 @@ def test_summary_and_outputs(tmp_path):
     rows = [row("autoregressive", "autoregressive", 0, 60, 62, 1.0),
             row("chain 4", "chain", 4, 120, 125, 2.9), row("tree 4", "tree", 4, 118, 125, 2.9),
             row("tree 16", "tree", 16, 138, 140, 3.8), row("chain 16", "chain", 16, 100, None, 3.0),
-            row("dynamic 16", "dynamic", 16, 150, None, 4.2), row("merged 8", "merged", 8, 156, 150, 4.4, per_round=9.25)]
+            row("dynamic 16", "dynamic", 16, 150, None, 4.2), row("merged 8", "merged", 8, 156, 150, 4.4, per_round=9.25),
+            row("merged 2", "merged", 2, 126, 130, 3.48, per_round=3.6)]
     data = report(TreesConfig(bundle=tmp_path, out=tmp_path, label="t"), rows, tuned="tree 16")
     s = data["summary"]
     assert s["tuned_vs_best_measured"] == round(138 / 156, 4) and s["best_measured"] == "merged 8"
     assert s["best_merged_vs_best_chain"] == 1.3
+    # merged 2 verifies 3.6 nodes per round: against chain 4; merged 8 (9.25) has no chain of width 9 here
+    assert s["tokens_per_call_merged_vs_chain_same_width"] == {"2": 1.2}
     assert s["best_tree_vs_best_chain"] == round(138 / 120, 4)
     assert s["tokens_per_call_tree_vs_chain_same_width"] == {"4": 1.0, "16": round(3.8 / 3.0, 3)}
     assert s["best_dynamic_vs_best_chain"] == 1.25

@@ -10,7 +10,7 @@ from specrt.machine import fingerprint
 from specrt.runtime.plan import choice_for, load_plan
 
 
-def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=()):
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,)):
     """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
     from specrt.calibration.acceptance import _manifest_hash, best_trees
 
@@ -24,8 +24,8 @@ def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(
         "dynamic": list(dynamic), "merged": list(merged)}))
     ns = list(range(1, 17))
     lat = {"machine": fingerprint("ort", 2), "config": {},
-           "models": {"target": {"1": {"128": {str(n): target_ms(n) for n in ns}}},
-                      "draft": {"1": {"128": {str(n): draft_ms(n) for n in ns}}}}}
+           "models": {"target": {str(b): {"128": {str(n): b * target_ms(n) for n in ns}} for b in batches},
+                      "draft": {str(b): {"128": {str(n): b * draft_ms(n) for n in ns}} for b in batches}}}
     (tmp_path / "latency.json").write_text(json.dumps(lat))
     return tmp_path
 
@@ -140,12 +140,16 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     choice = tune(TuneConfig(bundle=b, batch_sizes=(1,)))["choices"]["1"]
     assert (choice["kind"], choice["num_nodes"]) == ("dynamic", 6)  # 3.5 / 17.4 > 4 / 20.4
     # a flat one: the merged tree's extra nodes are nearly free
-    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged])
-    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged],
+                 batches=(1, 2))
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     choice = plan["choices"]["1"]
     assert (choice["method"], choice["kind"], choice["ngram_tokens"], choice["ngram_min_prob"]) == ("dynamic", "merged", 7, 0.3)
     (row,) = [r for r in plan["curves"]["1"] if r["kind"] == "merged"]
     assert row["target_ms"] == pytest.approx(11.0)  # L(9 + 1): the measured nodes per round, not the 6 drafted
+    # at batch 2 the step is as wide as the wider tree: costed at the most nodes a merged tree can have
+    (row,) = [r for r in plan["curves"]["2"] if r["kind"] == "merged"]
+    assert row["target_ms"] == pytest.approx(2 * (10 + 0.1 * 14))
     pipe = Pipeline.load(b, threads=2)
     drafter = build(pipe, MethodConfig("auto"), SamplingParams(), 1)[0]
     assert isinstance(drafter, MergedDrafter)
