@@ -20,11 +20,12 @@ from pathlib import Path
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
 
-OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic")
+OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
 # (anpd-hw: n-gram trees of 2 continuations per node, up to 16 nodes, each round verifying as many as the
-# bundle's latency profile says pay; needs `specrt profile` on this machine)
-VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
+# bundle's latency profile says pay; needs `specrt profile` on this machine); dynamic-ngram: dynamic trees
+# of 8 nodes with up to 7 n-gram drafts merged in
+VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}), "dynamic-ngram": ("dynamic", {"ngram_tokens": 7}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True})}
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
 
