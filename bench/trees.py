@@ -199,6 +199,8 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
     from specrt.cli import add_bench_args
 
     add_bench_args(p, num_prompts=5)
+    p.add_argument("--tree-sizes", default=",".join(map(str, TREE_SIZES)),
+                   help="calibrated best static trees to measure (the tuned one always is; default: %(default)s)")
     p.add_argument("--long-chains", default="12,16", help="chain widths past the calibrated depth to measure ('' for none)")
     p.add_argument("--dynamic-sizes", default="4,8,12,16", help="dynamic tree sizes to measure ('' for none)")
     p.add_argument("--merged-sizes", default="6,8,10",
@@ -206,5 +208,5 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_trees(TreesConfig(**common_args(args), long_chains=number_list(args.long_chains),
+    return run_trees(TreesConfig(**common_args(args), tree_sizes=number_list(args.tree_sizes), long_chains=number_list(args.long_chains),
                                  dynamic_sizes=number_list(args.dynamic_sizes), merged_sizes=number_list(args.merged_sizes)))
