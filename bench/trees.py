@@ -1,7 +1,7 @@
 """`specrt bench trees`: measured tokens/s at each tree size next to the tuner's prediction.
 
 For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
-same HumanEval prompts (greedy, batch 1) with: no speculation, rank-0 chains of 1..D tokens (and of
+same HumanEval prompts (greedy, batch 1 or `batch_size` sequences decoded together) with: no speculation, rank-0 chains of 1..D tokens (and of
 a few longer widths, to compare with trees at equal width), the calibrated best static tree of each
 size, dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
 confidence; predicted from the accepted lengths calibration measured) and merged trees (dynamic trees
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, common_args, config_dict, finish_figure, number_list, pyplot, timed_runs, write_report
+from specrt.errors import SpecrtError
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -36,10 +37,11 @@ class TreesConfig(BenchConfig):
     long_chains: tuple[int, ...] = (12, 16)  # chains wider than max_chain, measured for equal-width comparisons
     dynamic_sizes: tuple[int, ...] = (4, 8, 12, 16)
     merged_sizes: tuple[int, ...] = (6, 8, 10)  # dynamic trees of these sizes with n-gram drafts merged in
+    batch_size: int = 1  # sequences per ragged batch; predictions and the tuned choice are the plan's for it
 
 
 def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]:
-    curve = plan["curves"]["1"]
+    curve = plan["curves"][str(cfg.batch_size)]
     predicted = {(r["kind"], r["num_nodes"]): r["predicted_tokens_per_s"] for r in curve}
     trees = {t["num_nodes"]: t["paths"] for t in acceptance["trees"]}
     out = [{"name": "autoregressive", "kind": "autoregressive", "num_nodes": 0, "paths": None,
@@ -47,7 +49,7 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
     for g in sorted({g for g in range(1, cfg.max_chain + 1) if ("chain", g) in predicted} | set(cfg.long_chains)):
         out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
                     "predicted": predicted.get(("chain", g))})
-    choice = plan["choices"]["1"]
+    choice = plan["choices"][str(cfg.batch_size)]
     sizes = sorted(set(cfg.tree_sizes) | ({choice["num_nodes"]} if choice["kind"] == "tree" else set()))
     for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
@@ -66,19 +68,24 @@ def run_trees(cfg: TreesConfig) -> dict:
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     plan, acceptance = pipe.plan(), load_acceptance(cfg.bundle)
+    if str(cfg.batch_size) not in plan["choices"]:
+        raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(plan['choices'])}, not {cfg.batch_size}: "
+                          f"re-run `specrt profile` and `specrt tune` with it")
     confs = configurations(plan, acceptance, cfg)
     prompts = humaneval_prompts(cfg.num_prompts)
 
     from specrt.runtime.methods import MERGE_NGRAM_TOKENS
 
     def run(c):
+        kw = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
         if c["kind"] in ("dynamic", "merged"):
-            outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"], max_new_tokens=cfg.max_new_tokens,
-                                 ngram_tokens=MERGE_NGRAM_TOKENS if c["kind"] == "merged" else 0)
+            outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"],
+                                 ngram_tokens=MERGE_NGRAM_TOKENS if c["kind"] == "merged" else 0, **kw)
         else:
             method = "autoregressive" if c["paths"] is None else "tree"
-            outs = pipe.generate(prompts, method=method, tree=c["paths"], max_new_tokens=cfg.max_new_tokens)
-        prefill = sum(o.stats["seconds"]["prefill"] for o in outs)  # batch 1: each output's own prefill
+            outs = pipe.generate(prompts, method=method, tree=c["paths"], **kw)
+        # each sequence of a batch records its batch's prefill: count it once per batch
+        prefill = sum(o.stats["seconds"]["prefill"] for o in outs[:: cfg.batch_size])
         rounds = sum(o.stats["rounds"] for o in outs)
         return sum(len(o.token_ids) for o in outs), rounds, [o.token_ids for o in outs], prefill, sum(o.stats["drafted"] for o in outs)
 
@@ -100,7 +107,7 @@ def run_trees(cfg: TreesConfig) -> dict:
                      "nodes_per_round": round(c["drafted"] / c["rounds"], 2),
                      "runs_s": [round(s, 3) for s in seconds[c["name"]]],
                      "same_tokens_as_autoregressive": c["ids"] == ref})
-    choice = plan["choices"]["1"]
+    choice = plan["choices"][str(cfg.batch_size)]
     tuned = "autoregressive" if choice["method"] == "autoregressive" else f"{choice['kind']} {choice['num_nodes']}"
     return report(cfg, rows, tuned)
 
@@ -144,7 +151,7 @@ def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
 def markdown(data: dict) -> str:
     c, s = data["config"], data["summary"]
     lines = [f"### trees `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy, "
-             f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
+             f"batch {c.get('batch_size', 1)}, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
              "| config | nodes | nodes verified/round | measured tok/s | decode tok/s | predicted (decode) | prediction error | "
              "tokens/target call | same tokens as AR |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -191,7 +198,7 @@ def plot(data: dict, path: Path) -> None:
         x = tuned["nodes_per_round"] if tuned["kind"] == "merged" else tuned["num_nodes"]
         ax.plot([max(x, 0.8)], [tuned["measured_tokens_per_s"]], "*", ms=16, color="tab:red", label="tuned choice")
     ax.set_xscale("log", base=2)
-    finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", "tokens/s (batch 1)",
+    finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", f"tokens/s (batch {data['config'].get('batch_size', 1)})",
                   f"trees {data['label']}: measured vs predicted")
 
 
@@ -199,6 +206,7 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
     from specrt.cli import add_bench_args
 
     add_bench_args(p, num_prompts=5)
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per ragged batch (default: %(default)s)")
     p.add_argument("--tree-sizes", default=",".join(map(str, TREE_SIZES)),
                    help="calibrated best static trees to measure (the tuned one always is; default: %(default)s)")
     p.add_argument("--long-chains", default="12,16", help="chain widths past the calibrated depth to measure ('' for none)")
@@ -208,5 +216,5 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_trees(TreesConfig(**common_args(args), tree_sizes=number_list(args.tree_sizes), long_chains=number_list(args.long_chains),
+    return run_trees(TreesConfig(**common_args(args), batch_size=args.batch_size, tree_sizes=number_list(args.tree_sizes), long_chains=number_list(args.long_chains),
                                  dynamic_sizes=number_list(args.dynamic_sizes), merged_sizes=number_list(args.merged_sizes)))

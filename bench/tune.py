@@ -11,10 +11,9 @@ so the predicted speed is batch * (f(n) + 1) / cost (PPD section 4's hardware-aw
 Sequoia/Medusa tree construction). Candidates are the calibrated best trees of 1..64 nodes, the chains
 of 1..max_depth tokens and the dynamic trees whose acceptance calibration measured (f(n) and draft calls
 per round as measured; each call after the root's feeds up to W beams: L_draft(batch, W); host work as
-profiled for dynamic trees), also with n-gram drafts merged in (kind "merged": the target verifies the
-measured mean number of nodes per round at batch 1; at larger batches, where the step is as wide as the
-widest tree, the most there can be); no speculation (L_target(batch, 1) per token) is always a candidate, and
-wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
+profiled for dynamic trees), also with n-gram drafts merged in (kind "merged"; the target step is costed
+at the expected widest tree of the batch under the measured histogram of nodes per round); no
+speculation (L_target(batch, 1) per token) is always a candidate, and wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
 """
 
 from __future__ import annotations
@@ -47,14 +46,27 @@ def round_cost_ms(latency: dict, batch: int, spec: TreeSpec) -> tuple[float, flo
     return target, draft + host_ms(latency, len(spec))
 
 
+def step_width(dyn: dict, batch: int) -> float:
+    """Expected drafted tokens per sequence in one target step of `batch` sequences: a ragged step is as
+    wide as its widest tree, so the expected maximum of `batch` draws from the calibrated histogram of
+    nodes per round (independent sequences); the mean at batch 1. Without a histogram: the mean, else
+    num_nodes (older calibrations)."""
+    import numpy as np
+
+    hist = dyn.get("nodes_hist")
+    if not hist:
+        return dyn.get("nodes_per_round", dyn["num_nodes"])
+    widths = np.array(sorted(int(k) for k in hist))
+    cdf = np.cumsum([hist[str(k)] for k in widths]) / sum(hist.values())
+    below = np.concatenate(([0.0], cdf[:-1]))
+    return float(np.sum(widths * (cdf ** batch - below ** batch)))
+
+
 def dynamic_round_cost_ms(latency: dict, batch: int, dyn: dict) -> tuple[float, float]:
     """(target ms, draft + host ms) of one round with a dynamic tree (a calibration `dynamic` entry, or a
     `merged` one: n-gram drafts merged in)."""
     merged = bool(dyn.get("ngram_tokens"))
-    width = dyn.get("nodes_per_round", dyn["num_nodes"])  # measured at batch 1
-    if merged and batch > 1:  # the step is as wide as the batch's widest tree: costed at the most nodes there can be
-        width = dyn["num_nodes"] + dyn["ngram_tokens"]
-    target = latency_ms(latency, "target", batch, width + 1)
+    target = latency_ms(latency, "target", batch, step_width(dyn, batch) + 1)
     draft = latency_ms(latency, "draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, dyn["draft_calls_per_round"] - 1) * latency_ms(latency, "draft", batch, dyn["width"])
     return target, draft + host_ms(latency, dyn["num_nodes"], "merged" if merged else "dynamic")

@@ -22,8 +22,8 @@ length is not a product over the depth x rank table: it is measured instead, by 
 prompts with dynamic trees of each size (greedy, batch 1, at the fitted temperature) and counting
 accepted drafted tokens and draft calls per round; `specrt tune` weighs those against the profiled
 latencies like any static tree. Merged trees (dynamic trees with MERGE_NGRAM_TOKENS n-gram drafts merged
-in, `ngram_tokens`) are measured the same way, with the nodes verified per round (their number varies:
-n-gram drafts that agree with the draft model's cost nothing).
+in, `ngram_tokens`) are measured the same way, with the histogram of nodes verified per round (their
+number varies: n-gram drafts that agree with the draft model's cost nothing).
 
 Deterministic for a seed: prompts are drawn by a seeded generator and decoding is greedy.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import json
+from collections import Counter
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -161,6 +162,7 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
     bar = tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress)
     for n in sizes:
         accepted = rounds = calls = nodes = 0
+        widths: Counter = Counter()
         for prompt in prompts:
             st = pipe.generate([prompt], method="dynamic", num_draft_tokens=n, draft_temperature=temperature,
                                ngram_tokens=ngram_tokens, max_new_tokens=new_tokens)[0].stats
@@ -168,12 +170,14 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
             accepted += sum(int(k) * v for k, v in st["accepted_hist"].items())
             calls += st["draft_calls"] - 1  # the prompt's prefill is one draft call
             nodes += st["drafted"]
+            widths.update(st["drafted_hist"])
             bar.update()
         width, depth = dynamic_shape(n)
         entry = {"num_nodes": n, "width": width, "depth": depth,
                  "expected_accepted": round(accepted / max(1, rounds), 6),
                  "draft_calls_per_round": round(calls / max(1, rounds), 4),
-                 "nodes_per_round": round(nodes / max(1, rounds), 4)}
+                 "nodes_per_round": round(nodes / max(1, rounds), 4),
+                 "nodes_hist": {str(k): widths[k] for k in sorted(widths)}}
         if ngram_tokens:
             entry.update(ngram_tokens=ngram_tokens, ngram_min_prob=MERGE_MIN_PROB)
         out.append(entry)

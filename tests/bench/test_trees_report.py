@@ -64,3 +64,14 @@ def test_a_tuned_dynamic_tree_is_measured_with_its_prediction(tmp_path):
     cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(),
                       merged_sizes=())
     assert [c["name"] for c in configurations(plan, {"trees": []}, cfg)] == ["autoregressive", "merged 5"]
+
+
+def test_configurations_follow_the_plan_for_the_batch_size(tmp_path):
+    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0}],
+                       "4": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 30.0},
+                             {"kind": "merged", "num_nodes": 4, "predicted_tokens_per_s": 50.0}]},
+            "choices": {"1": {"kind": "autoregressive", "num_nodes": 0}, "4": {"kind": "merged", "num_nodes": 4}}}
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(),
+                      merged_sizes=(), batch_size=4)
+    assert [(c["name"], c["predicted"]) for c in configurations(plan, {"trees": []}, cfg)] == [
+        ("autoregressive", 30.0), ("merged 4", 50.0)]

@@ -147,9 +147,9 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     assert (choice["method"], choice["kind"], choice["ngram_tokens"], choice["ngram_min_prob"]) == ("dynamic", "merged", 7, 0.3)
     (row,) = [r for r in plan["curves"]["1"] if r["kind"] == "merged"]
     assert row["target_ms"] == pytest.approx(11.0)  # L(9 + 1): the measured nodes per round, not the 6 drafted
-    # at batch 2 the step is as wide as the wider tree: costed at the most nodes a merged tree can have
+    # without a histogram of nodes per round, batch 2 is costed at the mean width too
     (row,) = [r for r in plan["curves"]["2"] if r["kind"] == "merged"]
-    assert row["target_ms"] == pytest.approx(2 * (10 + 0.1 * 14))
+    assert row["target_ms"] == pytest.approx(2 * 11.0)
     pipe = Pipeline.load(b, threads=2)
     drafter = build(pipe, MethodConfig("auto"), SamplingParams(), 1)[0]
     assert isinstance(drafter, MergedDrafter)
@@ -159,3 +159,14 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     prompts = ["def add(a, b):", "import os\n"]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
     assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
+
+
+def test_a_batched_step_is_costed_at_the_expected_widest_tree():
+    from specrt.bench.tune import step_width
+
+    dyn = {"num_nodes": 4, "nodes_per_round": 6.0, "nodes_hist": {"4": 1, "8": 1}}  # 4 or 8 nodes, evenly
+    assert step_width(dyn, 1) == pytest.approx(6.0)
+    assert step_width(dyn, 2) == pytest.approx(4 * 0.25 + 8 * 0.75)  # both 4 with probability 1/4
+    assert step_width(dyn, 8) == pytest.approx(4 / 256 + 8 * 255 / 256)
+    assert step_width({"num_nodes": 4, "nodes_per_round": 5.5}, 4) == 5.5  # no histogram: the mean
+    assert step_width({"num_nodes": 4}, 4) == 4

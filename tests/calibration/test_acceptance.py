@@ -46,6 +46,9 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     for d in a["dynamic"]:
         assert 0 < d["expected_accepted"] <= d["depth"] and 1 <= d["draft_calls_per_round"] <= d["depth"]
         assert d["nodes_per_round"] <= d["num_nodes"]
+        hist = {int(k): v for k, v in d["nodes_hist"].items()}
+        assert max(hist) <= d["num_nodes"] and sum(k * v for k, v in hist.items()) / sum(hist.values()) == pytest.approx(
+            d["nodes_per_round"], abs=1e-4)
     # merged with up to 7 n-gram drafts: more nodes verified per round than the model's 6 (some merge away)
     (m,) = a["merged"]
     (d6,) = [d for d in a["dynamic"] if d["num_nodes"] == 6]

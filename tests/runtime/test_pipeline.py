@@ -137,3 +137,9 @@ def test_stats_are_consistent(pipelines, humaneval):
     assert s["target_calls"] == s["rounds"] + 1  # + prefill
     assert s["draft_calls"] == 4 * s["rounds"] + 1
     assert all(v >= 0 for v in s["seconds"].values())
+    assert s["drafted_hist"] == {4: s["rounds"]} and s["drafted"] == 4 * s["rounds"]
+    merged = pipelines["ort"].generate(humaneval[3], method="dynamic", num_draft_tokens=4, ngram_tokens=5,
+                                       max_new_tokens=40).stats
+    widths = merged["drafted_hist"]
+    assert sum(widths.values()) == merged["rounds"] and sum(k * v for k, v in widths.items()) == merged["drafted"]
+    assert len(widths) > 1 and max(widths) <= 9  # merged trees vary in width, up to 4 + 5 nodes
