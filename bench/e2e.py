@@ -19,6 +19,7 @@ from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
+from specrt.runtime.methods import MERGE_NGRAM_TOKENS
 
 OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
@@ -26,8 +27,9 @@ OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # bundle's latency profile says pay; needs `specrt profile` on this machine); dynamic-ngram: dynamic trees
 # of 8 nodes with up to 7 n-gram drafts merged in; sd-ngram (not a default row): a chain of 5 with the same
 # n-gram drafts merged in, to tell the n-gram branch's share from the dynamic tree's
-VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}), "dynamic-ngram": ("dynamic", {"ngram_tokens": 7}),
-            "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": 7}),
+VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
+            "dynamic-ngram": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
+            "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": MERGE_NGRAM_TOKENS}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True})}
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
 

@@ -13,7 +13,8 @@ of 1..max_depth tokens and the dynamic trees whose acceptance calibration measur
 per round as measured; each call after the root's feeds up to W beams: L_draft(batch, W); host work as
 profiled for dynamic trees), also with n-gram drafts merged in (kind "merged"; the target step is costed
 at the expected widest tree of the batch under the measured histogram of nodes per round); no
-speculation (L_target(batch, 1) per token) is always a candidate, and wins where drafting does not pay. The plan records the machine, backend and bundle it was tuned for.
+speculation (L_target(batch, 1) per token) is always a candidate, and wins where drafting does not pay.
+The plan records the machine, backend and bundle it was tuned for.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -188,6 +188,7 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
     from tqdm import tqdm
 
+    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
     from specrt.runtime.pipeline import Pipeline
 
     if cfg.max_depth < 1 or cfg.max_rank < 1 or cfg.max_nodes < 1:
@@ -204,8 +205,6 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     trees = best_trees(p, cfg.max_nodes)
     temperature = float(TEMPERATURES[int(np.argmin(nll))])
-    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
-
     dynamic = dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)
     merged = dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress, MERGE_NGRAM_TOKENS)
     result = {

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from specrt.errors import InvalidRequestError
 from specrt.runtime.beam import BeamDrafter, DynamicTreeDrafter
-from specrt.runtime.merge import MergedDrafter
 from specrt.runtime.drafters import DraftModelDrafter
+from specrt.runtime.merge import MergedDrafter
 from specrt.runtime.ngram import NgramDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
