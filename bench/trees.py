@@ -1,12 +1,12 @@
 """`specrt bench trees`: measured tokens/s at each tree size next to the tuner's prediction.
 
 For a bundle that has been calibrated, profiled and tuned (`specrt calibrate/profile/tune`), decode the
-same HumanEval prompts (greedy, batch 1 or `batch_size` sequences decoded together) with: no speculation, rank-0 chains of 1..D tokens (and of
-a few longer widths, to compare with trees at equal width), the calibrated best static tree of each
-size, dynamic trees (`method="dynamic"`, EAGLE-2 style: shaped per round by the draft's own
-confidence; predicted from the accepted lengths calibration measured) and merged trees (dynamic trees
-with n-gram drafts merged in, `ngram_tokens`; SpecInfer's merge of several drafters' trees). Every configuration runs once
-untimed, then `runs` timed passes,
+same HumanEval prompts (greedy, batch 1 or `batch_size` sequences decoded together) with: no
+speculation, rank-0 chains of 1..D tokens (and of a few longer widths, to compare with trees at equal
+width), the calibrated best static tree of each size, dynamic trees (`method="dynamic"`, EAGLE-2 style:
+shaped per round by the draft's own confidence; predicted from the accepted lengths calibration
+measured) and merged trees (dynamic trees with n-gram drafts merged in, `ngram_tokens`; SpecInfer's
+merge of several drafters' trees). Every configuration runs once untimed, then `runs` timed passes,
 interleaved; we report medians of end-to-end and of decode tokens/s (prefill excluded: the tuner's
 model predicts decoding, and one prompt's prefill is 5-15% of its time here), the tuner's predicted
 tokens/s for the same configuration, the prediction error against decode tokens/s, tokens per target
@@ -62,8 +62,15 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
     return out
 
 
+def batch_prefill(outs, batch_size: int) -> float:
+    """Prefill seconds of a generate call: each sequence of a batch records its whole batch's prefill, so
+    count the first sequence of each batch only."""
+    return sum(o.stats["seconds"]["prefill"] for o in outs[::batch_size])
+
+
 def run_trees(cfg: TreesConfig) -> dict:
     from specrt.calibration.acceptance import load_acceptance
+    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
@@ -74,8 +81,6 @@ def run_trees(cfg: TreesConfig) -> dict:
     confs = configurations(plan, acceptance, cfg)
     prompts = humaneval_prompts(cfg.num_prompts)
 
-    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
-
     def run(c):
         kw = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
         if c["kind"] in ("dynamic", "merged"):
@@ -84,8 +89,7 @@ def run_trees(cfg: TreesConfig) -> dict:
         else:
             method = "autoregressive" if c["paths"] is None else "tree"
             outs = pipe.generate(prompts, method=method, tree=c["paths"], **kw)
-        # each sequence of a batch records its batch's prefill: count it once per batch
-        prefill = sum(o.stats["seconds"]["prefill"] for o in outs[:: cfg.batch_size])
+        prefill = batch_prefill(outs, cfg.batch_size)
         rounds = sum(o.stats["rounds"] for o in outs)
         return sum(len(o.token_ids) for o in outs), rounds, [o.token_ids for o in outs], prefill, sum(o.stats["drafted"] for o in outs)
 
@@ -216,5 +220,6 @@ def add_trees_args(p: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args) -> dict:
-    return run_trees(TreesConfig(**common_args(args), batch_size=args.batch_size, tree_sizes=number_list(args.tree_sizes), long_chains=number_list(args.long_chains),
-                                 dynamic_sizes=number_list(args.dynamic_sizes), merged_sizes=number_list(args.merged_sizes)))
+    return run_trees(TreesConfig(**common_args(args), batch_size=args.batch_size, tree_sizes=number_list(args.tree_sizes),
+                                 long_chains=number_list(args.long_chains), dynamic_sizes=number_list(args.dynamic_sizes),
+                                 merged_sizes=number_list(args.merged_sizes)))

@@ -32,7 +32,7 @@ class Stats:
     draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
     accepted: Counter = field(default_factory=Counter)  # {drafted tokens accepted in a round: rounds}
     drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
-    widths: Counter = field(default_factory=Counter)  # {drafted tokens verified in a round: rounds}
+    drafted_hist: Counter = field(default_factory=Counter)  # {drafted tokens verified in a round: rounds}
     # wall seconds: prefill; per round, drafting, the target step, and host = round time outside any
     # model call (draft or target); total = the whole generate call for this sequence's batch
     seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "target": 0.0, "host": 0.0, "total": 0.0})
@@ -50,7 +50,7 @@ class Stats:
         return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
                 "drafted": self.drafted, "draft_hit_ratio": accepted / self.drafted if self.drafted else 0.0,
                 "accepted_hist": dict(sorted(self.accepted.items())), "mean_accepted": self.mean_accepted,
-                "drafted_hist": dict(sorted(self.widths.items())),
+                "drafted_hist": dict(sorted(self.drafted_hist.items())),
                 "seconds": dict(self.seconds)}
 
 
@@ -148,7 +148,7 @@ class Scheduler:
                 st = s.stats
                 st.target_calls += 1
                 st.drafted += len(t)
-                st.widths[len(t)] += 1
+                st.drafted_hist[len(t)] += 1
                 st.draft_calls += draft_calls
                 st.accepted[len(v.path)] += 1
                 st.seconds["draft"] += t_draft

@@ -1,6 +1,6 @@
 """bench trees: the summary compares the tuned choice with the measured best (report arithmetic)."""
 
-from specrt.bench.trees import TreesConfig, configurations, report
+from specrt.bench.trees import TreesConfig, batch_prefill, configurations, report
 
 
 def row(name, kind, n, measured, predicted, per_call, per_round=None):
@@ -75,3 +75,12 @@ def test_configurations_follow_the_plan_for_the_batch_size(tmp_path):
                       merged_sizes=(), batch_size=4)
     assert [(c["name"], c["predicted"]) for c in configurations(plan, {"trees": []}, cfg)] == [
         ("autoregressive", 30.0), ("merged 4", 50.0)]
+
+
+def test_a_batch_prefill_is_counted_once():
+    from types import SimpleNamespace
+
+    # 5 prompts at batch 2: batches (0, 1), (2, 3), (4); each sequence records its batch's prefill
+    outs = [SimpleNamespace(stats={"seconds": {"prefill": p}}) for p in (0.2, 0.2, 0.3, 0.3, 0.1)]
+    assert batch_prefill(outs, 2) == 0.2 + 0.3 + 0.1
+    assert batch_prefill(outs, 1) == sum((0.2, 0.2, 0.3, 0.3, 0.1))
