@@ -9,17 +9,17 @@ ratios against our own autoregressive measured in the same run. Outputs JSON, Ma
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import statistics
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
-from specrt.runtime.methods import MERGE_NGRAM_TOKENS
+from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
+from specrt.config import option
+from specrt.errors import SpecrtError
+from specrt.plotting import pyplot, save_figure
 
 OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
@@ -36,12 +36,25 @@ BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
 
 @dataclass(frozen=True)
 class E2EConfig(BenchConfig):
-    num_prompts: int = 30
-    warmup_runs: int = 1  # untimed full passes over all prompts per method (first passes measured ~2x slower)
-    num_draft_tokens: tuple[int, ...] = (4,)  # one `sd` row per value
-    methods: tuple[str, ...] = OURS
-    baselines: tuple[str, ...] = BASELINES
-    prompt_lookup_tokens: int = 10
+    num_prompts: int = option(30, "first N HumanEval prompts", ge=1)
+    warmup_runs: int = option(1, "untimed full passes over all prompts per row (first passes over new shapes are slower)",
+                              ge=0)
+    num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each")
+    methods: tuple[str, ...] = option(OURS, f"our rows: methods or variants ({', '.join(VARIANTS)})")
+    baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; optimum is "
+                                                   "skipped, with its reason, where optimum-onnx is not installed)")
+    prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
+
+    def __post_init__(self):
+        super().__post_init__()
+        from specrt.runtime.methods import METHODS
+
+        for m in self.methods:
+            if m not in METHODS and m not in VARIANTS:
+                raise SpecrtError(f"unknown e2e row {m!r} (methods: {', '.join(METHODS)}; variants: {', '.join(VARIANTS)})")
+        for b in self.baselines:
+            if b not in BASELINES:
+                raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
 
 
 @dataclass
@@ -64,16 +77,16 @@ class MethodResult:
 
 class _Ours:
     def __init__(self, pipe, method: str, cfg: E2EConfig, **options):
-        from specrt.runtime.methods import MethodConfig, build
+        from specrt.runtime.methods import make_method
         from specrt.runtime.sampling import SamplingParams
 
-        build(pipe, MethodConfig.create(method, options), SamplingParams(), 1)  # refuse a bad setting before any run
+        make_method(method, options).build(pipe, SamplingParams(), 1)  # refuse a bad setting before any run
         self.pipe, self.method, self.cfg, self.options = pipe, method, cfg, options
 
     def __call__(self, prompts):
         outs = self.pipe.generate(prompts, method=self.method, max_new_tokens=self.cfg.max_new_tokens, **self.options)
-        calls = sum(o.stats["rounds"] for o in outs)  # decode steps of the target (prefill excluded)
-        host = sum(o.stats["seconds"]["host"] for o in outs)
+        calls = sum(o.stats.rounds for o in outs)  # decode steps of the target (prefill excluded)
+        host = sum(o.stats.seconds.host for o in outs)
         return [o.token_ids for o in outs], calls, host
 
 
@@ -109,14 +122,26 @@ def _optimum_model(hf_dir: Path, cache: Path, threads: int):
     return ORTModelForCausalLM.from_pretrained(cache, session_options=so, use_cache=True)
 
 
-def build_runners(cfg: E2EConfig) -> dict:
+def optimum_missing() -> str | None:
+    """Why the Optimum baseline cannot run here, or None."""
+    try:
+        import optimum.onnxruntime  # noqa: F401
+    except ImportError as e:
+        return (f"optimum-onnx is not installed ({e}); `pip install 'specrt[optimum]'` adds it where its transformers "
+                "pin (< 4.58) can be met")
+    return None
+
+
+def build_runners(cfg: E2EConfig) -> tuple[dict, dict]:
+    """({row name: runner}, {skipped baseline: why})."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specrt.runtime.pipeline import Pipeline
 
-    torch.set_num_threads(cfg.threads)
     pipe = Pipeline.load(cfg.bundle, backend="ort", threads=cfg.threads)
+    threads = pipe.machine.threads
+    torch.set_num_threads(threads)
     runners = {}
     for m in cfg.methods:
         if m == "sd":
@@ -125,8 +150,13 @@ def build_runners(cfg: E2EConfig) -> dict:
             continue
         method, options = VARIANTS.get(m, (m, {}))
         runners[m] = _Ours(pipe, method, cfg, **options)
-    if not cfg.baselines:
-        return runners
+    skipped = {}
+    why = optimum_missing() if "optimum" in cfg.baselines else None
+    if why:
+        skipped["optimum"] = why
+        print(f"bench e2e: skipping the optimum baseline: {why}")
+    if not [b for b in cfg.baselines if b not in skipped]:
+        return runners, skipped
     tok = AutoTokenizer.from_pretrained(cfg.bundle / "tokenizer")
     target = AutoModelForCausalLM.from_pretrained(cfg.bundle / "hf/target", dtype=torch.float32).eval()
     if "hf" in cfg.baselines:
@@ -136,25 +166,26 @@ def build_runners(cfg: E2EConfig) -> dict:
         runners["hf-assisted"] = _HF(target, tok, cfg, assistant_model=draft)
     if "hf-lookup" in cfg.baselines:
         runners["hf-lookup"] = _HF(target, tok, cfg, prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
-    if "optimum" in cfg.baselines:
-        model = _optimum_model(cfg.bundle / "hf/target", cfg.out.parent / f"optimum-{cfg.label}", cfg.threads)
+    if "optimum" in cfg.baselines and "optimum" not in skipped:
+        model = _optimum_model(cfg.bundle / "hf/target", cfg.out.parent / f"optimum-{cfg.label}", threads)
         runners["optimum"] = _HF(model, tok, cfg)
-    return runners
+    return runners, skipped
 
 
 def run_e2e(cfg: E2EConfig) -> dict:
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     prompts = humaneval_prompts(cfg.num_prompts)
-    runners = build_runners(cfg)
+    runners, skipped = build_runners(cfg)
     results = {name: MethodResult(name) for name in runners}
     seconds, last = timed_runs({name: (lambda run=run: run(prompts)) for name, run in runners.items()},
                                cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}")
     for name, (outs, calls, host) in last.items():
         r = results[name]
         r.seconds, r.tokens, r.target_calls, r.host_seconds, r.outputs = seconds[name], sum(map(len, outs)), calls, host, outs
-    return report(cfg, results)
+    return report(cfg, results, skipped)
 
 
-def report(cfg: E2EConfig, results: dict[str, MethodResult]) -> dict:
+def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | None = None) -> dict:
     base = results.get("autoregressive")
     hf = results.get("hf")
     rows = []
@@ -179,9 +210,7 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult]) -> dict:
         summary["ngram_speedup_over_hf_lookup_speedup"] = {
             r.name: round(r.tokens_per_s / base.tokens_per_s / lookup_speedup, 3)
             for r in results.values() if VARIANTS.get(r.name, (None,))[0] == "anpd"}
-    data = {"label": cfg.label, "config": config_dict(cfg),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-            "date": time.strftime("%Y-%m-%d"), "rows": rows, "summary": summary}
+    data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}}
     write_report(cfg.out / f"e2e-{cfg.label}", data, markdown, plot)
     return data
 
@@ -205,6 +234,8 @@ def markdown(data: dict) -> str:
     if ratios:
         lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
+    for name, why in data.get("skipped", {}).items():
+        lines += [f"- {name} skipped: {why}"]
     return "\n".join(lines) + "\n"
 
 
@@ -220,24 +251,3 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xlabel("tokens/s (median)")
     ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
     save_figure(fig, path)
-
-
-def add_e2e_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bench_args
-
-    add_bench_args(p, num_prompts=30)
-    p.add_argument("--num-draft-tokens", default="4", help="gamma, or a comma list for one sd row each")
-    p.add_argument("--methods", default=",".join(OURS))
-    p.add_argument("--baselines", default=",".join(BASELINES), help="comma list of " + ", ".join(BASELINES) + " (or none)")
-
-
-def main_from_args(args) -> dict:
-    from specrt.errors import SpecrtError
-
-    baselines = tuple(b for b in args.baselines.split(",") if b and b != "none")
-    for b in baselines:
-        if b not in BASELINES:
-            raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
-    cfg = E2EConfig(**common_args(args), num_draft_tokens=number_list(args.num_draft_tokens),
-                    methods=tuple(args.methods.split(",")), baselines=baselines)
-    return run_e2e(cfg)

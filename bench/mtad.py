@@ -11,27 +11,28 @@ quality to aim at. Writes JSON, Markdown and a plot (tokens per call and perplex
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, common_args, config_dict, number_list, pyplot, save_figure, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
+from specrt.plotting import pyplot, save_figure
 
 
 @dataclass(frozen=True)
 class MtadConfig(BenchConfig):
-    num_prompts: int = 10
-    gamma: int = 4
-    tau: float = 0.5
-    taus: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
-    beams: tuple[int, ...] = (2, 8)  # W at tau, best beam only
-    sweeps: tuple[tuple[int, int], ...] = ((4, 1), (4, 4), (8, 8))  # (W, k) pairs run at every tau
-    reference_beams: int = 8  # W of the exact MJGD reference (0: none)
-    temperature: float = 0.0
-    seed: int = 0
+    gamma: int = option(4, "tokens per beam", ge=1)
+    tau: float = option(0.5, "threshold of the beam-count rows", ge=0, le=1)
+    taus: tuple[float, ...] = option((0.1, 0.3, 0.5, 0.7, 0.9), "thresholds of the sweeps")
+    beams: tuple[int, ...] = option((2, 8), "W run at tau with the best beam only ('' for none)")
+    sweeps: tuple[tuple[int, ...], ...] = option(((4, 1), (4, 4), (8, 8)), "W:k pairs run at every tau (k > 1: the top "
+                                                                          "k of W beams verified as one tree)")
+    reference_beams: int = option(8, "W of the exact MJGD reference row (0: none)", ge=0)
+    temperature: float = option(0.0, "0: greedy (MJSD); > 0: beam sampling (MTAD)", ge=0)
+    seed: int = option(0, "sampling seed", ge=0)
 
 
 def configurations(cfg: MtadConfig) -> list[tuple[str, dict]]:
@@ -52,6 +53,7 @@ def run_mtad(cfg: MtadConfig) -> dict:
     from specrt.bench.quality import perplexity
     from specrt.runtime.pipeline import Pipeline
 
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
     prompt_ids = [pipe.encode(p) for p in prompts]
@@ -70,12 +72,12 @@ def run_mtad(cfg: MtadConfig) -> dict:
         rows.append({"name": name, **{k: kw.get(k) for k in ("method", "num_beams", "tau")},
                      "verify_beams": kw.get("verify_beams", 1),
                      "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speed / ar_speed, 3),
-                     "tokens_per_target_call": round(tokens / sum(o.stats["rounds"] for o in outs), 3),
+                     "tokens_per_target_call": round(tokens / sum(o.stats.rounds for o in outs), 3),
                      "perplexity": round(perplexity(pipe, prompt_ids, [o.token_ids for o in outs]), 4),
                      "runs_s": [round(s, 3) for s in seconds[name]]})
     if cfg.reference_beams:
         rows.append(mjgd_reference(pipe, prompts, prompt_ids, cfg))
-    data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "config": config_dict(cfg), "rows": rows}
+    data = {**header("mtad", cfg), "rows": rows}
     write_report(cfg.out / f"mtad-{cfg.label}", data, markdown, plot)
     return data
 
@@ -138,21 +140,3 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(f"MTAD {data['label']}: γ={c['gamma']}")
     fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
     save_figure(fig, path)
-
-
-def add_mtad_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bench_args
-
-    add_bench_args(p, num_prompts=10)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--sweeps", default="4:1,4:4,8:8",
-                   help="W:k pairs run at every tau (k > 1: the top k of W beams verified as one tree)")
-    p.add_argument("--taus", default="0.1,0.3,0.5,0.7,0.9", help="thresholds tau of the sweeps")
-    p.add_argument("--beams", default="2,8", help="W run at tau 0.5 with the best beam only ('' for none)")
-
-
-def main_from_args(args) -> dict:
-    return run_mtad(MtadConfig(**common_args(args), gamma=args.gamma, temperature=args.temperature,
-                               sweeps=tuple(tuple(int(v) for v in x.split(":")) for x in args.sweeps.split(",")),
-                               taus=number_list(args.taus, float), beams=number_list(args.beams)))

@@ -13,30 +13,32 @@ hardware-aware stars).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, common_args, config_dict, finish_figure, number_list, pyplot, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
+from specrt.plotting import finish_figure, pyplot
 
 
 @dataclass(frozen=True)
 class NgramConfig(BenchConfig):
-    num_prompts: int = 10
-    orders: tuple[int, ...] = (2, 3, 4, 5, 6)
-    lengths: tuple[int, ...] = (1, 3, 5, 7, 9)
-    tree_branches: tuple[int, ...] = (2, 3)
-    tree_order: int = 5
-    min_prob: float = 0.2  # pruned rows: chains and 2-way trees at tree_order drafting no token below it
-    hw_length: int = 16  # hardware-aware rows: chains and 2-way trees at tree_order of up to this many nodes
+    orders: tuple[int, ...] = option((2, 3, 4, 5, 6), "n-gram orders N to try")
+    lengths: tuple[int, ...] = option((1, 3, 5, 7, 9), "draft lengths K to try")
+    tree_branches: tuple[int, ...] = option((2, 3), "continuations per node of the n-gram trees to try ('' for none)")
+    tree_order: int = option(5, "N of the tree, pruned and hardware-aware rows", ge=2)
+    min_prob: float = option(0.2, "pruned rows: chains and 2-way trees drafting no token below this (0: no such rows)",
+                             ge=0, le=1)
+    hw_length: int = option(16, "hardware-aware rows: node cap of their chains and 2-way trees (0: no such rows)", ge=0)
 
 
 def run_ngram(cfg: NgramConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = humaneval_prompts(cfg.num_prompts)
     # (method, N, K, branches, min prob, hardware-aware)
@@ -47,11 +49,12 @@ def run_ngram(cfg: NgramConfig) -> dict:
              + ([("anpd", cfg.tree_order, cfg.hw_length, b, 0.0, True) for b in (1, 2)] if cfg.hw_length else []))
 
     def run(method, n, k, b, min_prob, hw):
-        outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, num_draft_tokens=k, ngram_n=n or 5,
-                             ngram_branches=b, ngram_min_prob=min_prob, ngram_hardware_aware=hw)
-        drafted = sum(o.stats["drafted"] for o in outs)
-        accepted = sum(o.stats["draft_hit_ratio"] * o.stats["drafted"] for o in outs)
-        return (sum(len(o.token_ids) for o in outs), sum(o.stats["rounds"] for o in outs),
+        kw = {} if method == "autoregressive" else dict(num_draft_tokens=k, ngram_n=n, ngram_branches=b,
+                                                        ngram_min_prob=min_prob, ngram_hardware_aware=hw)
+        outs = pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, **kw)
+        drafted = sum(o.stats.drafted for o in outs)
+        accepted = sum(o.stats.accepted for o in outs)
+        return (sum(len(o.token_ids) for o in outs), sum(o.stats.rounds for o in outs),
                 accepted / drafted if drafted else 0.0, [o.token_ids for o in outs])
 
     seconds, stats = timed_runs({c: (lambda c=c: run(*c)) for c in confs}, cfg.runs, 1, f"bench ngram {cfg.label}")
@@ -65,7 +68,7 @@ def run_ngram(cfg: NgramConfig) -> dict:
                      "speedup_vs_ar": round(speed / base, 3), "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
-    data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "config": config_dict(cfg), "rows": rows}
+    data = {**header("ngram", cfg), "rows": rows}
     write_report(cfg.out / f"ngram-{cfg.label}", data, markdown, plot)
     return data
 
@@ -110,19 +113,3 @@ def plot(data: dict, path: Path) -> None:
     ax.axhline(1.0, color="gray", lw=1)
     finish_figure(fig, ax, path, "draft tokens per step (K: chain length or tree nodes)", "speedup over autoregressive",
                   f"ANPD {data['label']}: speedup by N and K")
-
-
-def add_ngram_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bench_args
-
-    add_bench_args(p, num_prompts=10)
-    p.add_argument("--orders", default="2,3,4,5,6", help="n-gram orders N to try")
-    p.add_argument("--lengths", default="1,3,5,7,9", help="draft lengths K to try")
-    p.add_argument("--tree-branches", default="2,3", help="continuations per node of n-gram trees to try ('' for none)")
-    p.add_argument("--min-prob", type=float, default=0.2, help="pruned rows' min path probability (0 for no such rows)")
-    p.add_argument("--hw-length", type=int, default=16, help="hardware-aware rows' node cap (0 for no such rows)")
-
-
-def main_from_args(args) -> dict:
-    return run_ngram(NgramConfig(**common_args(args), orders=number_list(args.orders), lengths=number_list(args.lengths),
-                                 tree_branches=number_list(args.tree_branches), min_prob=args.min_prob, hw_length=args.hw_length))

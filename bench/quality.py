@@ -7,15 +7,14 @@ import numpy as np
 
 def token_logprobs(pipe, prompt_ids, new_ids) -> np.ndarray:
     """log p_target(new_ids[i] | prompt, new_ids[:i]) for each new token, by one teacher-forced step."""
+    from specrt.runtime.sampling import log_softmax
     from specrt.runtime.step_inputs import feed_rows
 
     seq = np.asarray(list(prompt_ids) + list(new_ids), dtype=np.int64)
-    cache = pipe.target.new_cache(1)
-    logits = feed_rows(pipe.target, cache, [seq[:-1]])[0].astype(np.float64)  # [T - 1, V]
-    rows = logits[len(prompt_ids) - 1:]
-    rows = rows - rows.max(axis=-1, keepdims=True)
-    logz = np.log(np.exp(rows).sum(axis=-1))
-    return rows[np.arange(len(new_ids)), np.asarray(new_ids)] - logz
+    runner = pipe.target.runner()
+    logits = feed_rows(runner, runner.new_cache(1), [seq[:-1]])[0]  # [T - 1, V]
+    rows = log_softmax(logits[len(prompt_ids) - 1:])
+    return rows[np.arange(len(new_ids)), np.asarray(new_ids)]
 
 
 def perplexity(pipe, prompts_ids, outputs_ids) -> float:

@@ -16,46 +16,51 @@ Writes JSON, Markdown and a plot (like PPD Fig. 8b/c) under `out/`.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, common_args, config_dict, finish_figure, number_list, pyplot, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bundle.artifacts import Acceptance, Plan
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
 from specrt.errors import SpecrtError
+from specrt.plotting import finish_figure, pyplot
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
 class TreesConfig(BenchConfig):
-    num_prompts: int = 5
-    tree_sizes: tuple[int, ...] = TREE_SIZES
-    max_chain: int = 8
-    long_chains: tuple[int, ...] = (12, 16)  # chains wider than max_chain, measured for equal-width comparisons
-    dynamic_sizes: tuple[int, ...] = (4, 8, 12, 16)
-    merged_sizes: tuple[int, ...] = (6, 8, 10)  # dynamic trees of these sizes with n-gram drafts merged in
-    batch_size: int = 1  # sequences per ragged batch; predictions and the tuned choice are the plan's for it
+    num_prompts: int = option(5, "first N HumanEval prompts", ge=1)
+    tree_sizes: tuple[int, ...] = option(TREE_SIZES, "calibrated best static trees to measure (the tuned one always is)")
+    max_chain: int = option(8, "chains of 1..this many tokens are measured", ge=1)
+    long_chains: tuple[int, ...] = option((12, 16), "chain lengths past the calibrated depth to measure, for "
+                                                    "equal-width comparisons ('' for none)")
+    dynamic_sizes: tuple[int, ...] = option((4, 8, 12, 16), "dynamic tree sizes to measure ('' for none)")
+    merged_sizes: tuple[int, ...] = option((6, 8, 10), "dynamic tree sizes to measure with n-gram drafts merged in "
+                                                      "('' for none)")
+    batch_size: int = option(1, "sequences per ragged batch; predictions and the tuned choice are the plan's for it",
+                             ge=1)
 
 
-def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]:
-    curve = plan["curves"][str(cfg.batch_size)]
-    predicted = {(r["kind"], r["num_nodes"]): r["predicted_tokens_per_s"] for r in curve}
-    trees = {t["num_nodes"]: t["paths"] for t in acceptance["trees"]}
+def configurations(plan: Plan, acceptance: Acceptance, cfg: TreesConfig) -> list[dict]:
+    curve = plan.curves[cfg.batch_size]
+    predicted = {(r.kind, r.num_nodes): r.predicted_tokens_per_s for r in curve}
+    trees = {t.num_nodes: t.paths for t in acceptance.trees}
     out = [{"name": "autoregressive", "kind": "autoregressive", "num_nodes": 0, "paths": None,
             "predicted": predicted[("autoregressive", 0)]}]
     for g in sorted({g for g in range(1, cfg.max_chain + 1) if ("chain", g) in predicted} | set(cfg.long_chains)):
         out.append({"name": f"chain {g}", "kind": "chain", "num_nodes": g, "paths": [[0] * d for d in range(1, g + 1)],
                     "predicted": predicted.get(("chain", g))})
-    choice = plan["choices"][str(cfg.batch_size)]
-    sizes = sorted(set(cfg.tree_sizes) | ({choice["num_nodes"]} if choice["kind"] == "tree" else set()))
+    choice = plan.choices[cfg.batch_size].best
+    sizes = sorted(set(cfg.tree_sizes) | ({choice.num_nodes} if choice.kind == "tree" else set()))
     for n in sizes:  # the tuned tree is always measured, whatever its size
         if n in trees and ("tree", n) in predicted:
             out.append({"name": f"tree {n}", "kind": "tree", "num_nodes": n, "paths": trees[n], "predicted": predicted[("tree", n)]})
     for kind, measure in (("dynamic", cfg.dynamic_sizes), ("merged", cfg.merged_sizes)):
-        tuned = {choice["num_nodes"]} if choice["kind"] == kind else set()
+        tuned = {choice.num_nodes} if choice.kind == kind else set()
         for n in sorted(set(measure) | tuned):
             out.append({"name": f"{kind} {n}", "kind": kind, "num_nodes": n, "paths": None,
                         "predicted": predicted.get((kind, n))})
@@ -65,18 +70,18 @@ def configurations(plan: dict, acceptance: dict, cfg: TreesConfig) -> list[dict]
 def batch_prefill(outs, batch_size: int) -> float:
     """Prefill seconds of a generate call: each sequence of a batch records its whole batch's prefill, so
     count the first sequence of each batch only."""
-    return sum(o.stats["seconds"]["prefill"] for o in outs[::batch_size])
+    return sum(o.stats.seconds.prefill for o in outs[::batch_size])
 
 
 def run_trees(cfg: TreesConfig) -> dict:
-    from specrt.calibration.acceptance import load_acceptance
-    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
+    from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
     from specrt.runtime.pipeline import Pipeline
 
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
-    plan, acceptance = pipe.plan(), load_acceptance(cfg.bundle)
-    if str(cfg.batch_size) not in plan["choices"]:
-        raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(plan['choices'])}, not {cfg.batch_size}: "
+    plan, acceptance = pipe.plan(), pipe.acceptance()
+    if cfg.batch_size not in plan.choices:
+        raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(map(str, plan.choices))}, not {cfg.batch_size}: "
                           f"re-run `specrt profile` and `specrt tune` with it")
     confs = configurations(plan, acceptance, cfg)
     prompts = humaneval_prompts(cfg.num_prompts)
@@ -86,12 +91,13 @@ def run_trees(cfg: TreesConfig) -> dict:
         if c["kind"] in ("dynamic", "merged"):
             outs = pipe.generate(prompts, method="dynamic", num_draft_tokens=c["num_nodes"],
                                  ngram_tokens=MERGE_NGRAM_TOKENS if c["kind"] == "merged" else 0, **kw)
+        elif c["paths"] is None:
+            outs = pipe.generate(prompts, method="autoregressive", **kw)
         else:
-            method = "autoregressive" if c["paths"] is None else "tree"
-            outs = pipe.generate(prompts, method=method, tree=c["paths"], **kw)
+            outs = pipe.generate(prompts, method="tree", tree=c["paths"], **kw)
         prefill = batch_prefill(outs, cfg.batch_size)
-        rounds = sum(o.stats["rounds"] for o in outs)
-        return sum(len(o.token_ids) for o in outs), rounds, [o.token_ids for o in outs], prefill, sum(o.stats["drafted"] for o in outs)
+        rounds = sum(o.stats.rounds for o in outs)
+        return sum(len(o.token_ids) for o in outs), rounds, [o.token_ids for o in outs], prefill, sum(o.stats.drafted for o in outs)
 
     seconds, last = timed_runs({c["name"]: (lambda c=c: run(c)) for c in confs}, cfg.runs, 1, f"bench trees {cfg.label}")
     for c in confs:
@@ -111,8 +117,8 @@ def run_trees(cfg: TreesConfig) -> dict:
                      "nodes_per_round": round(c["drafted"] / c["rounds"], 2),
                      "runs_s": [round(s, 3) for s in seconds[c["name"]]],
                      "same_tokens_as_autoregressive": c["ids"] == ref})
-    choice = plan["choices"][str(cfg.batch_size)]
-    tuned = "autoregressive" if choice["method"] == "autoregressive" else f"{choice['kind']} {choice['num_nodes']}"
+    choice = plan.choices[cfg.batch_size]
+    tuned = "autoregressive" if choice.method == "autoregressive" else f"{choice.best.kind} {choice.best.num_nodes}"
     return report(cfg, rows, tuned)
 
 
@@ -145,9 +151,7 @@ def report(cfg: TreesConfig, rows: list[dict], tuned: str) -> dict:
         "tokens_per_call_dynamic_vs_chain_same_width": per_call_vs_chain("dynamic"),
         "tokens_per_call_merged_vs_chain_same_width": per_call_vs_chain("merged"),
     }
-    data = {"label": cfg.label, "date": time.strftime("%Y-%m-%d"),
-            "config": config_dict(cfg),
-            "summary": summary, "rows": rows}
+    data = {**header("trees", cfg), "summary": summary, "rows": rows}
     write_report(cfg.out / f"trees-{cfg.label}", data, markdown, plot)
     return data
 
@@ -204,22 +208,3 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", f"tokens/s (batch {data['config'].get('batch_size', 1)})",
                   f"trees {data['label']}: measured vs predicted")
-
-
-def add_trees_args(p: argparse.ArgumentParser) -> None:
-    from specrt.cli import add_bench_args
-
-    add_bench_args(p, num_prompts=5)
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per ragged batch (default: %(default)s)")
-    p.add_argument("--tree-sizes", default=",".join(map(str, TREE_SIZES)),
-                   help="calibrated best static trees to measure (the tuned one always is; default: %(default)s)")
-    p.add_argument("--long-chains", default="12,16", help="chain widths past the calibrated depth to measure ('' for none)")
-    p.add_argument("--dynamic-sizes", default="4,8,12,16", help="dynamic tree sizes to measure ('' for none)")
-    p.add_argument("--merged-sizes", default="6,8,10",
-                   help="dynamic tree sizes to measure with n-gram drafts merged in ('' for none)")
-
-
-def main_from_args(args) -> dict:
-    return run_trees(TreesConfig(**common_args(args), batch_size=args.batch_size, tree_sizes=number_list(args.tree_sizes),
-                                 long_chains=number_list(args.long_chains), dynamic_sizes=number_list(args.dynamic_sizes),
-                                 merged_sizes=number_list(args.merged_sizes)))

@@ -31,37 +31,40 @@ Deterministic for a seed: prompts are drawn by a seeded generator and decoding i
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Acceptance, MeasuredTree, Stamp, TreeEstimate
+from specrt.bundle.manifest import BundleOptions
+from specrt.config import config_dict, option
+from specrt.runtime.backends import ThreadOptions
 from specrt.errors import SpecrtError
 
-ACCEPTANCE = "acceptance.json"
+MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
 
 
 @dataclass(frozen=True)
-class CalibrationConfig:
-    bundle: Path
-    num_prompts: int = 24
-    prompt_tokens: int = 64
-    new_tokens: int = 96
-    max_depth: int = 8
-    max_rank: int = 8
-    max_nodes: int = 64
-    seed: int = 0
-    threads: int | None = 2
-    dynamic_sizes: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 16, 24, 32)  # dynamic trees to measure (() for none)
-    merged_sizes: tuple[int, ...] = (4, 6, 8, 10, 12, 16)  # the same, n-gram drafts merged in (() for none)
+class CalibrationConfig(BundleOptions, ThreadOptions):
+    num_prompts: int = option(24, "held-out prompts decoded", ge=1)
+    prompt_tokens: int = option(64, "tokens per held-out prompt", ge=1)
+    new_tokens: int = option(96, "tokens decoded per prompt", ge=1)
+    max_depth: int = option(8, "deepest tree level estimated", ge=1)
+    max_rank: int = option(8, "draft ranks estimated per level", ge=1)
+    max_nodes: int = option(64, "largest static tree built", ge=1)
+    seed: int = option(0, "seed of the prompt sampler", ge=0)
+    dynamic_sizes: tuple[int, ...] = option((2, 4, 6, 8, 10, 12, 16, 24, 32),
+                                            "dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
+    merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
+                                           "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
 
 
 def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
     """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
-    from specrt.models.corpus import load_corpus
+    from specrt.checkpoints.corpus import load_corpus
 
     _, val = load_corpus()
     rng = np.random.default_rng(seed)
@@ -81,13 +84,13 @@ def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[
 TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0))  # draft_temperature's grid (1.0 exact)
 
 
-def draft_ranks(draft_backend, tokens: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
+def draft_ranks(draft_runner, tokens: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank of tokens[j] among the draft's logits after tokens[:j], for j >= first (teacher forcing),
     and the summed negative log-likelihood of those tokens at each of TEMPERATURES."""
     from specrt.runtime.step_inputs import feed_rows
 
-    cache = draft_backend.new_cache(1)
-    logits = feed_rows(draft_backend, cache, [np.asarray(tokens[:-1], dtype=np.int64)])[0]  # [T - 1, V]
+    cache = draft_runner.new_cache(1)
+    logits = feed_rows(draft_runner, cache, [np.asarray(tokens[:-1], dtype=np.int64)])[0]  # [T - 1, V]
     rows = logits[first - 1:].astype(np.float64)
     true = np.asarray(tokens[first:])
     chosen = rows[np.arange(len(true)), true]
@@ -96,13 +99,10 @@ def draft_ranks(draft_backend, tokens: list[int], first: int) -> tuple[np.ndarra
 
 def nll_by_temperature(rows: np.ndarray, true: np.ndarray) -> np.ndarray:
     """Summed -log softmax(rows / T)[true] over the rows [N, V], for each T in TEMPERATURES."""
-    chosen = rows[np.arange(len(true)), true]
-    nll = np.empty(len(TEMPERATURES))
-    for i, t in enumerate(TEMPERATURES):
-        x = rows / t
-        top = x.max(axis=-1)
-        nll[i] = float((top + np.log(np.exp(x - top[:, None]).sum(axis=-1)) - chosen / t).sum())
-    return nll
+    from specrt.runtime.sampling import log_softmax
+
+    index = np.arange(len(true))
+    return np.array([-float(log_softmax(rows / t)[index, true].sum()) for t in TEMPERATURES])
 
 
 def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,11 +123,9 @@ def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int)
     return counts / np.maximum(support, 1)[:, None], support
 
 
-def best_trees(p: np.ndarray, max_nodes: int) -> list[dict]:
-    """Nested best trees of 1..max_nodes nodes under the product model, greedily by path probability.
-
-    Returns [{"num_nodes": n, "paths": [...], "expected_accepted": f(n)}] (paths in the order added).
-    """
+def best_trees(p: np.ndarray, max_nodes: int) -> list[TreeEstimate]:
+    """Nested best trees of 1..max_nodes nodes under the product model, greedily by path probability
+    (each tree's paths in the order they were added)."""
     depth, ranks = p.shape
     heap = [(-p[0, r], (r,)) for r in range(ranks)]
     heapq.heapify(heap)
@@ -137,7 +135,7 @@ def best_trees(p: np.ndarray, max_nodes: int) -> list[dict]:
         prob = -neg
         paths.append(path)
         total += prob
-        out.append({"num_nodes": len(paths), "paths": [list(q) for q in paths], "expected_accepted": total})
+        out.append(TreeEstimate(len(paths), tuple(paths), total))
         if len(path) < depth:
             for r in range(ranks):
                 heapq.heappush(heap, (-(prob * p[len(path), r]), path + (r,)))
@@ -150,92 +148,72 @@ def chain_expectation(p: np.ndarray, length: int) -> float:
 
 
 def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
-                       progress: bool = True, ngram_tokens: int = 0) -> list[dict]:
+                       progress: bool = True, ngram_tokens: int = 0) -> list[MeasuredTree]:
     """Per dynamic tree size (with `ngram_tokens` n-gram drafts merged in): accepted drafted tokens, draft
     calls and verified nodes per round, measured by decoding."""
     from tqdm import tqdm
 
-    from specrt.runtime.methods import MERGE_MIN_PROB, dynamic_shape
+    from specrt.runtime.methods import Dynamic
 
     out = []
     desc = "calibrate merged trees" if ngram_tokens else "calibrate dynamic trees"
     bar = tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress)
     for n in sizes:
+        method = Dynamic(num_draft_tokens=n, draft_temperature=temperature, ngram_tokens=ngram_tokens)
         accepted = rounds = calls = nodes = 0
         widths: Counter = Counter()
         for prompt in prompts:
             st = pipe.generate([prompt], method="dynamic", num_draft_tokens=n, draft_temperature=temperature,
                                ngram_tokens=ngram_tokens, max_new_tokens=new_tokens)[0].stats
-            rounds += st["rounds"]
-            accepted += sum(int(k) * v for k, v in st["accepted_hist"].items())
-            calls += st["draft_calls"] - 1  # the prompt's prefill is one draft call
-            nodes += st["drafted"]
-            widths.update(st["drafted_hist"])
+            rounds += st.rounds
+            accepted += st.accepted
+            calls += st.draft_calls - 1  # the prompt's prefill is one draft call
+            nodes += st.drafted
+            widths.update(st.drafted_hist)
             bar.update()
-        width, depth = dynamic_shape(n)
-        entry = {"num_nodes": n, "width": width, "depth": depth,
-                 "expected_accepted": round(accepted / max(1, rounds), 6),
-                 "draft_calls_per_round": round(calls / max(1, rounds), 4),
-                 "nodes_per_round": round(nodes / max(1, rounds), 4),
-                 "nodes_hist": {str(k): widths[k] for k in sorted(widths)}}
-        if ngram_tokens:
-            entry.update(ngram_tokens=ngram_tokens, ngram_min_prob=MERGE_MIN_PROB)
-        out.append(entry)
+        width, depth = method.shape
+        out.append(MeasuredTree(n, width, depth, round(accepted / max(1, rounds), 6), round(calls / max(1, rounds), 4),
+                                round(nodes / max(1, rounds), 4), {k: widths[k] for k in sorted(widths)},
+                                ngram_tokens, method.ngram_min_prob if ngram_tokens else None))
     bar.close()
     return out
 
 
-def calibrate(cfg: CalibrationConfig, progress: bool = True) -> dict:
+def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     from tqdm import tqdm
 
-    from specrt.runtime.methods import MERGE_NGRAM_TOKENS
     from specrt.runtime.pipeline import Pipeline
 
-    if cfg.max_depth < 1 or cfg.max_rank < 1 or cfg.max_nodes < 1:
-        raise SpecrtError("max_depth, max_rank and max_nodes must be >= 1")
     t0 = time.perf_counter()
     pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
     prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
     rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
+    draft = pipe.draft.runner()
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
         out = pipe.generate([prompt], method="autoregressive", max_new_tokens=cfg.new_tokens)[0]
-        ranks, prompt_nll = draft_ranks(pipe.draft, prompt + out.token_ids, len(prompt))
+        ranks, prompt_nll = draft_ranks(draft, prompt + out.token_ids, len(prompt))
         rank_seqs.append(ranks)
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
-    trees = best_trees(p, cfg.max_nodes)
     temperature = float(TEMPERATURES[int(np.argmin(nll))])
-    dynamic = dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)
-    merged = dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress, MERGE_NGRAM_TOKENS)
-    result = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "manifest_sha256": _manifest_hash(cfg.bundle),
-        "num_positions": int(sum(len(r) for r in rank_seqs)),
-        "rank_histogram": np.bincount(np.minimum(np.concatenate(rank_seqs), cfg.max_rank), minlength=cfg.max_rank + 1).tolist(),
-        "depth_rank": p.round(6).tolist(),
-        "depth_support": support.astype(int).tolist(),
-        "chain_expected_accepted": [round(chain_expectation(p, g), 6) for g in range(1, cfg.max_depth + 1)],
-        "draft_temperature": temperature,
-        "draft_nll_at_temperature_1": round(float(nll[np.flatnonzero(TEMPERATURES == 1.0)[0]]) / len(np.concatenate(rank_seqs)), 6),
-        "draft_nll_at_draft_temperature": round(float(nll.min()) / len(np.concatenate(rank_seqs)), 6),
-        "trees": trees,
-        "dynamic": dynamic,
-        "merged": merged,
-        "seconds": round(time.perf_counter() - t0, 2),
-    }
-    (cfg.bundle / ACCEPTANCE).write_text(json.dumps(result, indent=1) + "\n")
+    positions = int(sum(len(r) for r in rank_seqs))
+    result = Acceptance(
+        stamp=Stamp.make(cfg.bundle),
+        config=config_dict(cfg),
+        num_positions=positions,
+        rank_histogram=tuple(np.bincount(np.minimum(np.concatenate(rank_seqs), cfg.max_rank),
+                                         minlength=cfg.max_rank + 1).tolist()),
+        depth_rank=tuple(tuple(row) for row in p.round(6).tolist()),
+        depth_support=tuple(support.astype(int).tolist()),
+        chain_expected_accepted=tuple(round(chain_expectation(p, g), 6) for g in range(1, cfg.max_depth + 1)),
+        draft_temperature=temperature,
+        draft_nll_at_temperature_1=round(float(nll[np.flatnonzero(TEMPERATURES == 1.0)[0]]) / positions, 6),
+        draft_nll_at_draft_temperature=round(float(nll.min()) / positions, 6),
+        trees=tuple(best_trees(p, cfg.max_nodes)),
+        dynamic=tuple(dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)),
+        merged=tuple(dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress,
+                                        MERGE_NGRAM_TOKENS)),
+        seconds=round(time.perf_counter() - t0, 2),
+    )
+    artifacts.save(cfg.bundle, result)
     return result
-
-
-def _manifest_hash(bundle: Path) -> str:
-    from specrt.contract import MANIFEST
-    from specrt.manifest import sha256_file
-
-    return sha256_file(bundle / MANIFEST)
-
-
-def load_acceptance(bundle: Path) -> dict:
-    path = Path(bundle) / ACCEPTANCE
-    if not path.is_file():
-        raise SpecrtError(f"no {ACCEPTANCE} in {bundle}: run `specrt calibrate --bundle {bundle}` first")
-    return json.loads(path.read_text())

@@ -2,93 +2,62 @@
 
     export_bundle(ExportConfig(target=..., draft=..., out=...))
 
-writes the two step graphs (export/step_module.py), the tokenizer, copies of the checkpoints and
+writes the two step graphs (specrt.model.step), the tokenizer, copies of the checkpoints and
 manifest.json, after checking that the two models can be paired (same tokenizer, same vocabulary)
 and that each ONNX graph matches PyTorch on random trees and ragged batches.
+
+Atomic: the bundle is built in a temporary directory next to `out` and swapped into place at the end
+(specrt.bundle.files.replace_dir), so an interrupted export (an error, Ctrl-C, a kill) leaves the old
+bundle as it was. A re-export replaces the whole directory: artifacts made from the old export
+(acceptance, latency profile, plan) go with it.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt import __version__, contract
-from specrt.errors import SpecrtError, UnsupportedModelError
-from specrt.manifest import ModelEntry, hash_tree, write_manifest
+from specrt import contract
+from specrt.bundle.files import replace_dir
+from specrt.bundle.manifest import MANIFEST, MANIFEST_FORMAT, ModelEntry, hash_tree, write_manifest
+from specrt.checkpoints import DEMO_DIR
+from specrt.config import Config, option
+from specrt.errors import SpecrtError
+from specrt.model.checkpoint import DTYPES, check_pair, has_tokenizer, load_checkpoint, load_config, load_tokenizer, max_context
+from specrt.version import __version__
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-DTYPES = ("float32", "float16")
 PARITY_TOL = {"float32": 1e-4, "float16": 5e-2}  # max |onnx - torch| over logits and new K/V
+TMP_PREFIX = ".specrt-export-"
 
 
 @dataclass(frozen=True)
-class ExportConfig:
-    target: Path  # Hugging Face checkpoint directory
-    draft: Path
-    out: Path  # bundle directory (created or overwritten)
-    tokenizer: Path | None = None  # default: the target's directory
-    opset: int = 17
-    check: bool = True  # parity against PyTorch after export
-    dtype: str = "float32"  # weights, activations and K/V; logits are always float32
+class ExportConfig(Config):
+    target: Path = option(DEMO_DIR / "target", "target checkpoint directory (default: the demo target)")
+    draft: Path = option(DEMO_DIR / "draft", "draft checkpoint directory (default: the demo draft)")
+    out: Path = option(Path("build/demo"), "bundle directory (created, or replaced if it holds a bundle)")
+    tokenizer: Path | None = option(None, "tokenizer directory (default: the target's, else the demo's for the demo pair)")
+    opset: int = option(17, "ONNX opset", ge=14)
+    check: bool = option(True, "check each step graph against PyTorch after export", flag="parity-check")
+    dtype: str = option("float32", "weights, activations and K/V cache (float16 is meant for GPUs; logits stay float32)",
+                        choices=DTYPES)
 
-
-def load_config(path: Path):
-    """The checkpoint's config, refused early if the exporter cannot handle its architecture."""
-    from transformers import AutoConfig
-
-    from specrt.export.step_module import check_supported
-
-    if not (path / "config.json").is_file():
-        raise SpecrtError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (ValueError, KeyError) as e:
-        raise UnsupportedModelError(f"{path}: cannot read config.json ({e})") from None
-    check_supported(config)
-    return config
-
-
-def load_checkpoint(path: Path, dtype: str = "float32"):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if dtype not in DTYPES:
-        raise SpecrtError(f"unsupported dtype {dtype!r} (choose from {', '.join(DTYPES)})")
-    load_config(path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
-    except (OSError, RuntimeError, ValueError) as e:
-        raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
-    return model.eval()
-
-
-def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise SpecrtError(f"no tokenizer in {path} (give one with --tokenizer DIR)")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> None:
-    """Refuse a pair that cannot share token ids."""
-    tv, dv = target_config.vocab_size, draft_config.vocab_size
-    if tv != dv:
-        raise SpecrtError(f"draft and target vocabularies differ (target vocab_size={tv}, draft vocab_size={dv}); "
-                          "speculative decoding needs one tokenizer for both")
-    if len(tokenizer) > tv:
-        raise SpecrtError(f"tokenizer has {len(tokenizer)} tokens but the target's vocab_size is {tv}")
-    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise SpecrtError("draft and target tokenizers differ (their vocabularies map tokens to different ids)")
+    def tokenizer_dir(self) -> Path:
+        if self.tokenizer:
+            return self.tokenizer
+        if not has_tokenizer(self.target) and self.target.resolve().is_relative_to(DEMO_DIR.resolve()):
+            return DEMO_DIR / "tokenizer"
+        return self.target
 
 
 def export_step_graph(model, path: Path, opset: int = 17) -> None:
     import torch
 
-    from specrt.export.step_module import StepModule
+    from specrt.model.step import StepModule
 
     step = StepModule(model).eval()
     num_layers = step.num_layers
@@ -122,76 +91,105 @@ def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str) -> ModelEnt
         role=role, onnx=onnx_rel, hf_dir=hf_rel, model_type=c.model_type,
         num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        vocab_size=c.vocab_size, max_positions=_max_context(c), dtype=dtype,
+        vocab_size=c.vocab_size, max_positions=max_context(c), dtype=dtype,
         num_params=sum(p.numel() for p in model.parameters()),
     )
 
 
-def _max_context(config) -> int:
-    """The longest context a step graph may see: max positions, or the sliding window if smaller."""
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    return min(config.max_position_embeddings, window) if window else config.max_position_embeddings
+def _check_destination(out: Path) -> None:
+    """Refuse to replace a directory that is not a bundle and not empty: nothing of the user's is lost."""
+    if out.exists() and not out.is_dir():
+        raise SpecrtError(f"{out} exists and is not a directory")
+    if out.is_dir() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise SpecrtError(f"{out} is a non-empty directory that is not a specrt bundle: refusing to replace it "
+                          "(choose another --out, or empty it)")
+
+
+def _remove_stale_temporaries(parent: Path) -> None:
+    """Temporary directories left by exports that were killed (their process is gone)."""
+    for d in parent.glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int(d.name.rsplit("-", 2)[-2])
+        except (ValueError, IndexError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass
 
 
 def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    out = Path(cfg.out)
+    _check_destination(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=out.parent))
+    stages = tqdm(total=7, desc="export", disable=not progress, unit="stage")
+    try:
+        manifest = _build(cfg, tmp, stages)
+        replace_dir(tmp, out)
+    finally:
+        stages.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
+    """Write a complete bundle into the (empty) directory `dest`."""
     import onnx
     import onnxruntime
     import torch
     import transformers
-    from tqdm import tqdm
 
-    from specrt.export.parity import check_parity
-    from specrt.export.step_module import StepModule
+    from specrt.graphs.parity import check_parity
     from specrt.graphs.passes import check_and_infer
+    from specrt.model.step import StepModule
 
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    stages = tqdm(total=7, desc="export", disable=not progress, unit="stage")
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target)
-    draft_tok = load_tokenizer(cfg.draft) if any((cfg.draft / f).is_file() for f in TOKENIZER_FILES) else None
+    tokenizer = load_tokenizer(cfg.tokenizer_dir())
+    draft_tok = load_tokenizer(cfg.draft) if has_tokenizer(cfg.draft) else None
     check_pair(load_config(cfg.target), load_config(cfg.draft), tokenizer, draft_tok)
     target, draft = load_checkpoint(cfg.target, cfg.dtype), load_checkpoint(cfg.draft, cfg.dtype)
     stages.update()
-    tok_dir = cfg.out / "tokenizer"
-    shutil.rmtree(tok_dir, ignore_errors=True)
-    tokenizer.save_pretrained(tok_dir)
-    models, parity = {}, {}
+    tokenizer.save_pretrained(dest / "tokenizer")
+    models, export, parity = {}, {}, {}
     for role, model, src in (("target", target, cfg.target), ("draft", draft, cfg.draft)):
         stages.set_postfix_str(f"{role}: onnx")
         onnx_rel, hf_rel = f"{role}.onnx", f"hf/{role}"
         t0 = time.perf_counter()
-        export_step_graph(model, cfg.out / onnx_rel, cfg.opset)
-        check_and_infer(cfg.out / onnx_rel)
+        export_step_graph(model, dest / onnx_rel, cfg.opset)
+        check_and_infer(dest / onnx_rel)
         stages.update()
-        hf_dst = cfg.out / hf_rel
-        shutil.rmtree(hf_dst, ignore_errors=True)
-        model.save_pretrained(hf_dst, safe_serialization=True)
+        model.save_pretrained(dest / hf_rel, safe_serialization=True)
         stages.update()
         if cfg.check:
             stages.set_postfix_str(f"{role}: parity")
-            sess = onnxruntime.InferenceSession(str(cfg.out / onnx_rel), providers=["CPUExecutionProvider"])
+            sess = onnxruntime.InferenceSession(str(dest / onnx_rel), providers=["CPUExecutionProvider"])
             report = check_parity(sess, StepModule(model).eval())
             tol = PARITY_TOL[cfg.dtype]
             if not report.ok(tol):
                 raise SpecrtError(f"{role} step graph does not match PyTorch: {report} (tolerance {tol})")
             parity[role] = {"cases": report.cases, "max_logit_err": report.max_logit_err, "max_kv_err": report.max_kv_err}
         stages.update()
-        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype).__dict__ | {"export_seconds": round(time.perf_counter() - t0, 2),
-                                                                            "source": src.name}
+        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype).__dict__
+        export[role] = {"export_seconds": round(time.perf_counter() - t0, 2), "source": src.name}
     manifest = {
-        "format": contract.MANIFEST_FORMAT,
+        "format": MANIFEST_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": {"specrt": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                      "torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "tokenizer": "tokenizer",
         "eos_token_id": tokenizer.eos_token_id,
-        "models": {role: {k: v for k, v in m.items() if k in ModelEntry.__dataclass_fields__} for role, m in models.items()},
-        "export": {role: {"export_seconds": m["export_seconds"], "source": m["source"]} for role, m in models.items()},
+        "models": models,
+        "export": export,
         "io": {"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
                "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
         "parity": parity,
-        "files": hash_tree(cfg.out, ["tokenizer", "target.onnx", "draft.onnx", "hf"]),
+        "files": hash_tree(dest, ["tokenizer", "target.onnx", "draft.onnx", "hf"]),
     }
-    write_manifest(cfg.out, manifest)
-    stages.close()
+    write_manifest(dest, manifest)
     return manifest

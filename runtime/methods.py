@@ -11,214 +11,262 @@
 | + ngram_tokens | sd / tree / dynamic's drafter merged | exact match / one-hot rejection           |
 |                | with an NgramDrafter (MergedDrafter) |                                           |
 | mtad           | BeamDrafter (best beam or top beams) | JointLikelihoodVerifier (not lossless)    |
+
+Each method is a frozen dataclass of its own options, their defaults, bounds and help declared once next
+to its builder, registered by name in METHODS. `make_method(name, options)` refuses, by name, an option
+the method does not take; the CLI derives its generation flags from these classes (specrt.cli).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
+from specrt.config import Config, option
 from specrt.errors import InvalidRequestError
-from specrt.runtime.beam import BeamDrafter, DynamicTreeDrafter
-from specrt.runtime.drafters import DraftModelDrafter
-from specrt.runtime.merge import MergedDrafter
-from specrt.runtime.ngram import NgramDrafter
+from specrt.runtime.drafters import BeamDrafter, DraftModelDrafter, Drafter, DynamicTreeDrafter, MergedDrafter, NgramDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
 
-METHODS = ("autoregressive", "sd", "tree", "auto", "dynamic", "anpd", "mtad")
-TREE_METHODS = ("autoregressive", "sd", "tree")
-MERGE_METHODS = ("sd", "tree", "dynamic")  # whose drafts may be merged with n-gram drafts (ngram_tokens)
-# n-gram drafts merged into a draft model's tree: none estimated below this. Ad hoc sweep on the inflated
-# pair (8 HumanEval prompts, dynamic 8 + 7 n-gram tokens): 0.3 -> 150.7 tok/s, 0.2 -> 148.5, 0.5 -> 144.2
-MERGE_MIN_PROB = 0.3
-MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
-
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
-# draft is least sure). The tuned plan's best tree replaces it once `specrt tune` has run.
+# draft is least sure). The tuned plan's best static tree replaces it once `specrt tune` has run.
 DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0))
 
 
 @dataclass(frozen=True)
-class MethodConfig:
-    name: str = "sd"
-    num_draft_tokens: int | None = None  # sd and mtad: gamma (default 4); anpd: K (default 7); dynamic: nodes (8)
-    tree: object = None  # tree: paths of child ranks or a TreeSpec (default: the plan's, else DEFAULT_TREE)
-    ngram_n: int = 5  # anpd: highest n-gram order N
-    num_beams: int | None = None  # mtad: beams W (default 4); dynamic: nodes expanded per depth (default
-    # max(4, nodes // 4); `bench trees` on the inflated pair: 32 nodes accept 5.16 tokens/call with W = 8,
-    # 4.81 with W = 4; 24 nodes 4.81 with W = 6, 4.78 with W = 4; bench/results/trees-inflated*.md)
-    tau: float = 0.5  # mtad: joint-likelihood threshold
-    verify_beams: int = 1  # mtad: the top beams the target verifies, as one tree (1: the best beam, a chain)
-    ngram_branches: int = 1  # anpd: continuations per node of a best-first n-gram tree (1: the paper's chain)
-    ngram_min_prob: float | None = None  # anpd: draft no token whose estimated path probability is lower
-    # (default 0: all K); with ngram_tokens, default MERGE_MIN_PROB
-    ngram_hardware_aware: bool = False  # anpd: per round, verify the best-first prefix of the drafted tokens
-    # that maximises expected tokens per ms under the bundle's profiled target latency (latency.json)
-    tree_depth: int | None = None  # dynamic: draft depth (default min(nodes, 8): the draft's rank-0 acceptance
-    # is ~0.74 per depth on the demo pair, so a 9th level is reached < 7% of the time)
-    draft_temperature: float | None = None  # dynamic: temperature of the node scores (default: calibrated)
-    ngram_tokens: int = 0  # sd, tree, dynamic: also draft up to this many tokens from an ANPD n-gram memory
-    # (ngram_n, ngram_branches, ngram_min_prob) and merge them into the draft model's tree (0: off)
+class Built:
+    drafter: Drafter | None
+    verifier: object  # GreedyVerifier, RejectionVerifier or JointLikelihoodVerifier
+    slack: int  # context slots a round may use beyond the text (drafted nodes, scratch rows)
+
+
+@dataclass(frozen=True)
+class Method(Config):
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for help texts
 
     def __post_init__(self):
-        if self.name not in METHODS:
-            raise InvalidRequestError(f"unknown method {self.name!r} (choose from {', '.join(METHODS)})")
-        k = self.num_draft_tokens
-        if k is not None and (not isinstance(k, int) or k < 1):
-            raise InvalidRequestError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
-        if not isinstance(self.ngram_n, int) or self.ngram_n < 2:
-            raise InvalidRequestError(f"ngram_n must be an integer >= 2, got {self.ngram_n!r}")
-        if self.tree_depth is not None and (not isinstance(self.tree_depth, int) or self.tree_depth < 1):
-            raise InvalidRequestError(f"tree_depth must be an integer >= 1, got {self.tree_depth!r}")
-        if not isinstance(self.ngram_branches, int) or self.ngram_branches < 1:
-            raise InvalidRequestError(f"ngram_branches must be an integer >= 1, got {self.ngram_branches!r}")
-        if not isinstance(self.ngram_hardware_aware, bool):
-            raise InvalidRequestError(f"ngram_hardware_aware must be True or False, got {self.ngram_hardware_aware!r}")
-        if self.ngram_min_prob is not None and not 0 <= self.ngram_min_prob <= 1:
-            raise InvalidRequestError(f"ngram_min_prob must be in [0, 1], got {self.ngram_min_prob}")
-        if not isinstance(self.ngram_tokens, int) or isinstance(self.ngram_tokens, bool) or self.ngram_tokens < 0:
-            raise InvalidRequestError(f"ngram_tokens must be an integer >= 0, got {self.ngram_tokens!r}")
-        if self.ngram_tokens and self.name not in MERGE_METHODS:
-            raise InvalidRequestError(f"ngram_tokens merges n-gram drafts into a draft model's tree: methods "
-                                      f"{', '.join(MERGE_METHODS)}, not {self.name!r}")
-        if self.ngram_tokens and self.ngram_hardware_aware:
-            raise InvalidRequestError("ngram_hardware_aware applies to method 'anpd' alone, not to merged n-gram drafts "
-                                      "(use ngram_min_prob)")
-        if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
-            raise InvalidRequestError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
-        beams = self.beams(4)
-        if not isinstance(self.verify_beams, int) or not 1 <= self.verify_beams <= beams:
-            raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={beams}], got {self.verify_beams!r}")
-        if not 0 <= self.tau <= 1:
-            raise InvalidRequestError(f"tau must be in [0, 1], got {self.tau}")
-        t = self.draft_temperature
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
-            raise InvalidRequestError(f"draft_temperature must be a number > 0, got {t!r}")
+        super().__post_init__()
+        self._validate()
+
+    def _validate(self) -> None:
+        """Checks across options (bounds of single options are declared with them)."""
+
+    def build(self, pipe, params: SamplingParams, batch_size: int) -> Built:
+        raise NotImplementedError
 
     @classmethod
-    def create(cls, name: str, options: dict) -> "MethodConfig":
-        """From keyword options, refusing unknown ones by name."""
-        fields = [f for f in cls.__dataclass_fields__ if f != "name"]
-        unknown = sorted(set(options) - set(fields))
-        if unknown:
-            raise InvalidRequestError(f"unknown method option(s) {', '.join(unknown)} (choose from {', '.join(fields)})")
-        return cls(name, **options)
-
-    def draft_tokens(self, default: int) -> int:
-        return default if self.num_draft_tokens is None else self.num_draft_tokens
-
-    def beams(self, default: int) -> int:
-        return default if self.num_beams is None else self.num_beams
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
 
 
-def dynamic_shape(nodes: int, width: int | None = None, depth: int | None = None) -> tuple[int, int]:
-    """(beams expanded per depth, depth) of a dynamic tree of `nodes` nodes, defaults where not given."""
-    return width or max(4, nodes // 4), depth or min(nodes, 8)
+METHODS: dict[str, type[Method]] = {}
 
 
-def resolve_auto(pipe, batch_size: int) -> MethodConfig:
-    """What the bundle's plan chose for this batch size, as a concrete method."""
-    from specrt.runtime.plan import choice_for
-
-    choice = choice_for(pipe.plan(), batch_size)
-    if choice["method"] == "dynamic":
-        return MethodConfig("dynamic", num_draft_tokens=choice["num_nodes"], num_beams=choice["width"],
-                            tree_depth=choice["depth"], ngram_tokens=choice.get("ngram_tokens") or 0,
-                            ngram_min_prob=choice.get("ngram_min_prob"))
-    if choice["method"] == "tree":
-        return MethodConfig("tree", tree=choice["paths"])
-    return MethodConfig("autoregressive")
+def register(cls: type[Method]) -> type[Method]:
+    METHODS[cls.name] = cls
+    return cls
 
 
-def tree_spec(pipe, method: MethodConfig, batch_size: int = 1) -> TreeSpec | None:
-    """The static tree a tree method drafts (None for no speculation)."""
-    from specrt.runtime.plan import PLAN, choice_for
-
-    if method.name not in TREE_METHODS:
-        raise InvalidRequestError(f"{method.name!r} does not draft a static tree (choose from {', '.join(TREE_METHODS)})")
-    if method.name == "autoregressive":
-        return None
-    if method.name == "sd":
-        return TreeSpec.chain(method.draft_tokens(4))
-    tree = method.tree
-    if isinstance(tree, TreeSpec):
-        return tree
-    if tree is None:
-        tree = choice_for(pipe.plan(), batch_size)["best_tree"]["paths"] if (pipe.bundle / PLAN).is_file() else DEFAULT_TREE
-    try:
-        return TreeSpec.from_paths(tree)
-    except (ValueError, TypeError) as e:
-        raise InvalidRequestError(f"invalid tree: {e}") from None
+def make_method(name: str, options: dict) -> Method:
+    """The method called `name` with these options, refusing unknown methods and options it does not take."""
+    if not isinstance(name, str) or name not in METHODS:
+        raise InvalidRequestError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
+    cls = METHODS[name]
+    taken = cls.option_names()
+    alien = [k for k in options if k not in taken]
+    if alien:
+        known = {f for m in METHODS.values() for f in m.option_names()}
+        unknown = [k for k in alien if k not in known]
+        what = (f"unknown method option(s) {', '.join(unknown)}" if unknown else
+                f"option(s) {', '.join(alien)} do not apply to method {name!r}")
+        raise InvalidRequestError(f"{what} ({name} takes: {', '.join(taken) or 'no options'})")
+    return cls(**options)
 
 
-def step_costs(pipe, num_draft_tokens: int, batch_size: int) -> list[float]:
-    """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
-    of n + 1 tokens and the host work of an n-node tree, at the largest profiled batch size <= batch_size
-    (a round's step costs what its widest sequence needs; each sequence is costed on that curve)."""
-    from specrt.bench.latency import LATENCY, host_ms, latency_ms, load_latency
-    from specrt.errors import BundleError, SpecrtError
-    from specrt.machine import describe, fingerprint
+@register
+@dataclass(frozen=True)
+class Autoregressive(Method):
+    name: ClassVar[str] = "autoregressive"
+    summary: ClassVar[str] = "no drafting: one target step per token (the reference)"
 
-    try:
-        latency = load_latency(pipe.bundle)
-    except SpecrtError as e:  # no latency.json: say what to run
-        raise BundleError(f"ngram_hardware_aware needs the bundle's latency profile: {e}") from None
-    here = fingerprint(pipe.backend_name, pipe.threads, pipe.device)
-    if latency.get("machine") != here:
-        raise BundleError(f"{pipe.bundle / LATENCY} was profiled on {describe(latency.get('machine', {}))}, but this is "
-                          f"{describe(here)}: re-run `specrt profile` here")
-    sizes = sorted(int(b) for b in latency["models"]["target"])
-    batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
-    return [latency_ms(latency, "target", batch, n + 1) + host_ms(latency, n) for n in range(num_draft_tokens + 1)]
+    def build(self, pipe, params, batch_size):
+        return Built(None, make_verifier(params), 1)
 
 
-def draft_temperature(pipe) -> float:
-    """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated."""
-    from specrt.calibration.acceptance import ACCEPTANCE, load_acceptance
-
-    if not (pipe.bundle / ACCEPTANCE).is_file():
-        return 1.0
-    return float(load_acceptance(pipe.bundle).get("draft_temperature", 1.0))
+@dataclass(frozen=True)
+class NgramOptions(Method):
+    ngram_n: int = option(5, "highest n-gram order N of the n-gram memory", ge=2)
+    ngram_branches: int = option(1, "continuations per node of an n-gram tree (1: a chain)", ge=1)
 
 
-def build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
-    """(drafter or None, verifier, slack): slack = context slots a round may use beyond the text."""
-    if method.name == "auto":
-        method = resolve_auto(pipe, batch_size)
-    if method.ngram_tokens:
-        if method.name == "sd" and not params.greedy:
+@dataclass(frozen=True)
+class MergeOptions(NgramOptions):
+    """n-gram drafts merged into the draft model's tree (SpecInfer's merge-based tree, MergedDrafter)."""
+
+    ngram_tokens: int = option(0, "also draft up to this many tokens from an n-gram memory and verify both drafts "
+                                  "as one tree (0: off)", ge=0)
+    # Pruning unlikely n-gram drafts pays when they ride along a draft model's tree (bench/results, e2e rows)
+    ngram_min_prob: float = option(0.3, "with ngram_tokens: no n-gram draft whose estimated path probability is lower",
+                                   ge=0, le=1)
+
+    def _validate(self):
+        if not self.ngram_tokens:
+            given = [f.name for f in fields(NgramOptions) if getattr(self, f.name) != f.default]
+            if self.ngram_min_prob != MergeOptions.ngram_min_prob:
+                given.append("ngram_min_prob")
+            if given:
+                raise InvalidRequestError(f"{', '.join(given)} apply to merged n-gram drafts: give ngram_tokens > 0 "
+                                          f"with method {self.name!r}")
+
+    def _merge(self, built: Built, params: SamplingParams) -> Built:
+        if not self.ngram_tokens:
+            return built
+        ngram = NgramDrafter(self.ngram_n, self.ngram_tokens, self.ngram_branches, self.ngram_min_prob)
+        # the merged tree holds up to every node of both; the draft cache needs no more than before
+        return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
+
+
+def static_tree_built(pipe, spec: TreeSpec, params: SamplingParams) -> Built:
+    return Built(DraftModelDrafter(pipe.draft.runner(), spec, pipe.bucket), make_verifier(params), len(spec) + 1)
+
+
+@register
+@dataclass(frozen=True)
+class Sd(MergeOptions):
+    name: ClassVar[str] = "sd"
+    summary: ClassVar[str] = "the draft model drafts a chain; exact match or lossless rejection sampling"
+
+    num_draft_tokens: int = option(4, "drafted chain length (gamma)", ge=1)
+
+    def build(self, pipe, params, batch_size):
+        if self.ngram_tokens and not params.greedy:
             raise InvalidRequestError("ngram_tokens needs deterministic drafts, but sd samples its chain when "
                                       "temperature > 0: use method 'tree' or 'dynamic'")
-        drafter, verifier, slack = _build(pipe, method, params, batch_size)
-        ngram = NgramDrafter(method.ngram_n, method.ngram_tokens, method.ngram_branches,
-                             MERGE_MIN_PROB if method.ngram_min_prob is None else method.ngram_min_prob)
-        # the merged tree holds up to every node of both; the draft cache needs no more than before
-        return MergedDrafter([drafter, ngram]), verifier, slack + method.ngram_tokens
-    return _build(pipe, method, params, batch_size)
+        return self._merge(static_tree_built(pipe, TreeSpec.chain(self.num_draft_tokens), params), params)
 
 
-def _build(pipe, method: MethodConfig, params: SamplingParams, batch_size: int):
-    if method.name == "anpd":
-        k = method.draft_tokens(7)
-        costs = step_costs(pipe, k, batch_size) if method.ngram_hardware_aware else None
-        drafter = NgramDrafter(method.ngram_n, k, method.ngram_branches, method.ngram_min_prob or 0.0, costs)
-        return drafter, make_verifier(params), k + 1
-    if method.name == "mtad":
-        gamma = method.draft_tokens(4)
-        beams = method.beams(4)
-        drafter = BeamDrafter(pipe.draft, beams, gamma, pipe.bucket, method.verify_beams)
+@register
+@dataclass(frozen=True)
+class Tree(MergeOptions):
+    name: ClassVar[str] = "tree"
+    summary: ClassVar[str] = "the draft model fills a static token tree verified in one target step"
+
+    tree: object = option(None, "paths of child ranks, e.g. [[0], [1], [0, 0]] (default: the tuned plan's best "
+                                "static tree, else a built-in 16-node tree)", metavar="JSON")
+
+    def _validate(self):
+        super()._validate()
+        if self.tree is not None and not isinstance(self.tree, TreeSpec):
+            try:
+                TreeSpec.from_paths(self.tree)
+            except (ValueError, TypeError) as e:
+                raise InvalidRequestError(f"invalid tree: {e}") from None
+
+    def spec(self, pipe, batch_size: int) -> TreeSpec:
+        if isinstance(self.tree, TreeSpec):
+            return self.tree
+        if self.tree is not None:
+            return TreeSpec.from_paths(self.tree)
+        if pipe.has_plan():
+            return TreeSpec.from_paths(pipe.plan().choice_for(batch_size).best_static.paths)
+        return TreeSpec.from_paths(DEFAULT_TREE)
+
+    def build(self, pipe, params, batch_size):
+        return self._merge(static_tree_built(pipe, self.spec(pipe, batch_size), params), params)
+
+
+@register
+@dataclass(frozen=True)
+class Dynamic(MergeOptions):
+    name: ClassVar[str] = "dynamic"
+    summary: ClassVar[str] = "the likeliest nodes of the draft's beam search form a new tree each round (EAGLE-2)"
+
+    num_draft_tokens: int = option(8, "tree nodes verified per round", ge=1)
+    num_beams: int | None = option(None, "nodes expanded per depth (default: max(4, nodes // 4))", ge=1)
+    # the demo draft's rank-0 acceptance is about 0.74 per depth (acceptance.json), so a 9th level is rarely reached
+    tree_depth: int | None = option(None, "draft depth (default: min(nodes, 8))", ge=1)
+    draft_temperature: float | None = option(None, "temperature of the draft's node scores (default: the calibrated "
+                                                    "one in acceptance.json, else 1)", gt=0)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(beams expanded per depth, depth)."""
+        nodes = self.num_draft_tokens
+        return self.num_beams or max(4, nodes // 4), self.tree_depth or min(nodes, 8)
+
+    def build(self, pipe, params, batch_size):
+        nodes = self.num_draft_tokens
+        width, depth = self.shape
+        temperature = self.draft_temperature or pipe.draft_temperature()
+        drafter = DynamicTreeDrafter(pipe.draft.runner(), nodes, width, depth, pipe.bucket, temperature)
+        return self._merge(Built(drafter, make_verifier(params), max(nodes + 1, width * (depth - 1) + 2)), params)
+
+
+@register
+@dataclass(frozen=True)
+class Anpd(NgramOptions):
+    name: ClassVar[str] = "anpd"
+    summary: ClassVar[str] = "adaptive multi-level n-gram drafts of the prompt and output, no draft model (ANPD)"
+
+    num_draft_tokens: int = option(7, "K: n-gram drafted tokens (tree nodes) per round", ge=1)
+    ngram_min_prob: float = option(0.0, "no n-gram draft whose estimated path probability is lower", ge=0, le=1)
+    ngram_hardware_aware: bool = option(False, "per round, verify the best-first drafts that pay off under the "
+                                               "bundle's latency profile (latency.json)")
+
+    def build(self, pipe, params, batch_size):
+        k = self.num_draft_tokens
+        costs = pipe.round_costs(k, batch_size) if self.ngram_hardware_aware else None
+        drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob, costs)
+        return Built(drafter, make_verifier(params), k + 1)
+
+
+@register
+@dataclass(frozen=True)
+class Mtad(Method):
+    name: ClassVar[str] = "mtad"
+    summary: ClassVar[str] = ("beam drafts accepted by joint likelihood (MJSD when greedy, beam sampling when not); "
+                              "not lossless by design")
+
+    num_draft_tokens: int = option(4, "gamma: tokens per beam", ge=1)
+    num_beams: int = option(4, "W: beams", ge=1)
+    tau: float = option(0.5, "joint-likelihood threshold: accept the longest prefix with min(1, p/q) > tau", ge=0, le=1)
+    verify_beams: int = option(1, "top beams verified as one tree (1: the best beam)", ge=1)
+
+    def _validate(self):
+        if self.verify_beams > self.num_beams:
+            raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={self.num_beams}], "
+                                      f"got {self.verify_beams}")
+
+    def build(self, pipe, params, batch_size):
+        gamma, beams = self.num_draft_tokens, self.num_beams
+        drafter = BeamDrafter(pipe.draft.runner(), beams, gamma, pipe.bucket, self.verify_beams)
         # the target step holds root + the verified beams' nodes; the draft cache every beam node of
         # every fed depth during a round
-        slack = max(method.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
-        return drafter, JointLikelihoodVerifier(method.tau), slack
-    if method.name == "dynamic":
-        nodes = method.draft_tokens(8)
-        width, depth = dynamic_shape(nodes, method.num_beams, method.tree_depth)
-        temperature = method.draft_temperature or draft_temperature(pipe)
-        drafter = DynamicTreeDrafter(pipe.draft, nodes, width, depth, pipe.bucket, temperature)
-        return drafter, make_verifier(params), max(nodes + 1, width * (depth - 1) + 2)
-    spec = tree_spec(pipe, method, batch_size)
-    drafter = DraftModelDrafter(pipe.draft, spec, pipe.bucket) if spec is not None else None
-    return drafter, make_verifier(params), (len(spec) + 1 if spec else 1)
+        slack = max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
+        return Built(drafter, JointLikelihoodVerifier(self.tau), slack)
+
+
+@register
+@dataclass(frozen=True)
+class Auto(Method):
+    name: ClassVar[str] = "auto"
+    summary: ClassVar[str] = "what the bundle's plan.json chose for the batch size (static or dynamic tree, or none)"
+
+    def resolve(self, pipe, batch_size: int) -> Method:
+        """The plan's choice for this batch size, as a concrete method."""
+        choice = pipe.plan().choice_for(batch_size)
+        best = choice.best
+        if choice.method == "dynamic":
+            merge = {"ngram_tokens": best.ngram_tokens} if best.ngram_tokens else {}
+            if best.ngram_tokens and best.ngram_min_prob is not None:
+                merge["ngram_min_prob"] = best.ngram_min_prob
+            return Dynamic(num_draft_tokens=best.num_nodes, num_beams=best.width, tree_depth=best.depth, **merge)
+        if choice.method == "tree":
+            return Tree(tree=best.paths)
+        return Autoregressive()
+
+    def build(self, pipe, params, batch_size):
+        return self.resolve(pipe, batch_size).build(pipe, params, batch_size)

@@ -1,41 +1,49 @@
 """Pipeline: the embedded API.
 
+    from specrt import Pipeline
     pipe = Pipeline.load("build/demo")                       # ONNX Runtime on the CPU
     out = pipe.generate(["def add(a, b):"], method="sd", max_new_tokens=64)
     out[0].text, out[0].token_ids, out[0].stats
     for piece in pipe.stream("def add(a, b):"): print(piece, end="")
 
-Methods are (drafter, verifier) pairs run by the one Scheduler: "autoregressive" has no drafter, "sd"
-drafts a chain of `num_draft_tokens` with the draft model, "tree" fills a static token tree (`tree=`
-paths of child ranks; default: the tuned plan's best tree, else DEFAULT_TREE) and verifies the whole
-tree in one target step; "auto" does what the bundle's plan.json says for the batch size (a tree, a
-chain, or no speculation); "dynamic" verifies the `num_draft_tokens` (default 8) likeliest nodes of
-the draft's beam search, a tree shaped anew every round (EAGLE-2); "anpd" drafts up to
-`num_draft_tokens` (default 7) tokens from a multi-level n-gram memory (orders 2..`ngram_n`, default
-5) of the prompt and the text so far, with no model (`ngram_branches=b` > 1: a best-first tree with up
-to b continuations per node; `ngram_min_prob`: no token estimated less likely); "mtad" drafts
-`num_beams` beams of `num_draft_tokens` tokens with the draft model and accepts the longest prefix of
-the best beam whose joint likelihood ratio min(1, p/q) exceeds `tau` (MJSD when greedy; not lossless
-by design); `verify_beams=k` verifies the top k beams as one tree instead. With `ngram_tokens=k`, sd,
-tree and dynamic also draft up to k tokens from an ANPD n-gram memory and verify the union of both
-drafts as one tree (MergedDrafter). Greedy when temperature == 0, lossless rejection sampling otherwise.
+Methods (runtime/methods.py, `METHODS`) are Drafter + Verifier pairs run by the one Scheduler; each
+method takes its own options as keyword arguments, and refuses, by name, options it does not take.
+Greedy when temperature == 0, lossless rejection sampling otherwise (MTAD: beam sampling, not lossless).
+
+A Pipeline is safe to use from several threads at once: the loaded models (Backends) are shared, and
+each generate / stream call drafts and verifies with its own runners, KV caches and buffers.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan
+from specrt.bundle.machine import Machine, resolve_threads
+from specrt.bundle.manifest import load_manifest, model_entry
+from specrt.config import Config, option
 from specrt.errors import BundleError, InvalidRequestError
-from specrt.manifest import load_manifest, model_entry
-from specrt.runtime.backends import BACKENDS, load_backend
-from specrt.runtime.methods import MethodConfig
-from specrt.runtime.methods import build as build_method
+from specrt.runtime.backends import Backend, load_backend, resolve_device
+from specrt.runtime.methods import Method, make_method
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
+from specrt.runtime.stats import Stats
+
+
+@dataclass(frozen=True)
+class DecodeOptions(Config):
+    """What every generate call takes besides the method and sampling parameters."""
+
+    max_new_tokens: int = option(128, "new tokens per prompt, at most", ge=1)
+    seed: int = option(0, "seed of the sampler (and of MTAD's beam sampling)", ge=0)
+    batch_size: int = option(1, "prompts decoded together in one ragged batch (no KV padding)", ge=1)
+
 
 @dataclass
 class Generation:
@@ -43,30 +51,45 @@ class Generation:
     token_ids: list[int]  # new tokens only (EOS included when generation stopped at it)
     finish_reason: str  # "eos" or "length"
     prompt_tokens: int
-    stats: dict  # Stats.as_dict(): calls, accepted-length histogram, per-stage seconds
+    stats: Stats  # calls, accepted-length histogram, per-stage seconds (stats.as_dict() for JSON)
+
+
+def _is_token_id(t) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def _is_token_ids(p) -> bool:
+    if isinstance(p, np.ndarray):
+        return p.ndim == 1 and np.issubdtype(p.dtype, np.integer)
+    return isinstance(p, (list, tuple)) and all(_is_token_id(t) for t in p)
 
 
 class Pipeline:
-    def __init__(self, bundle: Path, manifest: dict, tokenizer, target, draft, bucket: int = 128,
-                 backend: str = "ort", threads: int | None = None, device: str | None = None):
-        self.bundle = bundle
+    def __init__(self, bundle: Path, manifest: dict, tokenizer, target: Backend, draft: Backend, machine: Machine,
+                 bucket: int = 128):
+        self.bundle = Path(bundle)
         self.manifest = manifest
         self.tokenizer = tokenizer  # tokenizers.Tokenizer
-        self.target = target  # Backend
-        self.draft = draft  # Backend
+        self.target = target  # Backend (shared; each call makes its own Runner)
+        self.draft = draft
+        self.machine = machine  # where this pipeline runs: backend, threads, device (artifacts are checked against it)
         self.eos_id = manifest.get("eos_token_id")
         self.bucket = bucket
         self.max_context = min(target.entry.max_positions, draft.entry.max_positions)
-        self.backend_name, self.threads, self.device = backend, threads, device
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
              verify: bool = True) -> "Pipeline":
-        """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest."""
+        """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
+
+        threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
+        (torch backend; default: CUDA where present)."""
         from tokenizers import Tokenizer
 
-        if backend not in BACKENDS:
-            raise InvalidRequestError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        if threads is not None and (not _is_token_id(threads) or threads < 1):
+            raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
+        device = resolve_device(backend, device)
+        threads = resolve_threads(threads)
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify=verify)
         tok_file = bundle / manifest["tokenizer"] / "tokenizer.json"
@@ -75,35 +98,77 @@ class Pipeline:
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
         models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device) for role in ("target", "draft")]
-        return cls(bundle, manifest, tokenizer, *models, backend=backend, threads=threads, device=device)
+        return cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device))
+
+    # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
+    def plan(self) -> Plan:
+        return artifacts.load(self.bundle, Plan, self.machine)
+
+    def has_plan(self) -> bool:
+        return (self.bundle / Plan.FILE).is_file()
+
+    def latency(self) -> LatencyProfile:
+        return artifacts.load(self.bundle, LatencyProfile, self.machine)
+
+    def acceptance(self) -> Acceptance:
+        return artifacts.load(self.bundle, Acceptance)
+
+    def draft_temperature(self) -> float:
+        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated."""
+        if not (self.bundle / Acceptance.FILE).is_file():
+            return 1.0
+        return self.acceptance().draft_temperature
+
+    def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
+        """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
+        of n + 1 tokens and the host work of an n-node tree, at the largest profiled batch size <= batch_size
+        (a round's step costs what its widest sequence needs; each sequence is costed on that curve)."""
+        latency = self.latency()
+        sizes = latency.batch_sizes()
+        batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
+        return [latency.step_ms("target", batch, n + 1) + latency.host(n) for n in range(num_draft_tokens + 1)]
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of one prompt: a string, or a sequence of token ids in [0, vocab)."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
-        else:
+        elif _is_token_ids(prompt):
             ids = [int(t) for t in prompt]
             vocab = self.target.entry.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad}")
+        else:
+            bad = next((t for t in prompt if not _is_token_id(t)), None) if isinstance(prompt, (list, tuple)) else None
+            what = f"a sequence holding {bad!r}" if bad is not None else type(prompt).__name__
+            raise InvalidRequestError(f"a prompt must be a string or a sequence of integer token ids, got {what}")
         if not ids:
             raise InvalidRequestError("empty prompt: give at least one token")
         return ids
 
-    def plan(self) -> dict:
-        """The bundle's plan.json, refused unless it was tuned on this machine, backend and export."""
-        from specrt.machine import fingerprint
-        from specrt.runtime.plan import load_plan
+    def _prompts(self, prompts) -> tuple[list, bool]:
+        """(list of prompts, whether a single prompt was given)."""
+        if isinstance(prompts, str):
+            return [prompts], True
+        if _is_token_ids(prompts) and len(prompts):
+            raise InvalidRequestError("prompts is a flat sequence of token ids: pass [ids] for one token-id prompt")
+        if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
+            prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)):
+            raise InvalidRequestError(f"prompts must be a string or a list of prompts (strings or token-id lists), "
+                                      f"got {type(prompts).__name__}")
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+        return list(prompts), False
 
-        return load_plan(self.bundle, fingerprint(self.backend_name, self.threads, self.device))
-
-    def _scheduler(self, method: MethodConfig, params: SamplingParams, batch_size: int) -> tuple[Scheduler, int]:
-        drafter, verifier, slack = build_method(self, method, params, batch_size)
-        return Scheduler(self.target, drafter, verifier, self.eos_id, self.bucket), slack
+    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions):
+        """(scheduler, slack) for one call: its own runners, drafter and verifier."""
+        m: Method = make_method(method, options)
+        built = m.build(self, params, decode.batch_size)
+        return Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket), built.slack
 
     def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         seqs = []
         for i, p in enumerate(prompts):
             ids = self.encode(p)
@@ -120,19 +185,15 @@ class Pipeline:
                  seed: int = 0, batch_size: int = 1, progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
-        `options` are the method's (MethodConfig fields: num_draft_tokens, tree, ngram_n, ngram_branches,
-        ngram_min_prob, ngram_hardware_aware, ngram_tokens, num_beams, tau, verify_beams, tree_depth,
-        draft_temperature); unknown ones are refused by name.
-        Prompts are decoded `batch_size` at a time in one ragged batch (no KV padding).
-        """
-        single = isinstance(prompts, str)
-        prompts = [prompts] if single else list(prompts)
-        if not prompts:
-            raise InvalidRequestError("no prompts given")
-        if batch_size < 1:
-            raise InvalidRequestError(f"batch_size must be >= 1, got {batch_size}")
+        `options` are the method's own (see METHODS[method].option_names(), e.g. num_draft_tokens for sd);
+        an option the method does not take is refused by name. Prompts are decoded `batch_size` at a time
+        in one ragged batch (no KV padding)."""
+        prompts, single = self._prompts(prompts)
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(MethodConfig.create(method, options), params, batch_size)
+        decode = DecodeOptions(max_new_tokens, seed, batch_size)
+        if not isinstance(progress, bool):
+            raise InvalidRequestError(f"progress must be True or False, got {progress!r}")
+        scheduler, slack = self._prepare(method, options, params, decode)
         seqs = self._sequences(prompts, max_new_tokens, slack)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
@@ -147,10 +208,21 @@ class Pipeline:
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, **options) -> Iterator[str]:
-        """Yield text pieces of one prompt's continuation as rounds are accepted (options: as generate)."""
+        """Yield text pieces of one prompt's continuation as rounds are accepted (options: as generate).
+
+        Arguments are checked when this is called, before the first piece is asked for."""
+        if not (isinstance(prompt, str) or _is_token_ids(prompt)):
+            n = len(prompt) if isinstance(prompt, (list, tuple)) else None
+            what = f"a list of {n} prompts" if n is not None else type(prompt).__name__
+            raise InvalidRequestError(f"stream takes one prompt (a string or token ids), got {what}: "
+                                      "call it once per prompt, or use generate")
         params = SamplingParams(temperature, top_k, top_p)
-        scheduler, slack = self._scheduler(MethodConfig.create(method, options), params, 1)
+        decode = DecodeOptions(max_new_tokens, seed, 1)
+        scheduler, slack = self._prepare(method, options, params, decode)
         seq = self._sequences([prompt], max_new_tokens, slack)[0]
+        return self._stream(scheduler, seq, params, seed)
+
+    def _stream(self, scheduler: Scheduler, seq: SeqState, params: SamplingParams, seed: int) -> Iterator[str]:
         shown = ""
         for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
             text = self.decode(seq.new_tokens)
@@ -168,4 +240,4 @@ class Pipeline:
 
     def _result(self, s: SeqState) -> Generation:
         ids = [int(t) for t in s.new_tokens]
-        return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats.as_dict())
+        return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)

@@ -1,7 +1,8 @@
-"""Sampling parameters and the logit warping shared by target and draft.
+"""Sampling parameters and the logit transforms shared by target and draft.
 
 Lossless rejection sampling requires the draft distribution q and the target distribution p to be
-warped identically (temperature, then top-k, then top-p); `warp` is the one place that does it.
+warped identically (temperature, then top-k, then top-p); `warp` is the one place that does it, and
+`log_softmax` the one place that normalises logits in log space.
 """
 
 from __future__ import annotations
@@ -10,26 +11,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.errors import InvalidRequestError
+from specrt.config import Config, option
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy (argmax)
-    top_k: int = 0  # 0 means no top-k filter
-    top_p: float = 1.0  # 1 means no nucleus filter
-
-    def __post_init__(self):
-        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
-            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+class SamplingParams(Config):
+    temperature: float = option(0.0, "sampling temperature (0 = greedy)", ge=0)
+    top_k: int = option(0, "keep the k likeliest tokens (0 = all)", ge=0)
+    top_p: float = option(1.0, "keep the smallest set of tokens whose probability reaches p (1 = all)", gt=0, le=1)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def log_probs(logits: np.ndarray, params: SamplingParams | None) -> np.ndarray:
+    """log of the distribution a token is scored with: the raw softmax when greedy (or params is None), the
+    warped one otherwise (-inf where warping removed a token)."""
+    if params is None or params.greedy:
+        return log_softmax(logits)
+    with np.errstate(divide="ignore"):
+        return np.log(warp(logits, params))
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -12,46 +12,16 @@ Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the la
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from specrt.runtime.backends import Backend
+from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.stats import Stats
 from specrt.runtime.step_inputs import feed_rows, pack_step
 from specrt.runtime.tree import DraftTree
-
-
-@dataclass
-class Stats:
-    target_calls: int = 0  # target steps this sequence took part in (prefill included)
-    # rounds (decode steps of the target, prefill excluded) = sum(accepted.values())
-    draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
-    accepted: Counter = field(default_factory=Counter)  # {drafted tokens accepted in a round: rounds}
-    drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
-    drafted_hist: Counter = field(default_factory=Counter)  # {drafted tokens verified in a round: rounds}
-    # wall seconds: prefill; per round, drafting, the target step, and host = round time outside any
-    # model call (draft or target); total = the whole generate call for this sequence's batch
-    seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "target": 0.0, "host": 0.0, "total": 0.0})
-
-    @property
-    def rounds(self) -> int:
-        return sum(self.accepted.values())
-
-    @property
-    def mean_accepted(self) -> float:
-        return sum(k * v for k, v in self.accepted.items()) / max(1, self.rounds)
-
-    def as_dict(self) -> dict:
-        accepted = sum(k * v for k, v in self.accepted.items())
-        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
-                "drafted": self.drafted, "draft_hit_ratio": accepted / self.drafted if self.drafted else 0.0,
-                "accepted_hist": dict(sorted(self.accepted.items())), "mean_accepted": self.mean_accepted,
-                "drafted_hist": dict(sorted(self.drafted_hist.items())),
-                "seconds": dict(self.seconds)}
 
 
 class SeqState:
@@ -91,7 +61,7 @@ class SeqState:
 
 
 class Scheduler:
-    def __init__(self, target: Backend, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128):
+    def __init__(self, target: Runner, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128):
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
@@ -114,7 +84,7 @@ class Scheduler:
             for s in live:
                 s.stats.draft_calls += self.drafter.num_calls
         for s in live:
-            s.stats.seconds["prefill"] += time.perf_counter() - t0
+            s.stats.seconds.prefill += time.perf_counter() - t0
         while live:
             t_round = time.perf_counter()
             if self.drafter is not None:
@@ -150,10 +120,10 @@ class Scheduler:
                 st.drafted += len(t)
                 st.drafted_hist[len(t)] += 1
                 st.draft_calls += draft_calls
-                st.accepted[len(v.path)] += 1
-                st.seconds["draft"] += t_draft
-                st.seconds["target"] += t_target
-                st.seconds["host"] += t_total - t_draft_model - t_target
+                st.accepted_hist[len(v.path)] += 1
+                st.seconds.draft += t_draft
+                st.seconds.target += t_target
+                st.seconds.host += t_total - t_draft_model - t_target
             for s, out in zip(live, appended):
                 yield s, out
             keep = [b for b, s in enumerate(live) if not s.finished]
@@ -164,4 +134,4 @@ class Scheduler:
                     if self.drafter is not None:
                         self.drafter.keep(keep)
         for s in seqs:
-            s.stats.seconds["total"] = time.perf_counter() - t_start
+            s.stats.seconds.total = time.perf_counter() - t_start

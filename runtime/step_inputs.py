@@ -16,17 +16,17 @@ import numpy as np
 from specrt.runtime.kv_cache import KVCache
 
 
-def feed_rows(backend, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
+def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
     """Feed each sequence's rows causally after its cached prefix and append all their K/V.
 
-    Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the backend's
+    Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the runner's
     next step).
     """
     counts = [len(r) for r in rows]
     cache.reserve(int(max(cache.lengths + np.asarray(counts))))
     positions = [cache.lengths[b] + np.arange(n) for b, n in enumerate(counts)]
     ids, pos, mask = pack_step(cache, rows, positions)
-    logits, new_kv = backend.step(ids, pos, mask, cache)
+    logits, new_kv = runner.step(ids, pos, mask, cache)
     cache.append(new_kv, counts)
     return logits
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.runtime.sampling import SamplingParams, sample, warp
+from specrt.runtime.sampling import SamplingParams, log_probs, sample, warp
 from specrt.runtime.tree import DraftTree
 
 
@@ -81,7 +81,6 @@ class RejectionVerifier:
             node = accepted
             path.append(node)
 
-
     @staticmethod
     def _one_hot(tree: DraftTree, logits, params, rng) -> Verdict:
         path: list[int] = []
@@ -129,13 +128,7 @@ class JointLikelihoodVerifier:
             raise ValueError("joint-likelihood verification needs the draft's joint log-likelihoods")
         path: list[int] = []
         if len(tree):
-            rows = logits[: len(tree)].astype(np.float64)  # the rows that are parents of some node
-            if params.greedy:
-                logprobs = rows - rows.max(axis=-1, keepdims=True)
-                logprobs -= np.log(np.exp(logprobs).sum(axis=-1, keepdims=True))
-            else:
-                with np.errstate(divide="ignore"):
-                    logprobs = np.log(warp(rows, params))
+            logprobs = log_probs(logits[: len(tree)], params)  # [N, V] the rows that are parents of some node
             step = logprobs[tree.parents + 1, tree.tokens]  # [N] log p(node | its ancestors)
             if tree.is_chain:
                 logp = np.cumsum(step)

@@ -22,8 +22,6 @@ ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
 ROLES = ("target", "draft")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrt.models import DEMO_DIR
+from specrt.checkpoints import DEMO_DIR
 
 
 def _export(out, target="target", draft="draft", dtype="float32"):

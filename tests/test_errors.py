@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError, UnsupportedModelError
-from specrt.models import DEMO_DIR
+from specrt.checkpoints import DEMO_DIR
 from specrt.runtime.pipeline import Pipeline
 
 
@@ -87,39 +87,104 @@ def test_prompt_longer_than_context(pipelines):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_k=-2), "top_k"),
-    (dict(method="beam"), "unknown method"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(num_draft_tokens=0), "num_draft_tokens"),
-    (dict(batch_size=0), "batch_size"),
+    (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
+    (dict(temperature="0.5"), "temperature must be a finite number >= 0, got '0.5'"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(top_p=0.0), "top_p must be a finite number in \\(0, 1\\]"),
+    (dict(top_k=-2), "top_k must be an integer >= 0"),
+    (dict(top_k=1.5), "top_k must be an integer >= 0, got 1.5"),
+    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
+    (dict(seed=1.5), "seed must be an integer"),
+    (dict(method="beam"), "unknown method 'beam'"),
+    (dict(method=None), "unknown method None"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    (dict(max_new_tokens=True), "max_new_tokens must be an integer >= 1, got True"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
+    (dict(num_draft_tokens=0), "num_draft_tokens must be an integer >= 1"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1"),
+    (dict(progress="yes"), "progress must be True or False"),
     (dict(method="tree", tree=[(0, 1)]), "invalid tree"),
-    (dict(num_beam=4), "unknown method option.*num_beams"),
-    (dict(method="mtad", num_beams=2, verify_beams=3), "verify_beams"),
-    (dict(method="anpd", ngram_branches=0), "ngram_branches"),
-    (dict(method="anpd", ngram_min_prob=1.5), "ngram_min_prob"),
-    (dict(method="dynamic", tree_depth=0), "tree_depth"),
-    (dict(method="anpd", ngram_hardware_aware="yes"), "ngram_hardware_aware"),
-    (dict(method="dynamic", draft_temperature=0.0), "draft_temperature"),
-    (dict(method="dynamic", draft_temperature="hot"), "draft_temperature"),
-    (dict(method="dynamic", ngram_tokens=-1), "ngram_tokens must be"),
-    (dict(method="anpd", ngram_tokens=4), "ngram_tokens merges"),
-    (dict(method="dynamic", ngram_tokens=4, ngram_hardware_aware=True), "anpd' alone"),
+    (dict(num_beam=4), "unknown method option\\(s\\) num_beam \\(sd takes: .*num_draft_tokens"),
+    (dict(method="sd", tau=0.3), "option\\(s\\) tau do not apply to method 'sd'"),
+    (dict(method="autoregressive", num_draft_tokens=4), "num_draft_tokens do not apply to method 'autoregressive' "
+                                                        "\\(autoregressive takes: no options\\)"),
+    (dict(method="auto", tree=[(0,)]), "tree do not apply to method 'auto'"),
+    (dict(method="sd", ngram_n=3), "ngram_n apply to merged n-gram drafts: give ngram_tokens > 0"),
+    (dict(method="mtad", num_beams=2, verify_beams=3), "verify_beams must be an integer in \\[1, num_beams=2\\]"),
+    (dict(method="anpd", ngram_branches=0), "ngram_branches must be an integer >= 1"),
+    (dict(method="anpd", ngram_min_prob=1.5), "ngram_min_prob must be a finite number in \\[0, 1\\]"),
+    (dict(method="dynamic", tree_depth=0), "tree_depth must be an integer >= 1"),
+    (dict(method="anpd", ngram_hardware_aware="yes"), "ngram_hardware_aware must be True or False"),
+    (dict(method="dynamic", draft_temperature=0.0), "draft_temperature must be a finite number > 0"),
+    (dict(method="dynamic", draft_temperature="hot"), "draft_temperature must be a finite number"),
+    (dict(method="dynamic", ngram_tokens=-1), "ngram_tokens must be an integer >= 0"),
+    (dict(method="anpd", ngram_tokens=4), "ngram_tokens do not apply to method 'anpd'"),
+    (dict(method="dynamic", ngram_tokens=4, ngram_hardware_aware=True), "ngram_hardware_aware do not apply to method 'dynamic'"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):
         pipelines["ort"].generate("def f():", **kwargs)
 
 
-def test_invalid_prompts(pipelines):
+@pytest.mark.parametrize("prompts,match", [
+    ([""], "empty prompt"),
+    ([[1, 2, 10**7]], "prompt token ids must be in \\[0, 4096\\), got 10000000"),
+    ([[-1]], "got -1"),
+    ([], "no prompts given"),
+    (123, "prompts must be a string or a list of prompts .*got int"),
+    (None, "got NoneType"),
+    (b"def f():", "got bytes"),
+    ({"def f():": 1}, "got dict"),
+    ([1, 2, 3], "flat sequence of token ids: pass \\[ids\\] for one token-id prompt"),
+    ([[1.0, 2.0]], "a prompt must be a string or a sequence of integer token ids, got a sequence holding 1.0"),
+    ([[True, 2]], "holding True"),
+    ([None], "got NoneType"),
+    ([b"x"], "got bytes"),
+])
+def test_invalid_prompts(pipelines, prompts, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        pipelines["ort"].generate(prompts, max_new_tokens=2)
+
+
+def test_token_id_prompts_of_any_integer_kind(pipelines):
+    import numpy as np
+
     pipe = pipelines["ort"]
-    with pytest.raises(InvalidRequestError, match="empty prompt"):
-        pipe.generate([""])
-    with pytest.raises(InvalidRequestError, match="token ids"):
-        pipe.generate([[1, 2, 10**7]])
-    with pytest.raises(InvalidRequestError, match="no prompts"):
-        pipe.generate([])
+    ids = pipe.encode("def f():")
+    want = pipe.generate([ids], max_new_tokens=4)[0].token_ids
+    assert pipe.generate([np.asarray(ids, dtype=np.int32)], max_new_tokens=4)[0].token_ids == want
+    assert pipe.generate([tuple(np.int64(t) for t in ids)], max_new_tokens=4)[0].token_ids == want
+    assert pipe.generate(np.asarray([ids]), max_new_tokens=4)[0].token_ids == want  # a 2-D array: one prompt per row
+
+
+def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pipelines):
+    pipe = pipelines["ort"]
+    with pytest.raises(InvalidRequestError, match="stream takes one prompt .* got a list of 2 prompts"):
+        pipe.stream(["a", "b"])
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        pipe.stream("a", temperature=-1)  # raised by the call itself, not when iterating
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(threads=0), "threads must be an integer >= 1"),
+    (dict(threads=1.5), "threads must be an integer >= 1"),
+    (dict(backend="trt"), "unknown backend 'trt' \\(choose from ort, torch\\)"),
+    (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
+    (dict(backend="torch", device="gpu"), "device 'gpu' is not a device PyTorch knows"),
+    (dict(backend="torch", device=0), "device must be a string"),
+])
+def test_invalid_load_arguments(demo_bundle, kwargs, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        Pipeline.load(demo_bundle, **kwargs)
+
+
+def test_a_cuda_device_without_cuda_is_one_clear_error(demo_bundle):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(InvalidRequestError, match="device 'cuda:0': PyTorch .* finds no CUDA device on this machine"):
+        Pipeline.load(demo_bundle, backend="torch", device="cuda:0")
 
 
 def test_cli_prints_one_line_without_traceback(tmp_path):
@@ -129,3 +194,35 @@ def test_cli_prints_one_line_without_traceback(tmp_path):
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"specrt: error: bundle directory {tmp_path / 'missing'} does not exist "
                                              "(create one with `specrt export`)"]
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specrt", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["generate", "--prompt", "x", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+    (["generate", "--prompt", "x", "--threads", "0"], "threads must be an integer >= 1"),
+    (["generate", "--prompt", "x", "--method", "sd", "--tau", "0.2"], "tau do not apply to method 'sd'"),
+    (["generate", "--prompt", "x", "--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
+    (["generate", "--prompt", "x", "--method", "tree", "--tree", "[[0], [1"], "argument --tree: invalid JSON"),
+    (["profile", "--batch-sizes", "1,x"], "argument --batch-sizes: invalid list of int: '1,x'"),
+    (["generate", "--prompt", "x", "--device", "cuda:0"], "device 'cuda:0': the ort backend runs on the CPU"),
+])
+def test_cli_errors_are_one_line_with_status_2(demo_bundle, args, match):
+    import re
+
+    r = _cli(*args, "--bundle", demo_bundle)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(match, lines[0]), lines[0]
+
+
+def test_a_truncated_plan_is_refused_with_what_to_run(demo_bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(demo_bundle, copy)
+    (copy / "plan.json").write_text('{"format": 1, "stamp": {"manifest_sha')
+    r = _cli("generate", "--bundle", copy, "--prompt", "x", "--method", "auto")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "plan.json is not valid JSON (truncated or edited?" in r.stderr and "re-run `specrt tune --bundle" in r.stderr

@@ -32,55 +32,70 @@ def test_summary_and_outputs(tmp_path):
     assert (tmp_path / "trees-t.json").is_file()
 
 
+def make_plan(curves: dict, chosen: dict):
+    """A Plan from {batch: [(kind, nodes, predicted tokens/s)]} and {batch: (kind, nodes)}."""
+    from specrt.bundle.artifacts import CurvePoint, Plan, PlanChoice, Stamp
+
+    points = {b: tuple(CurvePoint(k, n, 0.0, v, 0.0, 0.0) for k, n, v in rows) for b, rows in curves.items()}
+    choices = {}
+    for b, (kind, n) in chosen.items():
+        best = next(p for p in points[b] if (p.kind, p.num_nodes) == (kind, n))
+        choices[b] = PlanChoice("tree", best, best, 1.0)
+    return Plan(Stamp("", "", ""), choices, points)
+
+
+def make_acceptance(trees):
+    from types import SimpleNamespace
+
+    from specrt.bundle.artifacts import TreeEstimate
+
+    return SimpleNamespace(trees=tuple(TreeEstimate(len(paths), tuple(map(tuple, paths)), 0.0) for paths in trees))
+
+
 def test_configurations_follow_the_plan_curve(tmp_path):
-    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
-                             {"kind": "chain", "num_nodes": 1, "predicted_tokens_per_s": 12.0},
-                             {"kind": "tree", "num_nodes": 2, "predicted_tokens_per_s": 13.0},
-                             {"kind": "tree", "num_nodes": 3, "predicted_tokens_per_s": 14.0}]},
-            "choices": {"1": {"kind": "tree", "num_nodes": 3}}}
-    acceptance = {"trees": [{"num_nodes": 1, "paths": [[0]]}, {"num_nodes": 2, "paths": [[0], [1]]},
-                            {"num_nodes": 3, "paths": [[0], [1], [0, 0]]}]}
+    plan = make_plan({1: [("autoregressive", 0, 10.0), ("chain", 1, 12.0), ("tree", 2, 13.0), ("tree", 3, 14.0)]},
+                     {1: ("tree", 3)})
+    acceptance = make_acceptance([[[0]], [[0], [1]], [[0], [1], [0, 0]]])
     confs = configurations(plan, acceptance, TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(1, 2), max_chain=2,
                                                          long_chains=(3,), dynamic_sizes=(2,), merged_sizes=()))
     # tree 1 was not in the curve; tree 3 is measured although not in tree_sizes, because it is the tuned one;
     # chain 3 is measured without a prediction
     assert [c["name"] for c in confs] == ["autoregressive", "chain 1", "chain 3", "tree 2", "tree 3", "dynamic 2"]
     assert confs[2]["predicted"] is None and confs[-1]["paths"] is None
-    assert confs[3]["paths"] == [[0], [1]] and confs[3]["predicted"] == 13.0
+    assert confs[3]["paths"] == ((0,), (1,)) and confs[3]["predicted"] == 13.0
 
 
 def test_a_tuned_dynamic_tree_is_measured_with_its_prediction(tmp_path):
-    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0},
-                             {"kind": "dynamic", "num_nodes": 2, "predicted_tokens_per_s": 15.0},
-                             {"kind": "dynamic", "num_nodes": 5, "predicted_tokens_per_s": 16.0},
-                             {"kind": "merged", "num_nodes": 5, "predicted_tokens_per_s": 17.0}]},
-            "choices": {"1": {"kind": "dynamic", "num_nodes": 5}}}
-    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(2, 3),
+    curve = [("autoregressive", 0, 10.0), ("dynamic", 2, 15.0), ("dynamic", 5, 16.0), ("merged", 5, 17.0)]
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=1, long_chains=(), dynamic_sizes=(2, 3),
                       merged_sizes=(5,))
-    assert [(c["name"], c["predicted"]) for c in configurations(plan, {"trees": []}, cfg)] == [
+    assert [(c["name"], c["predicted"]) for c in configurations(make_plan({1: curve}, {1: ("dynamic", 5)}),
+                                                                make_acceptance([]), cfg)] == [
         ("autoregressive", 10.0), ("dynamic 2", 15.0), ("dynamic 3", None), ("dynamic 5", 16.0), ("merged 5", 17.0)]
     # a tuned merged tree is measured whatever merged_sizes says
-    plan["choices"]["1"]["kind"] = "merged"
-    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(),
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=1, long_chains=(), dynamic_sizes=(),
                       merged_sizes=())
-    assert [c["name"] for c in configurations(plan, {"trees": []}, cfg)] == ["autoregressive", "merged 5"]
+    assert [c["name"] for c in configurations(make_plan({1: curve}, {1: ("merged", 5)}), make_acceptance([]), cfg)] == [
+        "autoregressive", "merged 5"]
 
 
 def test_configurations_follow_the_plan_for_the_batch_size(tmp_path):
-    plan = {"curves": {"1": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 10.0}],
-                       "4": [{"kind": "autoregressive", "num_nodes": 0, "predicted_tokens_per_s": 30.0},
-                             {"kind": "merged", "num_nodes": 4, "predicted_tokens_per_s": 50.0}]},
-            "choices": {"1": {"kind": "autoregressive", "num_nodes": 0}, "4": {"kind": "merged", "num_nodes": 4}}}
-    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=0, long_chains=(), dynamic_sizes=(),
+    plan = make_plan({1: [("autoregressive", 0, 10.0)], 4: [("autoregressive", 0, 30.0), ("merged", 4, 50.0)]},
+                     {1: ("autoregressive", 0), 4: ("merged", 4)})
+    cfg = TreesConfig(bundle=tmp_path, out=tmp_path, tree_sizes=(), max_chain=1, long_chains=(), dynamic_sizes=(),
                       merged_sizes=(), batch_size=4)
-    assert [(c["name"], c["predicted"]) for c in configurations(plan, {"trees": []}, cfg)] == [
+    assert [(c["name"], c["predicted"]) for c in configurations(plan, make_acceptance([]), cfg)] == [
         ("autoregressive", 30.0), ("merged 4", 50.0)]
 
 
 def test_a_batch_prefill_is_counted_once():
-    from types import SimpleNamespace
+    from specrt.runtime.stats import Stats
 
     # 5 prompts at batch 2: batches (0, 1), (2, 3), (4); each sequence records its batch's prefill
-    outs = [SimpleNamespace(stats={"seconds": {"prefill": p}}) for p in (0.2, 0.2, 0.3, 0.3, 0.1)]
+    outs = []
+    for p in (0.2, 0.2, 0.3, 0.3, 0.1):
+        st = Stats()
+        st.seconds.prefill = p
+        outs.append(type("Out", (), {"stats": st})())
     assert batch_prefill(outs, 2) == 0.2 + 0.3 + 0.1
     assert batch_prefill(outs, 1) == sum((0.2, 0.2, 0.3, 0.3, 0.1))

@@ -17,18 +17,22 @@ def test_depth_rank_table_conditions_on_accepted_parents():
 def test_best_trees_are_nested_and_greedy():
     p = np.array([[0.8, 0.1], [0.5, 0.2], [0.9, 0.05]])
     trees = best_trees(p, max_nodes=5)
-    assert [t["num_nodes"] for t in trees] == [1, 2, 3, 4, 5]
+    assert [t.num_nodes for t in trees] == [1, 2, 3, 4, 5]
     # path probabilities: (0,) .8, (0,0) .4, (0,0,0) .36, (0,1) .16, (0,1,0) .144 > (1,) .1
-    assert [tuple(x) for x in trees[-1]["paths"]] == [(0,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0)]
-    assert trees[-1]["expected_accepted"] == pytest.approx(0.8 + 0.4 + 0.36 + 0.16 + 0.144)
+    assert trees[-1].paths == ((0,), (0, 0), (0, 0, 0), (0, 1), (0, 1, 0))
+    assert trees[-1].expected_accepted == pytest.approx(0.8 + 0.4 + 0.36 + 0.16 + 0.144)
     for small, big in zip(trees, trees[1:]):
-        assert big["paths"][:-1] == small["paths"]
+        assert big.paths[:-1] == small.paths
     assert chain_expectation(p, 3) == pytest.approx(0.8 + 0.4 + 0.36)
 
 
 def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     import shutil
 
+    from dataclasses import replace
+
+    from specrt.bundle import artifacts
+    from specrt.bundle.artifacts import Acceptance
     from specrt.calibration.acceptance import CalibrationConfig, calibrate
 
     copy = tmp_path / "b"
@@ -37,25 +41,25 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
                             dynamic_sizes=(2, 6), merged_sizes=(6,))
     a = calibrate(cfg, progress=False)
     b = calibrate(cfg, progress=False)
-    assert a["depth_rank"] == b["depth_rank"] and a["trees"] == b["trees"] and a["dynamic"] == b["dynamic"]
-    assert a["merged"] == b["merged"]
-    assert 0 < a["depth_rank"][0][0] <= 1
+    assert (a.depth_rank, a.trees, a.dynamic, a.merged) == (b.depth_rank, b.trees, b.dynamic, b.merged)
+    assert artifacts.load(copy, Acceptance) == b  # what was saved is what loads
+    assert 0 < a.depth_rank[0][0] <= 1
     # dynamic trees are measured by decoding: at most `depth` drafted tokens accepted per round, and at
     # most one draft call per depth (fewer where the search stops early)
-    assert [(d["num_nodes"], d["width"], d["depth"]) for d in a["dynamic"]] == [(2, 4, 2), (6, 4, 6)]
-    for d in a["dynamic"]:
-        assert 0 < d["expected_accepted"] <= d["depth"] and 1 <= d["draft_calls_per_round"] <= d["depth"]
-        assert d["nodes_per_round"] <= d["num_nodes"]
-        hist = {int(k): v for k, v in d["nodes_hist"].items()}
-        assert max(hist) <= d["num_nodes"] and sum(k * v for k, v in hist.items()) / sum(hist.values()) == pytest.approx(
-            d["nodes_per_round"], abs=1e-4)
+    assert [(d.num_nodes, d.width, d.depth) for d in a.dynamic] == [(2, 4, 2), (6, 4, 6)]
+    for d in a.dynamic:
+        assert 0 < d.expected_accepted <= d.depth and 1 <= d.draft_calls_per_round <= d.depth
+        assert d.nodes_per_round <= d.num_nodes
+        hist = d.nodes_hist
+        assert max(hist) <= d.num_nodes and sum(k * v for k, v in hist.items()) / sum(hist.values()) == pytest.approx(
+            d.nodes_per_round, abs=1e-4)
     # merged with up to 7 n-gram drafts: more nodes verified per round than the model's 6 (some merge away)
-    (m,) = a["merged"]
-    (d6,) = [d for d in a["dynamic"] if d["num_nodes"] == 6]
-    assert (m["num_nodes"], m["ngram_tokens"]) == (6, 7) and 6 < m["nodes_per_round"] <= 13
-    assert m["expected_accepted"] > d6["expected_accepted"]
-    c = calibrate(CalibrationConfig(**{**cfg.__dict__, "seed": 2}), progress=False)
-    assert c["depth_rank"] != a["depth_rank"]
+    (m,) = a.merged
+    (d6,) = [d for d in a.dynamic if d.num_nodes == 6]
+    assert (m.num_nodes, m.ngram_tokens) == (6, 7) and 6 < m.nodes_per_round <= 13
+    assert m.expected_accepted > d6.expected_accepted
+    c = calibrate(replace(cfg, seed=2), progress=False)
+    assert c.depth_rank != a.depth_rank
 
 
 def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():

@@ -6,10 +6,12 @@ import onnxruntime as ort
 import pytest
 
 from specrt import contract
-from specrt.export.onnx_export import PARITY_TOL, load_checkpoint
-from specrt.export.parity import check_parity
-from specrt.export.step_module import StepModule
-from specrt.models import DEMO_DIR
+from specrt.bundle.manifest import MANIFEST
+from specrt.checkpoints import DEMO_DIR
+from specrt.export.onnx_export import PARITY_TOL
+from specrt.graphs.parity import check_parity
+from specrt.model.checkpoint import load_checkpoint
+from specrt.model.step import StepModule
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
@@ -41,7 +43,7 @@ def test_step_module_matches_hf_forward():
 
 
 def test_manifest_records_versions_io_and_hashes(demo_bundle):
-    m = json.loads((demo_bundle / contract.MANIFEST).read_text())
+    m = json.loads((demo_bundle / MANIFEST).read_text())
     assert {"specrt", "onnx", "onnxruntime", "torch", "transformers"} <= m["versions"].keys()
     assert m["models"]["target"]["num_params"] > m["models"]["draft"]["num_params"]
     assert {"target.onnx", "draft.onnx", "tokenizer/tokenizer.json"} <= m["files"].keys()

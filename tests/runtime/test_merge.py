@@ -5,7 +5,7 @@ import pytest
 
 from specrt.errors import InvalidRequestError
 from specrt.runtime.drafters import Drafter
-from specrt.runtime.merge import MergedDrafter, merge_trees
+from specrt.runtime.drafters.merge import MergedDrafter, merge_trees
 from specrt.runtime.tree import DraftTree
 from specrt.runtime.verify import Verdict
 
@@ -43,7 +43,7 @@ class _Fixed(Drafter):
     def __init__(self, tree):
         self.tree, self.committed = tree, []
 
-    def propose(self, seqs, params, rng):
+    def _propose(self, seqs, params, rng):
         return [self.tree for _ in seqs]
 
     def commit(self, seqs, verdicts):
@@ -83,12 +83,12 @@ def test_merged_drafts_are_token_identical_to_autoregressive(pipelines, humaneva
     assert [o.token_ids for o in batched] == [a.token_ids for a in ar[:6]]
 
     def per_call(got):
-        return sum(len(o.token_ids) for o in got) / sum(o.stats["rounds"] for o in got)
+        return sum(len(o.token_ids) for o in got) / sum(o.stats.rounds for o in got)
 
     # the n-gram nodes really are verified and accepted: more tokens per target step than the model's tree alone
     assert per_call(outs["dynamic+ngram"]) > per_call(outs["dynamic"]) + 0.2
     def nodes_per_round(got):
-        return sum(o.stats["drafted"] for o in got) / sum(o.stats["rounds"] for o in got)
+        return sum(o.stats.drafted for o in got) / sum(o.stats.rounds for o in got)
 
     assert nodes_per_round(outs["dynamic+ngram"]) > nodes_per_round(outs["dynamic"])
 

@@ -5,13 +5,12 @@ import itertools
 import numpy as np
 import pytest
 
-from specrt.manifest import ModelEntry
-from specrt.runtime.backends import Backend
-from specrt.runtime.beam import BeamDrafter
+from specrt.runtime.drafters import BeamDrafter, DynamicTreeDrafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import SeqState
 from specrt.runtime.tree import DraftTree
 from specrt.runtime.verify import JointLikelihoodVerifier
+from tests.fakes import MarkovBackend
 
 
 @pytest.mark.parametrize("tau,ratios,expected", [
@@ -63,24 +62,6 @@ def test_tree_of_beams_accepts_the_deepest_passing_prefix_then_the_likeliest():
     assert JointLikelihoodVerifier(1.0).verify(tree, logits, greedy, None).path == []
 
 
-class MarkovBackend(Backend):
-    """A hand-built 'model' whose next-token logits depend only on the current token (a bigram table)."""
-
-    name = "markov"
-
-    def __init__(self, table):
-        self.table = np.asarray(table, dtype=np.float32)
-        vocab = self.table.shape[0]
-        super().__init__(ModelEntry("draft", "", "", "llama", 1, 1, 1, 1, vocab, 256, "float32", 0))
-
-    def allocate(self, shape):
-        return np.zeros(shape, dtype=np.float32)
-
-    def _run(self, input_ids, position_ids, attention_mask, cache):
-        b, t = input_ids.shape
-        return self.table[input_ids], np.zeros((1, 2, b, 1, t, 1), np.float32)
-
-
 def markov_joint(table):
     """joint(seq, prev=0): the Markov model's joint log-likelihood of seq after token prev."""
     logq = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
@@ -110,7 +91,7 @@ def test_beam_search_finds_the_top_joint_likelihood_sequence():
     table[0] = [0, 3.0, 2.9, -5, -5]  # greedy takes 1, but 2 leads to a much likelier continuation
     table[1] = [0, 0, 0, 0, 0.2]
     table[2] = [-5, -5, -5, -5, 6.0]
-    backend = MarkovBackend(table)
+    backend = MarkovBackend(table).runner()
     joint = markov_joint(table)
     best = max(itertools.product(range(vocab), repeat=gamma), key=joint)
     drafter = BeamDrafter(backend, num_beams=vocab, gamma=gamma)
@@ -128,7 +109,7 @@ def test_top_beams_as_one_tree_are_the_top_joint_likelihood_sequences():
     joint = markov_joint(table)
     top = sorted(itertools.product(range(vocab), repeat=gamma), key=joint, reverse=True)[:k]
     # vocab ** (gamma - 1) beams keep every depth-2 prefix, so the search is exhaustive
-    backend = MarkovBackend(table)
+    backend = MarkovBackend(table).runner()
     tree = draft_once(BeamDrafter(backend, num_beams=vocab ** (gamma - 1), gamma=gamma, num_verified=k))
     assert all(tree.parents[i] < i for i in range(len(tree)))
     leaves = [i for i in range(len(tree)) if not len(tree.children(i))]
@@ -140,8 +121,6 @@ def test_top_beams_as_one_tree_are_the_top_joint_likelihood_sequences():
 
 
 def test_dynamic_tree_is_the_top_joint_likelihood_prefixes():
-    from specrt.runtime.beam import DynamicTreeDrafter
-
     rng = np.random.default_rng(0)
     vocab, depth, nodes = 4, 3, 7
     table = rng.normal(size=(vocab, vocab)) * 2
@@ -149,7 +128,7 @@ def test_dynamic_tree_is_the_top_joint_likelihood_prefixes():
     prefixes = [p for d in range(1, depth + 1) for p in itertools.product(range(vocab), repeat=d)]
     top = sorted(prefixes, key=lambda p: (-joint(p), len(p)))[:nodes]
     # vocab ** (depth - 1) beams keep every prefix, so the search is exhaustive
-    tree = draft_once(DynamicTreeDrafter(MarkovBackend(table), num_nodes=nodes, width=vocab ** (depth - 1), depth=depth))
+    tree = draft_once(DynamicTreeDrafter(MarkovBackend(table).runner(), num_nodes=nodes, width=vocab ** (depth - 1), depth=depth))
     assert sorted(tree_path(tree, i) for i in range(len(tree))) == sorted(top)
     assert all(tree.parents[i] < i for i in range(len(tree)))
     assert max(len(p) for p in top) == depth and len({p[0] for p in top}) > 1  # deep and branching
@@ -157,7 +136,7 @@ def test_dynamic_tree_is_the_top_joint_likelihood_prefixes():
     sharp = markov_joint(table / 0.3)
     top_sharp = sorted(prefixes, key=lambda p: (-sharp(p), len(p)))[:nodes]
     assert sorted(top_sharp) != sorted(top)  # this table's tree does change shape
-    tree = draft_once(DynamicTreeDrafter(MarkovBackend(table), num_nodes=nodes, width=vocab ** (depth - 1), depth=depth,
+    tree = draft_once(DynamicTreeDrafter(MarkovBackend(table).runner(), num_nodes=nodes, width=vocab ** (depth - 1), depth=depth,
                                          temperature=0.3))
     assert sorted(tree_path(tree, i) for i in range(len(tree))) == sorted(top_sharp)
 
@@ -174,8 +153,6 @@ def fed_tokens(drafter):
 
 
 def test_pruned_dynamic_search_chooses_the_same_tree_with_less_draft_work(pipelines, humaneval):
-    from specrt.runtime.beam import DynamicTreeDrafter
-
     class Full(FullDynamicSearch, DynamicTreeDrafter):
         pass
 
@@ -185,7 +162,7 @@ def test_pruned_dynamic_search_chooses_the_same_tree_with_less_draft_work(pipeli
     seqs = [SeqState(b, pipe.encode(p), 8, 256) for b, p in enumerate(humaneval[:6])]
     fed = {}
     for cls in (DynamicTreeDrafter, Full):
-        drafter = cls(pipe.draft, num_nodes=6, width=4, depth=6, temperature=0.6)
+        drafter = cls(pipe.draft.runner(), num_nodes=6, width=4, depth=6, temperature=0.6)
         drafter.start(seqs)
         trees = drafter.propose(seqs, SamplingParams(), None)
         fed[cls] = fed_tokens(drafter), [(t.tokens.tolist(), t.parents.tolist()) for t in trees]
@@ -197,7 +174,7 @@ def test_pruned_dynamic_search_chooses_the_same_tree_with_less_draft_work(pipeli
         table = np.random.default_rng(seed).normal(size=(6, 6)) * 2
         trees = []
         for cls in (DynamicTreeDrafter, Full):
-            drafter = cls(MarkovBackend(table), num_nodes=5, width=3, depth=5)
+            drafter = cls(MarkovBackend(table).runner(), num_nodes=5, width=3, depth=5)
             trees.append(draft_once(drafter))
             saved += fed_tokens(drafter) * (1 if cls is Full else -1)
         assert sorted(tree_path(trees[0], i) for i in range(len(trees[0]))) == \
@@ -214,19 +191,17 @@ def test_dynamic_tree_is_token_identical_to_autoregressive(pipelines, humaneval,
                             max_new_tokens=40, batch_size=3)
     assert [a.token_ids for a in ar] == [d.token_ids for d in dyn]
     assert [a.token_ids for a in ar[:6]] == [d.token_ids for d in batched]
-    assert sum(len(o.token_ids) for o in dyn) / sum(o.stats["rounds"] for o in dyn) > 1.5
+    assert sum(len(o.token_ids) for o in dyn) / sum(o.stats.rounds for o in dyn) > 1.5
     kw = dict(method="dynamic", temperature=1.0, top_p=0.6, seed=1, max_new_tokens=24, batch_size=3)
     sampled = pipe.generate(humaneval[:3], **kw)  # sampling is seeded
     assert [o.token_ids for o in sampled] == [o.token_ids for o in pipe.generate(humaneval[:3], **kw)]
 
 
 def test_beam_levels_may_differ_in_width_across_a_batch():
-    from specrt.runtime.beam import DynamicTreeDrafter
-
     # after token 0 the warped draft keeps one candidate (top-p 0.6), after token 1 two: one batched step
     # must still feed each sequence its own level
     table = np.array([[6.0, 0, 0, 0], [1.0, 1.0, 1.0, -9], [0, 0, 0, 0], [0, 0, 0, 0]])
-    drafter = DynamicTreeDrafter(MarkovBackend(table), num_nodes=6, width=4, depth=3)
+    drafter = DynamicTreeDrafter(MarkovBackend(table).runner(), num_nodes=6, width=4, depth=3)
     seqs = [SeqState(0, [3, 0], 8, 64), SeqState(1, [3, 1], 8, 64)]
     drafter.start(seqs)
     trees = drafter.propose(seqs, SamplingParams(temperature=1.0, top_p=0.6), None)
@@ -250,12 +225,12 @@ def test_mtad_accepts_more_as_tau_falls(pipelines, humaneval):
     per_call = []
     for tau in (0.9, 0.5, 0.1):
         outs = pipe.generate(humaneval[:6], method="mtad", tau=tau, num_beams=2, max_new_tokens=40, batch_size=3)
-        per_call.append(sum(len(o.token_ids) for o in outs) / sum(o.stats["rounds"] for o in outs))
+        per_call.append(sum(len(o.token_ids) for o in outs) / sum(o.stats.rounds for o in outs))
     assert per_call[0] < per_call[2]
 
 
 def test_beams_never_take_impossible_tokens():
-    from specrt.runtime.beam import top_beams
+    from specrt.runtime.drafters.beam import top_beams
 
     with np.errstate(divide="ignore"):
         logq = np.log(np.array([[0.6, 0.4, 0.0, 0.0]]))  # a warped draft: two tokens have probability 0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specrt.runtime.ngram import NgramDrafter, NgramMemory
+from specrt.runtime.drafters.ngram import NgramDrafter, NgramMemory
 from specrt.runtime.scheduler import SeqState
 
 
@@ -74,7 +74,7 @@ def test_ngram_tree_grows_best_first_and_is_the_chain_with_one_branch():
 
 
 def test_best_prefix_maximises_expected_tokens_per_ms():
-    from specrt.runtime.ngram import best_prefix
+    from specrt.runtime.drafters.ngram import best_prefix
 
     probs = [0.9, 0.5, 0.1]
     assert best_prefix(probs, [10, 10, 10, 10]) == 3  # verification is free: take every node
@@ -114,47 +114,41 @@ def test_anpd_is_token_identical_to_autoregressive(pipelines, humaneval, backend
     for i, (a, n, t) in enumerate(zip(ar, anpd, trees)):
         assert a.token_ids == n.token_ids, f"prompt {i} differs"
         assert a.token_ids == t.token_ids, f"prompt {i} differs with n-gram trees"
-    drafted_trees, drafted_chains = (sum(o.stats["drafted"] for o in outs) for outs in (trees, anpd))
+    drafted_trees, drafted_chains = (sum(o.stats.drafted for o in outs) for outs in (trees, anpd))
     if backend == "ort":  # pruned below 0.1: fewer drafted tokens than chains of 7
         assert drafted_trees < drafted_chains
     else:  # unpruned trees of 8 nodes: more
         assert drafted_trees > drafted_chains
     assert [a.token_ids for a in ar[:6]] == [b.token_ids for b in batched]
-    per_call = sum(len(o.token_ids) for o in anpd) / sum(o.stats["rounds"] for o in anpd)
+    per_call = sum(len(o.token_ids) for o in anpd) / sum(o.stats.rounds for o in anpd)
     assert per_call > 1.1  # the n-gram drafts really are accepted
-    assert all(o.stats["draft_calls"] == 0 for o in anpd)  # no draft model runs
+    assert all(o.stats.draft_calls == 0 for o in anpd)  # no draft model runs
 
 
 def test_hardware_aware_anpd_is_lossless_and_drafts_what_the_latency_profile_pays_for(demo_bundle, humaneval, tmp_path):
-    import json
     import shutil
 
+    from specrt.bundle.machine import Machine
     from specrt.errors import BundleError
-    from specrt.machine import fingerprint
     from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import write_latency
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
     pipe = Pipeline.load(b, threads=2)
     kw = dict(method="anpd", ngram_branches=2, num_draft_tokens=12, ngram_hardware_aware=True, max_new_tokens=48)
-    with pytest.raises(BundleError, match="latency profile.*specrt profile"):
+    with pytest.raises(BundleError, match="no latency.json.*specrt profile --bundle .* --backend ort --threads 2"):
         pipe.generate(humaneval[:1], **kw)
-
-    def profile(step_ms, machine=fingerprint("ort", 2)):
-        ns = range(1, 17)
-        (b / "latency.json").write_text(json.dumps({"machine": machine, "models": {
-            "target": {"1": {"128": {str(n): step_ms(n) for n in ns}}}, "draft": {"1": {"128": {str(n): 0.1 for n in ns}}}}}))
-
     ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=48)
     drafted = {}
     for name, step_ms in (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1))):
-        profile(step_ms)
+        write_latency(b, step_ms, machine=pipe.machine)
         outs = pipe.generate(humaneval[:6], **kw)
         assert [o.token_ids for o in outs] == [a.token_ids for a in ar]
-        drafted[name] = sum(o.stats["drafted"] for o in outs) / sum(o.stats["rounds"] for o in outs)
+        drafted[name] = sum(o.stats.drafted for o in outs) / sum(o.stats.rounds for o in outs)
     # free verification: the whole best-first tree (up to 12 nodes) each round; at +40% of a step per
     # token only the likeliest few
     assert drafted["steep"] < 0.5 * drafted["flat"] and drafted["flat"] > 3
-    profile(lambda n: 10.0, machine={**fingerprint("ort", 2), "cpu": "Some Other CPU"})
-    with pytest.raises(BundleError, match="was profiled on Some Other CPU.*re-run `specrt profile` here"):
+    write_latency(b, lambda n: 10.0, machine=Machine("Some Other CPU", 2, "x86_64", "ort", 2, "cpu"))
+    with pytest.raises(BundleError, match="was measured on Some Other CPU.*re-run `specrt profile .*` here"):
         pipe.generate(humaneval[:1], **kw)

@@ -13,7 +13,7 @@ def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
     assert len(humaneval) >= 20
     for i, (a, s) in enumerate(zip(ar, sd)):
         assert a.token_ids == s.token_ids, f"prompt {i} differs"
-    accepted = sum(s.stats["mean_accepted"] for s in sd) / len(sd)
+    accepted = sum(s.stats.mean_accepted for s in sd) / len(sd)
     assert accepted > 0.5  # the drafts really were accepted, so the equality is not vacuous
 
 
@@ -25,7 +25,7 @@ def test_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend
     chain = pipe.generate(humaneval, method="sd", max_new_tokens=48, num_draft_tokens=4)
     for i, (a, t) in enumerate(zip(ar, tree)):
         assert a.token_ids == t.token_ids, f"prompt {i} differs"
-    per_call = [sum(len(o.token_ids) for o in outs) / sum(o.stats["rounds"] for o in outs) for outs in (tree, chain)]
+    per_call = [sum(len(o.token_ids) for o in outs) / sum(o.stats.rounds for o in outs) for outs in (tree, chain)]
     assert per_call[0] > per_call[1]  # the tree's extra branches do get accepted
 
 
@@ -35,7 +35,7 @@ def test_tree_ragged_batch_and_custom_spec(pipelines, humaneval):
     ar = pipe.generate(humaneval[:5], method="autoregressive", max_new_tokens=32)
     tree = pipe.generate(humaneval[:5], method="tree", tree=paths, max_new_tokens=32, batch_size=5)
     assert [a.token_ids for a in ar] == [t.token_ids for t in tree]
-    assert all(t.stats["draft_calls"] == 3 * t.stats["rounds"] + 1 for t in tree)  # levels fed: root, d1, d2
+    assert all(t.stats.draft_calls == 3 * t.stats.rounds + 1 for t in tree)  # levels fed: root, d1, d2
 
 
 def test_self_draft_tree_accepts_the_whole_best_path(self_draft_bundle, humaneval):
@@ -48,7 +48,7 @@ def test_self_draft_tree_accepts_the_whole_best_path(self_draft_bundle, humaneva
     depth = max(len(p) for p in DEFAULT_TREE)
     for a, t in zip(ar, tree):
         assert a.token_ids == t.token_ids
-        assert set(t.stats["accepted_hist"]) == {depth}
+        assert set(t.stats.accepted_hist) == {depth}
 
 
 def test_tree_sampling_is_seeded(pipelines, humaneval):
@@ -79,7 +79,7 @@ def test_self_draft_accepts_everything(self_draft_bundle, humaneval):
     sd = pipe.generate(humaneval[:3], method="sd", max_new_tokens=37, num_draft_tokens=4)
     for a, s in zip(ar, sd):
         assert a.token_ids == s.token_ids
-        assert s.stats["accepted_hist"].keys() == {4}  # every round accepted all four drafts
+        assert s.stats.accepted_hist.keys() == {4}  # every round accepted all four drafts
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -132,14 +132,14 @@ def test_sampling_is_seeded_and_lossless_methods_share_the_rng_contract(pipeline
 def test_stats_are_consistent(pipelines, humaneval):
     out = pipelines["ort"].generate(humaneval[3], method="sd", max_new_tokens=40, num_draft_tokens=4)
     s = out.stats
-    hist = {int(k): v for k, v in s["accepted_hist"].items()}
+    hist = {int(k): v for k, v in s.accepted_hist.items()}
     assert sum((k + 1) * v for k, v in hist.items()) >= len(out.token_ids)  # emitted = accepted + bonus per round
-    assert s["target_calls"] == s["rounds"] + 1  # + prefill
-    assert s["draft_calls"] == 4 * s["rounds"] + 1
-    assert all(v >= 0 for v in s["seconds"].values())
-    assert s["drafted_hist"] == {4: s["rounds"]} and s["drafted"] == 4 * s["rounds"]
+    assert s.target_calls == s.rounds + 1  # + prefill
+    assert s.draft_calls == 4 * s.rounds + 1
+    assert all(v >= 0 for v in vars(s.seconds).values())
+    assert s.drafted_hist == {4: s.rounds} and s.drafted == 4 * s.rounds
     merged = pipelines["ort"].generate(humaneval[3], method="dynamic", num_draft_tokens=4, ngram_tokens=5,
                                        max_new_tokens=40).stats
-    widths = merged["drafted_hist"]
-    assert sum(widths.values()) == merged["rounds"] and sum(k * v for k, v in widths.items()) == merged["drafted"]
+    widths = merged.drafted_hist
+    assert sum(widths.values()) == merged.rounds and sum(k * v for k, v in widths.items()) == merged.drafted
     assert len(widths) > 1 and max(widths) <= 9  # merged trees vary in width, up to 4 + 5 nodes

@@ -14,11 +14,9 @@ carry distinct tokens, so exact match (greedy) and one-hot rejection (sampling) 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from specrt.runtime.drafters import Drafter
+from specrt.runtime.drafters.base import Drafter
 from specrt.runtime.tree import DraftTree
 from specrt.runtime.verify import Verdict
 
@@ -53,22 +51,21 @@ class MergedDrafter(Drafter):
         self.drafters = drafters
         self._maps: list[list[np.ndarray]] = []  # per sequence, per drafter: merged node of each of its nodes
 
-    def start(self, seqs) -> None:
+    def usage(self) -> tuple[int, float]:
+        steps, busy = zip(*(d.usage() for d in self.drafters))
+        return sum(steps), sum(busy)
+
+    def _start(self, seqs) -> None:
         for d in self.drafters:
             d.start(seqs)
-        self.num_calls = sum(d.num_calls for d in self.drafters)
 
-    def propose(self, seqs, params, rng) -> list[DraftTree]:
-        t0 = time.perf_counter()
+    def _propose(self, seqs, params, rng) -> list[DraftTree]:
         proposed = [d.propose(seqs, params, rng) for d in self.drafters]  # [drafter][sequence]
-        self.num_calls = sum(d.num_calls for d in self.drafters)
-        self.backend_seconds = sum(d.backend_seconds for d in self.drafters)
         trees, self._maps = [], []
         for b in range(len(seqs)):
             merged, maps = merge_trees([p[b] for p in proposed])
             trees.append(merged)
             self._maps.append(maps)
-        self.seconds = time.perf_counter() - t0
         return trees
 
     def commit(self, seqs, verdicts) -> None:

@@ -3,8 +3,8 @@ import torch
 
 from specrt.errors import SpecrtError
 from specrt.export.onnx_export import load_checkpoint
-from specrt.models import DEMO_DIR
-from specrt.models.inflate import InflateConfig, inflate_model
+from specrt.checkpoints import DEMO_DIR
+from specrt.checkpoints.inflate import InflateConfig, inflate_model
 
 
 def test_inflated_target_computes_the_same_logits(tmp_path):

@@ -25,19 +25,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from specrt.checkpoints import DEMO_DIR
+from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
 
 @dataclass(frozen=True)
-class InflateConfig:
-    src: Path  # Hugging Face Llama checkpoint
-    out: Path
-    hidden_size: int = 768
-    intermediate_size: int = 3072
-    num_layers: int = 16
-    num_heads: int = 12
-    seed: int = 0
-    std: float = 0.02
+class InflateConfig(Config):
+    src: Path = option(DEMO_DIR / "target", "Hugging Face Llama checkpoint to inflate (default: the demo target)")
+    out: Path = option(Path("build/inflated/target"), "where the inflated checkpoint goes")
+    hidden_size: int = option(768, "hidden size", ge=1, flag="hidden")
+    intermediate_size: int = option(3072, "MLP intermediate size", ge=1, flag="intermediate")
+    num_layers: int = option(16, "layers", ge=1, flag="layers")
+    num_heads: int = option(12, "attention heads", ge=1, flag="heads")
+    seed: int = option(0, "seed of the random weights of added capacity", ge=0)
+    std: float = option(0.02, "standard deviation of those weights", gt=0)
 
 
 def inflate_model(model, cfg: InflateConfig):

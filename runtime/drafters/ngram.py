@@ -31,11 +31,10 @@ so counts alone (count / total) mis-rank drafts.
 from __future__ import annotations
 
 import heapq
-import time
 
 import numpy as np
 
-from specrt.runtime.drafters import Drafter
+from specrt.runtime.drafters.base import Drafter
 from specrt.runtime.tree import DraftTree
 
 
@@ -179,13 +178,11 @@ class NgramDrafter(Drafter):
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
-    def start(self, seqs) -> None:
+    def _start(self, seqs) -> None:
         self.memories = [NgramMemory(self.max_n) for _ in seqs]
         self._seen = [0] * len(seqs)
-        self.num_calls = 0
 
-    def propose(self, seqs, params, rng) -> list[DraftTree]:
-        t0 = time.perf_counter()
+    def _propose(self, seqs, params, rng) -> list[DraftTree]:
         trees = []
         for b, s in enumerate(seqs):
             tokens = s.tokens
@@ -197,9 +194,6 @@ class NgramDrafter(Drafter):
             toks, parents, probs = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches, self.min_prob)
             n = len(toks) if self.step_costs is None else best_prefix(probs, self.step_costs)
             trees.append(DraftTree(np.asarray(toks[:n], dtype=np.int64), np.asarray(parents[:n], dtype=np.int64)))
-        self.num_calls = 0
-        self.seconds = time.perf_counter() - t0
-        self.backend_seconds = 0.0
         return trees
 
     def keep(self, rows) -> None:

@@ -6,6 +6,7 @@ Layout of a bundle (paths relative to it):
     tokenizer/               Hugging Face fast tokenizer shared by both models
     target.onnx, draft.onnx  step graphs (specrt.contract)
     hf/target, hf/draft      the source checkpoints (TorchBackend runs these)
+    acceptance.json, latency.json, plan.json   typed artifacts made later (specrt.bundle.artifacts)
 
 Every file listed under "files" carries its sha256; `load_manifest(..., verify=True)` recomputes them,
 so a truncated or swapped file is refused with a message naming it.
@@ -18,8 +19,20 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt.contract import MANIFEST, MANIFEST_FORMAT, ROLES
+from specrt.bundle.files import write_atomic
+from specrt.config import Config, option
+from specrt.contract import ROLES
 from specrt.errors import BundleError
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class BundleOptions(Config):
+    """What every verb that reads a bundle takes (shared by their configs and CLI flags)."""
+
+    bundle: Path = option(Path("build/demo"), "bundle directory made by `specrt export`")
 
 
 @dataclass(frozen=True)
@@ -59,8 +72,13 @@ def hash_tree(bundle: Path, rel_paths: list[str]) -> dict[str, str]:
 
 def write_manifest(bundle: Path, data: dict) -> Path:
     path = bundle / MANIFEST
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def manifest_sha256(bundle: Path) -> str:
+    """What every artifact made from a bundle is stamped with: the hash of its manifest."""
+    return sha256_file(Path(bundle) / MANIFEST)
 
 
 def load_manifest(bundle: str | Path, verify: bool = True) -> dict:

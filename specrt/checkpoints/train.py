@@ -1,7 +1,7 @@
 """Train the demo pair: a byte-level BPE tokenizer, a Llama target and a smaller Llama draft.
 
 Everything runs on the CPU from the standard library source (see corpus.py), so a fresh machine
-with no model hub can rebuild the pair. The committed pair under specrt/models/demo/ came from
+with no model hub can rebuild the pair. The committed pair under specrt/checkpoints/demo/ came from
 `make models`; its training record (config, seed, losses, time, corpus hash) is training.json.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.models.corpus import CorpusFile, corpus_hash, load_corpus
+from specrt.checkpoints.corpus import CorpusFile, corpus_hash, load_corpus
 
 EOS_TOKEN = "<|endoftext|>"
 

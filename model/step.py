@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specrt.errors import UnsupportedModelError
 from specrt.contract import SUPPORTED_MODEL_TYPES
+from specrt.errors import UnsupportedModelError
 
 
 def check_supported(config) -> None:

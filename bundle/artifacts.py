@@ -1,0 +1,246 @@
+"""Typed bundle artifacts: what calibration, profiling and tuning write into a bundle, and their one check.
+
+    acceptance.json  Acceptance      `specrt calibrate`  how often the target accepts the draft's guesses
+    latency.json     LatencyProfile  `specrt profile`    step latency L(n) per model, batch size and context
+    plan.json        Plan            `specrt tune`       the speculation chosen per batch size
+
+Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
+made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
+of the artifacts it was derived from (a plan: acceptance.json and latency.json). `save` writes atomically;
+`load` is the one place that checks them, and refuses with the command to re-run when the file is
+missing, unreadable, of another format, made for another export, measured elsewhere, or derived from
+artifacts that have changed since.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from specrt.bundle.codec import DataError, from_data, to_data
+from specrt.bundle.files import write_json_atomic
+from specrt.bundle.machine import Machine
+from specrt.bundle.manifest import manifest_sha256, sha256_file
+from specrt.errors import BundleError, SpecrtError
+
+
+@dataclass(frozen=True)
+class Stamp:
+    manifest_sha256: str  # of the bundle's manifest.json this was made from
+    specrt_version: str
+    created: str  # local time, ISO 8601
+    machine: Machine | None = None  # where it was measured; None: valid on any machine
+    inputs: dict[str, str] = field(default_factory=dict)  # artifact file -> the sha256 it was derived from
+
+    @staticmethod
+    def make(bundle: Path, machine: Machine | None = None, inputs: tuple[str, ...] = ()) -> "Stamp":
+        from specrt.version import __version__
+
+        return Stamp(manifest_sha256(bundle), __version__, time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine,
+                     {name: sha256_file(Path(bundle) / name) for name in inputs})
+
+
+@dataclass(frozen=True)
+class Artifact:
+    FILE: ClassVar[str]
+    FORMAT: ClassVar[int]
+    COMMAND: ClassVar[str]  # what makes it; {bundle} and {flags} (the machine's backend flags) are filled in
+
+    stamp: Stamp
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        """What to run to (re)make it; `reason` is "missing", "machine" (measured elsewhere) or "stale"."""
+        return cls.COMMAND.format(bundle=bundle, flags=machine.flags() if machine else "").replace("  ", " ").strip()
+
+
+def save(bundle: Path, artifact: Artifact) -> Path:
+    """Write atomically into the bundle; returns the path."""
+    path = Path(bundle) / artifact.FILE
+    write_json_atomic(path, {"format": artifact.FORMAT, **to_data(artifact)})
+    return path
+
+
+def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> Artifact:
+    """The bundle's artifact of this type, checked against the bundle and (if given) this machine."""
+    bundle = Path(bundle)
+    path = bundle / cls.FILE
+    redo = f"re-run `{cls.command(bundle, machine, 'stale')}`"
+    if not path.is_file():
+        raise BundleError(f"no {cls.FILE} in {bundle}: run `{cls.command(bundle, machine)}` first")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{path} is not valid JSON (truncated or edited? {e}): {redo}") from None
+    if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise BundleError(f"{path} has format {found!r}, this specrt reads format {cls.FORMAT}: {redo}")
+    try:
+        artifact = from_data(cls, {k: v for k, v in data.items() if k != "format"})
+    except (DataError, TypeError, ValueError) as e:
+        raise BundleError(f"{path} is malformed ({e}): {redo}") from None
+    stamp = artifact.stamp
+    if stamp.manifest_sha256 != manifest_sha256(bundle):
+        raise BundleError(f"{path} was made for another export of this bundle (its manifest.json changed): {redo}")
+    if machine is not None and stamp.machine is not None and stamp.machine != machine:
+        raise BundleError(f"{path} was measured on {stamp.machine.describe()}, but this is {machine.describe()}: "
+                          f"re-run `{cls.command(bundle, machine, 'machine')}` here")
+    for name, digest in stamp.inputs.items():
+        if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
+            raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
+    return artifact
+
+
+def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]]:
+    """(file, "ok" or why it would be refused) for every artifact type: what `specrt inspect` prints."""
+    out = []
+    for cls in ARTIFACTS:
+        try:
+            load(bundle, cls, machine)
+            out.append((cls.FILE, "ok"))
+        except SpecrtError as e:
+            out.append((cls.FILE, str(e)))
+    return out
+
+
+# -- acceptance.json ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TreeEstimate:
+    """A calibrated best static tree under the product model."""
+
+    num_nodes: int
+    paths: tuple[tuple[int, ...], ...]  # child ranks from the root, in the order the greedy build added them
+    expected_accepted: float  # drafted tokens accepted per round
+
+
+@dataclass(frozen=True)
+class MeasuredTree:
+    """A dynamic tree (optionally with n-gram drafts merged in) measured by decoding."""
+
+    num_nodes: int  # draft-model nodes per round
+    width: int  # beams expanded per depth
+    depth: int
+    expected_accepted: float  # drafted tokens accepted per round
+    draft_calls_per_round: float
+    nodes_per_round: float  # nodes verified per round (merged trees vary)
+    nodes_hist: dict[int, int]  # nodes verified in a round -> rounds
+    ngram_tokens: int = 0  # n-gram drafts merged in (0: a plain dynamic tree)
+    ngram_min_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class Acceptance(Artifact):
+    FILE: ClassVar[str] = "acceptance.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt calibrate --bundle {bundle}"
+
+    config: dict  # the CalibrationConfig it was made with
+    num_positions: int
+    rank_histogram: tuple[int, ...]  # [K + 1] draft rank of the target's token, ranks >= K pooled last
+    depth_rank: tuple[tuple[float, ...], ...]  # [D][K] acceptance of rank r at depth d given an accepted parent
+    depth_support: tuple[int, ...]  # [D] start positions each depth's estimate rests on
+    chain_expected_accepted: tuple[float, ...]  # [D] for chains of 1..D tokens
+    draft_temperature: float
+    draft_nll_at_temperature_1: float
+    draft_nll_at_draft_temperature: float
+    trees: tuple[TreeEstimate, ...]
+    dynamic: tuple[MeasuredTree, ...]
+    merged: tuple[MeasuredTree, ...]
+    seconds: float
+
+
+# -- latency.json ---------------------------------------------------------------------------------
+HOST_KINDS = ("tree", "dynamic", "merged")
+
+
+@dataclass(frozen=True)
+class LatencyProfile(Artifact):
+    FILE: ClassVar[str] = "latency.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt profile --bundle {bundle} {flags}"
+
+    config: dict  # the ProfileConfig it was made with
+    models: dict[str, dict[int, dict[int, dict[int, float]]]]  # role -> batch -> context -> new tokens -> ms
+    host_ms: dict[str, dict[int, float]]  # kind (HOST_KINDS) -> tree nodes -> host ms per round, batch 1
+
+    def batch_sizes(self, role: str = "target") -> list[int]:
+        return sorted(self.models[role])
+
+    def step_ms(self, role: str, batch: int, num_tokens: float) -> float:
+        """L(n) at a profiled batch size, averaged over the profiled contexts, linear between profiled n."""
+        per_batch = self.models[role].get(batch)
+        if per_batch is None:
+            raise SpecrtError(f"batch size {batch} was not profiled (profiled: {self.batch_sizes(role)})")
+        values = []
+        for curve in per_batch.values():
+            ns = sorted(curve)
+            if num_tokens > ns[-1]:
+                raise SpecrtError(f"{role} was profiled up to {ns[-1]} tokens at batch {batch}, not {num_tokens}")
+            values.append(float(np.interp(num_tokens, ns, [curve[n] for n in ns])))
+        return float(np.mean(values))
+
+    def host(self, num_nodes: float, kind: str = "tree") -> float:
+        """Host ms per round for a tree of num_nodes (0 = autoregressive), linear between measured sizes; of this
+        kind where profiled, else of the next simpler one ("merged" -> "dynamic" -> "tree"), else 0."""
+        for k in HOST_KINDS[: HOST_KINDS.index(kind) + 1][::-1]:
+            table = self.host_ms.get(k)
+            if table:
+                ns = sorted(table)
+                return float(np.interp(num_nodes, ns, [table[n] for n in ns]))
+        return 0.0
+
+
+# -- plan.json ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePoint:
+    """One candidate the tuner weighed at one batch size."""
+
+    kind: str  # "autoregressive", "chain", "tree", "dynamic" or "merged"
+    num_nodes: int
+    expected_accepted: float
+    predicted_tokens_per_s: float
+    target_ms: float  # predicted per round
+    draft_ms: float  # drafting + host work per round
+    paths: tuple[tuple[int, ...], ...] | None = None  # static trees and chains
+    width: int | None = None  # dynamic and merged trees
+    depth: int | None = None
+    ngram_tokens: int = 0
+    ngram_min_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    method: str  # what method="auto" runs: "autoregressive", "tree" or "dynamic"
+    best: CurvePoint  # the fastest candidate predicted
+    best_static: CurvePoint  # the fastest static tree or chain (what method="tree" uses)
+    predicted_speedup: float  # over autoregressive at this batch size
+
+
+@dataclass(frozen=True)
+class Plan(Artifact):
+    FILE: ClassVar[str] = "plan.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt tune --bundle {bundle}"
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        # a plan is made from acceptance.json (any machine) and latency.json (this machine)
+        steps = {"missing": (Acceptance, LatencyProfile), "machine": (LatencyProfile,), "stale": ()}[reason]
+        return " && ".join([c.command(bundle, machine) for c in steps] + [super().command(bundle, machine)])
+
+    choices: dict[int, PlanChoice]  # batch size -> choice
+    curves: dict[int, tuple[CurvePoint, ...]]  # batch size -> every candidate weighed
+
+    def choice_for(self, batch_size: int) -> PlanChoice:
+        """The choice of the largest tuned batch size <= batch_size (else the smallest)."""
+        sizes = sorted(self.choices)
+        fit = [b for b in sizes if b <= batch_size]
+        return self.choices[fit[-1] if fit else sizes[0]]
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan)

@@ -1,0 +1,68 @@
+"""Atomic writes: a reader sees the old file (or directory) or the new one, never a torn one.
+
+Files go to a temporary name in the same directory, are flushed to disk, then renamed over the
+destination (rename is atomic within a filesystem). Directories are swapped with renameat2's
+RENAME_EXCHANGE where the kernel and C library have it (Linux >= 3.15, glibc >= 2.28): one atomic step;
+elsewhere with two renames, where an interruption between them leaves the old directory at
+`<dest>.old-<pid>` (named in the error) rather than lost.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths; False where renameat2 is not available."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the filesystem or kernel cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put directory `new` in place of `dest` (which may not exist); the old content is deleted after."""
+    new, dest = Path(new), Path(dest)
+    if not dest.exists():
+        os.rename(new, dest)
+        return
+    if _exchange(new, dest):
+        shutil.rmtree(new)  # now the old directory
+        return
+    old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+    os.rename(dest, old)
+    os.rename(new, dest)
+    shutil.rmtree(old)

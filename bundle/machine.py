@@ -1,0 +1,64 @@
+"""Where a measurement was taken: processor, cores, GPU, backend, threads and device.
+
+Latency profiles and plans are only valid where they were measured; `Machine.here` is what a Pipeline
+runs on, with its thread count and device resolved (so `threads=None` means the same number wherever
+it is read: the cores this process may use).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The intra-op thread count a backend uses: the given one, else every available core."""
+    return available_cores() if threads is None else threads
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpu: str
+    cores: int
+    arch: str
+    backend: str  # "ort" or "torch"
+    threads: int  # intra-op threads, resolved
+    device: str  # "cpu" or "cuda:N"
+    gpu: str | None = None  # CUDA device name when device is a GPU
+
+    @staticmethod
+    def here(backend: str, threads: int, device: str = "cpu") -> "Machine":
+        gpu = None
+        if device.startswith("cuda"):
+            import torch
+
+            gpu = torch.cuda.get_device_name(torch.device(device))
+        return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu)
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
+        return f"{self.cpu} ({self.cores} cores), backend {self.backend}, {self.threads} threads, {where}"
+
+    def flags(self) -> str:
+        """The CLI flags that select this backend, thread count and device."""
+        return f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu" else "")

@@ -1,0 +1,50 @@
+"""The cost model: what one decode round costs, from a LatencyProfile, for each kind of speculation.
+
+For a tree of n nodes, one round at batch size b costs
+
+    L_target(b, n + 1)                          verify the root and every node in one step
+    + L_draft(b, 1) + sum_levels L_draft(b, nodes fed at that level)   draft the tree level by level
+    + H(n)                                      the runtime's host work per round (profiled at batch 1)
+
+A dynamic tree (measured by calibration) costs L_draft(b, 1) for the pending tokens, then one step of W
+beams per further draft call; a merged tree (n-gram drafts merged in) is costed at the expected widest
+tree of the batch, since a ragged step is as wide as its widest sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.bundle.artifacts import LatencyProfile, MeasuredTree
+from specrt.runtime.tree import TreeSpec
+
+
+def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round with this static tree."""
+    target = latency.step_ms("target", batch, len(spec) + 1)
+    draft = latency.step_ms("draft", batch, 1)  # the pending (bonus) token and the root's children
+    for level in spec.levels[:-1]:
+        fed = int(sum(spec.num_children[i + 1] > 0 for i in level))
+        draft += latency.step_ms("draft", batch, fed)
+    return target, draft + latency.host(len(spec))
+
+
+def step_width(tree: MeasuredTree, batch: int) -> float:
+    """Expected drafted tokens per sequence in one target step of `batch` sequences: a ragged step is as
+    wide as its widest tree, so the expected maximum of `batch` draws from the calibrated histogram of
+    nodes per round (independent sequences); the mean at batch 1."""
+    hist = tree.nodes_hist
+    if not hist:
+        return tree.nodes_per_round
+    widths = np.array(sorted(hist))
+    cdf = np.cumsum([hist[k] for k in widths]) / sum(hist.values())
+    below = np.concatenate(([0.0], cdf[:-1]))
+    return float(np.sum(widths * (cdf ** batch - below ** batch)))
+
+
+def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTree) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round with a measured dynamic (or merged) tree."""
+    target = latency.step_ms("target", batch, step_width(tree, batch) + 1)
+    draft = latency.step_ms("draft", batch, 1)  # the pending tokens, whose logits are the root's
+    draft += max(0.0, tree.draft_calls_per_round - 1) * latency.step_ms("draft", batch, tree.width)
+    return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic")

@@ -1,0 +1,126 @@
+"""`specrt profile`: latency L(n) of each model's step at n new tokens, per batch size and context.
+
+Each point is the median of `repeats` timed steps after `warmup` untimed ones, on a cache filled to
+`context` slots (contents do not change the cost). Points with batch * n above `max_tokens_per_step`
+are skipped (CPU time). It also measures the runtime's own host work per decode round (masks, drafting
+bookkeeping, verification, cache commits: everything outside model calls) for static and dynamic trees
+of several sizes at batch 1, since on small models that is a real part of a round (a dynamic tree's beam
+search is host work at every depth). Writes latency.json (a LatencyProfile, stamped with this machine,
+backend, threads and device) into the bundle and latency.png beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import LatencyProfile, Stamp
+from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees, validation_prompts
+from specrt.bundle.manifest import BundleOptions
+from specrt.config import config_dict, option
+from specrt.runtime.backends import BackendOptions
+from specrt.errors import SpecrtError
+from specrt.plotting import pyplot, save_figure
+
+NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
+HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class ProfileConfig(BundleOptions, BackendOptions):
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile")
+    contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at")
+    num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile")
+    repeats: int = option(5, "timed steps per point (the median is kept)", ge=1)
+    warmup: int = option(2, "untimed steps per point", ge=0)
+    max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
+
+
+def time_step(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int) -> float:
+    """Median seconds of one step of `num_tokens` new tokens per sequence after `context` cached ones."""
+    from specrt.runtime.step_inputs import pack_step
+
+    cache = runner.new_cache(batch)
+    cache.reserve(context + num_tokens)
+    cache.lengths[:] = context
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, runner.entry.vocab_size, num_tokens) for _ in range(batch)]
+    ids, pos, mask = pack_step(cache, rows, [context + np.arange(num_tokens)] * batch)
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        runner.step(ids, pos, mask, cache)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
+    from tqdm import tqdm
+
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    points = [(role, b, c, n) for role in ("target", "draft") for b in cfg.batch_sizes for c in cfg.contexts
+              for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step]
+    if not points:
+        raise SpecrtError("nothing to profile: every batch * num_tokens exceeds max_tokens_per_step")
+    too_long = max(cfg.contexts) + max(cfg.num_tokens)
+    if too_long > pipe.max_context:
+        raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's {pipe.max_context}")
+    runners = {"target": pipe.target.runner(), "draft": pipe.draft.runner()}
+    models: dict = {"target": {}, "draft": {}}
+    for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
+        ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
+        models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
+    data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
+                          host_ms={kind: host_per_round(pipe, kind) for kind in ("tree", "dynamic", "merged")})
+    artifacts.save(cfg.bundle, data)
+    plot_latency(data, cfg.bundle / "latency.png")
+    return data
+
+
+def host_per_round(pipe, kind: str = "tree", new_tokens: int = 48) -> dict[int, float]:
+    """Median host milliseconds per decode round (outside any model call) by tree size, batch 1.
+
+    kind "tree": static trees from a fixed synthetic acceptance table (the shape calibration would build);
+    size 0 is autoregressive. "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes; "merged": the same
+    with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes). Two generations
+    per size on one held-out prompt; the second is measured."""
+    prompt = validation_prompts(pipe.encode, 1, 64, seed=0)[0]
+    trees = {t.num_nodes: t.paths for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
+    out = {}
+    for n in HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES:
+        if kind != "tree":
+            kw = {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
+        else:
+            kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
+        for _ in range(2):
+            stats = pipe.generate([prompt], max_new_tokens=new_tokens, **kw)[0].stats
+        out[n] = round(1e3 * stats.seconds.host / max(1, stats.rounds), 4)
+    return out
+
+
+def plot_latency(data: LatencyProfile, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    m = data.stamp.machine
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, role in zip(axes, ("target", "draft")):
+        for b, per_ctx in sorted(data.models[role].items()):
+            for c, curve in sorted(per_ctx.items()):
+                ns = sorted(curve)
+                ax.plot(ns, [curve[n] for n in ns], marker=".", label=f"batch {b}, context {c}")
+        ax.set_xlabel("new tokens per sequence (n)")
+        ax.set_ylabel("step latency (ms, median)")
+        ax.set_title(f"{role}: L(n), {m.backend}, {m.threads} threads, {m.gpu or m.device}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)

@@ -1,0 +1,102 @@
+"""`specrt tune` (after `specrt calibrate` and `specrt profile`): pick, per batch size, the speculation with
+the best predicted speed.
+
+For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
+says, so the predicted speed is batch * (E[accepted] + 1) / cost (PPD section 4's hardware-aware pruning,
+with the Sequoia/Medusa tree construction). Candidates: the calibrated best static trees of 1..64 nodes,
+the rank-0 chains of 1..max_depth tokens, the dynamic and merged trees whose acceptance calibration
+measured, and no speculation (L_target(batch, 1) + host work per token), which wins where drafting does
+not pay. The plan is stamped with the machine the latency profile was measured on and the hashes of the
+acceptance and latency files it was made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, Stamp
+from specrt.calibration.acceptance import chain_expectation
+from specrt.calibration.cost import measured_round_cost_ms, round_cost_ms
+from specrt.bundle.manifest import BundleOptions
+from specrt.config import option
+from specrt.errors import SpecrtError
+from specrt.runtime.tree import TreeSpec
+
+
+@dataclass(frozen=True)
+class TuneConfig(BundleOptions):
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)")
+
+
+def candidates(acceptance: Acceptance) -> list[CurvePoint]:
+    """Every speculation the tuner weighs (costs still 0): static trees, chains, measured trees."""
+    p = np.array(acceptance.depth_rank)
+    out = [CurvePoint("tree", t.num_nodes, t.expected_accepted, 0.0, 0.0, 0.0, paths=t.paths) for t in acceptance.trees]
+    for g in range(1, p.shape[0] + 1):
+        out.append(CurvePoint("chain", g, chain_expectation(p, g), 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))
+    for kind, measured in (("dynamic", acceptance.dynamic), ("merged", acceptance.merged)):
+        out += [CurvePoint(kind, m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=m.width, depth=m.depth,
+                           ngram_tokens=m.ngram_tokens, ngram_min_prob=m.ngram_min_prob) for m in measured]
+    return out
+
+
+def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int) -> list[CurvePoint]:
+    """Candidates with their predicted cost and speed at one batch size; autoregressive first."""
+    measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
+    target_1 = latency.step_ms("target", batch, 1)
+    rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + latency.host(0)), target_1, latency.host(0))]
+    for c in candidates(acceptance):
+        try:
+            if c.kind in ("dynamic", "merged"):
+                target_ms, draft_ms = measured_round_cost_ms(latency, batch, measured[(c.num_nodes, c.ngram_tokens)])
+            else:
+                target_ms, draft_ms = round_cost_ms(latency, batch, TreeSpec.from_paths(c.paths))
+        except SpecrtError:
+            continue  # beyond the profiled token counts for this batch size
+        speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + draft_ms)
+        rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
+                            draft_ms=round(draft_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
+    return rows
+
+
+METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "tree", "dynamic": "dynamic",
+                  "merged": "dynamic"}
+
+
+def tune(cfg: TuneConfig) -> Plan:
+    acceptance = artifacts.load(cfg.bundle, Acceptance)
+    latency = artifacts.load(cfg.bundle, LatencyProfile)
+    missing = [b for b in cfg.batch_sizes if b not in latency.batch_sizes()]
+    if missing:
+        raise SpecrtError(f"batch size(s) {', '.join(map(str, missing))} were not profiled (profiled: "
+                          f"{', '.join(map(str, latency.batch_sizes()))}): re-run `specrt profile` with --batch-sizes")
+    choices, curves = {}, {}
+    for batch in cfg.batch_sizes:
+        rows = weigh(acceptance, latency, batch)
+        best = max(rows, key=lambda r: r.predicted_tokens_per_s)
+        best_static = max((r for r in rows if r.kind in ("tree", "chain")), key=lambda r: r.predicted_tokens_per_s)
+        choices[batch] = PlanChoice(METHOD_OF_KIND[best.kind], best, best_static,
+                                    round(best.predicted_tokens_per_s / rows[0].predicted_tokens_per_s, 3))
+        curves[batch] = tuple(rows)
+    plan = Plan(stamp=Stamp.make(cfg.bundle, latency.stamp.machine, inputs=(Acceptance.FILE, LatencyProfile.FILE)),
+                choices=choices, curves=curves)
+    artifacts.save(cfg.bundle, plan)
+    return plan
+
+
+def describe_plan(plan: Plan) -> str:
+    lines = []
+    for batch, c in plan.choices.items():
+        best = c.best
+        if c.method == "autoregressive":
+            what = "no speculation (drafting does not pay here)"
+        else:
+            what = f"{'dynamic tree' if best.kind in ('dynamic', 'merged') else best.kind} of {best.num_nodes} nodes"
+            if best.ngram_tokens:
+                what += f" + up to {best.ngram_tokens} n-gram drafts"
+        lines.append(f"batch {batch}: {what}: predicted {best.predicted_tokens_per_s:.1f} tokens/s, "
+                     f"{c.predicted_speedup:.2f}x autoregressive")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""Local Hugging Face checkpoints: read, checked against what the step graph supports, paired.
+
+Nothing is downloaded: every load is `local_files_only`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specrt.errors import SpecrtError, UnsupportedModelError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+DTYPES = ("float32", "float16")
+
+
+def load_config(path: Path):
+    """The checkpoint's config, refused early if the step graph cannot express its architecture."""
+    from transformers import AutoConfig
+
+    from specrt.model.step import check_supported
+
+    if not (Path(path) / "config.json").is_file():
+        raise SpecrtError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, KeyError, OSError) as e:
+        raise UnsupportedModelError(f"{path}: cannot read config.json ({str(e).splitlines()[0]})") from None
+    check_supported(config)
+    return config
+
+
+def load_checkpoint(path: Path, dtype: str = "float32", device: str = "cpu"):
+    """The model in eval mode, weights in `dtype` (float32 or float16), on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise SpecrtError(f"unsupported dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    load_config(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
+    except (OSError, RuntimeError, ValueError) as e:
+        raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
+    return model.eval().to(device)
+
+
+def has_tokenizer(path: Path) -> bool:
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not has_tokenizer(path):
+        raise SpecrtError(f"no tokenizer in {path} (give one with --tokenizer DIR)")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> None:
+    """Refuse a pair that cannot share token ids."""
+    tv, dv = target_config.vocab_size, draft_config.vocab_size
+    if tv != dv:
+        raise SpecrtError(f"draft and target vocabularies differ (target vocab_size={tv}, draft vocab_size={dv}); "
+                          "speculative decoding needs one tokenizer for both")
+    if len(tokenizer) > tv:
+        raise SpecrtError(f"tokenizer has {len(tokenizer)} tokens but the target's vocab_size is {tv}")
+    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise SpecrtError("draft and target tokenizers differ (their vocabularies map tokens to different ids)")
+
+
+def max_context(config) -> int:
+    """The longest context a step graph may see: max positions, or the sliding window if smaller."""
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    return min(config.max_position_embeddings, window) if window else config.max_position_embeddings

@@ -1,0 +1,76 @@
+"""Backends: OrtBackend (ONNX Runtime, the CPU default) and TorchBackend (PyTorch, CUDA where present).
+
+`load_backend` resolves what the caller left open (threads, device) the same way everywhere, so a
+latency profile measured with the defaults matches a Pipeline loaded with the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.bundle.manifest import ModelEntry
+from specrt.config import Config, option
+from specrt.errors import InvalidRequestError
+from specrt.runtime.backends.base import Backend, Runner
+
+BACKENDS = ("ort", "torch")
+
+__all__ = ["BACKENDS", "Backend", "BackendOptions", "Runner", "ThreadOptions", "load_backend", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class ThreadOptions(Config):
+    threads: int | None = option(None, "intra-op threads (default: every core this process may use)", ge=1)
+
+
+@dataclass(frozen=True)
+class BackendOptions(ThreadOptions):
+    """Which backend runs the step graphs, where: Pipeline.load's arguments, shared by every verb that runs one."""
+
+    backend: str = option("ort", "ort = ONNX Runtime (CPU), torch = PyTorch (CUDA where present)", choices=BACKENDS)
+    device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
+
+
+def resolve_device(backend: str, device: str | None) -> str:
+    """"cpu" or "cuda:N" for this backend, refusing what cannot run here with one clear line."""
+    if backend not in BACKENDS:
+        raise InvalidRequestError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    if device is not None and not isinstance(device, str):
+        raise InvalidRequestError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+    if backend == "ort":
+        if device not in (None, "cpu"):
+            raise InvalidRequestError(f"device {device!r}: the ort backend runs on the CPU here "
+                                      "(use backend 'torch' for a CUDA device)")
+        return "cpu"
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InvalidRequestError(f"device {device!r} is not a device PyTorch knows (e.g. 'cpu', 'cuda', 'cuda:1')") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise InvalidRequestError(f"device {device!r}: specrt runs on 'cpu' or 'cuda' devices")
+    if not torch.cuda.is_available():
+        raise InvalidRequestError(f"device {device!r}: PyTorch {torch.__version__} finds no CUDA device on this machine")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise InvalidRequestError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return f"cuda:{index}"
+
+
+def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str) -> Backend:
+    """A backend for one model of a bundle; `threads` and `device` as resolved by the caller."""
+    if kind == "ort":
+        from specrt.runtime.backends.ort import OrtBackend
+
+        return OrtBackend(entry, bundle / entry.onnx, threads=threads)
+    if kind == "torch":
+        from specrt.runtime.backends.pytorch import TorchBackend
+
+        return TorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads)
+    raise InvalidRequestError(f"unknown backend {kind!r} (choose from {', '.join(BACKENDS)})")

@@ -1,0 +1,67 @@
+"""Backends run one step graph under the step contract (specrt.contract); the runtime owns the cache.
+
+    runner = backend.runner()                  # one per caller: its own bindings and output buffers
+    runner.step(input_ids, position_ids, attention_mask, cache) -> (logits, new_kv)
+        input_ids       [B, T] int64        (numpy)
+        position_ids    [B, T] int64        (numpy)
+        attention_mask  [B, T, S + T] bool  (numpy; S = cache.capacity)
+        logits          [B, T, V] float32   (numpy, valid until this runner's next step)
+        new_kv          [L, 2, B, Hkv, T, D] (the backend's array kind; valid until this runner's next step)
+
+A Backend is the loaded model (an ONNX Runtime session, a torch module): shared, thread-safe. A Runner
+is one caller's handle on it, never shared between threads: the Pipeline makes one per generate call,
+so concurrent calls never see each other's bindings or buffers, and each counts its own steps and time.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from specrt.bundle.manifest import ModelEntry
+from specrt.runtime.kv_cache import KVCache
+
+
+class Backend(ABC):
+    name: str
+
+    def __init__(self, entry: ModelEntry):
+        self.entry = entry
+
+    def runner(self) -> "Runner":
+        return Runner(self, self._new_binding())
+
+    def _new_binding(self):
+        """Per-runner state (e.g. ONNX Runtime's IOBinding and its output buffers); None if stateless."""
+        return None
+
+    @abstractmethod
+    def allocate(self, shape: tuple[int, ...]):
+        """A zero-filled float array of the backend's kind (used for the KV cache)."""
+
+    @abstractmethod
+    def _run(self, binding, input_ids, position_ids, attention_mask, cache: KVCache):
+        """The backend-specific step (see the module docstring), with the runner's binding."""
+
+
+class Runner:
+    def __init__(self, backend: Backend, binding):
+        self.backend = backend
+        self.entry = backend.entry
+        self._binding = binding
+        self.busy_seconds = 0.0  # wall time spent inside step() since creation
+        self.num_steps = 0
+
+    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache):
+        """Run one step; returns (logits [B, T, V] numpy, new_kv [L, 2, B, Hkv, T, D])."""
+        t0 = time.perf_counter()
+        out = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
+        self.busy_seconds += time.perf_counter() - t0
+        self.num_steps += 1
+        return out
+
+    def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
+        e = self.entry
+        return KVCache(self.backend.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket)

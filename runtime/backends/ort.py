@@ -1,0 +1,99 @@
+"""OrtBackend: a step graph in an ONNX Runtime session (CPU by default).
+
+Each runner binds the cache buffers and its own preallocated output buffers in place (IOBinding), so a
+step allocates nothing cache-sized, and re-binds only what changed since its last step. One session
+serves every runner: ONNX Runtime's Run is thread-safe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specrt import contract
+from specrt.bundle.manifest import ModelEntry
+from specrt.runtime.backends.base import Backend
+
+
+class _GrowingBuffer:
+    """A flat buffer handed out as contiguous views of any shape; grows, never shrinks (lives as long as
+    its runner)."""
+
+    def __init__(self, dtype=np.float32):
+        self._flat = np.empty(0, dtype=dtype)
+
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape))
+        if size > self._flat.size:
+            self._flat = np.empty(max(size, 2 * self._flat.size), dtype=self._flat.dtype)
+        return self._flat[:size].reshape(shape)
+
+
+class _Binding:
+    def __init__(self, session, dtype):
+        self.io = session.io_binding()
+        self.logits = _GrowingBuffer()
+        self.new_kv = _GrowingBuffer(dtype)
+        self.bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
+        self.bound_out = None  # (logits, new_kv) arrays bound as outputs
+
+    def bind_in(self, name: str, arr: np.ndarray) -> None:
+        self.io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+
+    def bind_out(self, name: str, arr: np.ndarray) -> None:
+        self.io.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+
+
+class OrtBackend(Backend):
+    name = "ort"
+
+    def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None):
+        import onnxruntime as ort
+
+        super().__init__(entry)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
+        # steps on the same cores, so its pool must not spin (spinning draft threads take the cores the target's
+        # next step needs); the target's pool keeps spinning, which saves the wake-up latency of its next step.
+        if spin is None:
+            spin = entry.role != "draft"
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+    def allocate(self, shape):
+        return np.zeros(shape, dtype=np.dtype(self.entry.dtype))
+
+    def _new_binding(self) -> _Binding:
+        return _Binding(self.session, np.dtype(self.entry.dtype))
+
+    def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
+        # Bindings persist across a runner's steps: only what changed since its last step is re-bound
+        # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).
+        e = self.entry
+        batch, num_tokens = input_ids.shape
+        binding.bind_in(contract.INPUT_IDS, np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_in(contract.POSITION_IDS, np.ascontiguousarray(position_ids, dtype=np.int64))
+        binding.bind_in(contract.ATTENTION_MASK, np.ascontiguousarray(attention_mask, dtype=np.bool_))
+        bound = binding.bound_cache
+        if bound is None or bound[0] is not cache.buffer or bound[1] != cache.buffer.shape:
+            for layer in range(e.num_layers):
+                keys, values = cache.layer_views(layer)
+                binding.bind_in(contract.past_key(layer), keys)
+                binding.bind_in(contract.past_value(layer), values)
+            binding.bound_cache = (cache.buffer, cache.buffer.shape)
+        logits = binding.logits.view((batch, num_tokens, e.vocab_size))
+        new_kv = binding.new_kv.view((e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
+        out = binding.bound_out
+        if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data \
+                or out[1].ctypes.data != new_kv.ctypes.data:
+            binding.bind_out(contract.LOGITS, logits)
+            for layer in range(e.num_layers):
+                binding.bind_out(contract.new_key(layer), new_kv[layer, 0])
+                binding.bind_out(contract.new_value(layer), new_kv[layer, 1])
+            binding.bound_out = (logits, new_kv)
+        self.session.run_with_iobinding(binding.io)
+        return logits, new_kv

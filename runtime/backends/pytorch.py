@@ -1,0 +1,45 @@
+"""TorchBackend: the same StepModule that export traces, run eagerly by PyTorch (CUDA or CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bundle.manifest import ModelEntry
+from specrt.runtime.backends.base import Backend
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int):
+        import torch
+
+        from specrt.model.checkpoint import load_checkpoint
+        from specrt.model.step import StepModule
+
+        super().__init__(entry)
+        torch.set_num_threads(threads)  # process-wide: PyTorch has one intra-op pool
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, entry.dtype)
+        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device)).eval()
+
+    def allocate(self, shape):
+        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _run(self, binding, input_ids, position_ids, attention_mask, cache):
+        torch = self.torch
+        e = self.entry
+        past = []
+        for layer in range(e.num_layers):
+            past += cache.layer_views(layer)
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device),
+                              torch.from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)).to(self.device),
+                              torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)).to(self.device),
+                              *past)
+            new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
+            logits = out[0].float().cpu().numpy()
+        return logits, new_kv

@@ -1,0 +1,133 @@
+"""Drafters propose a DraftTree per sequence; each owns whatever state it drafts from.
+
+Protocol (the Scheduler calls these, in order, on the live sequences `seqs`):
+    start(seqs)                      once, after the prompts are known
+    propose(seqs, params, rng)       -> one DraftTree per sequence
+    commit(seqs, verdicts)           after verification, before the emitted tokens are appended
+    keep(rows)                       sequences at other rows finished and left the batch
+
+`start` and `propose` are template methods: the base class times them and counts the model steps they
+made (`num_calls`, `seconds`, `backend_seconds` describe the last call); subclasses implement `_start`
+and `_propose`.
+
+ModelDrafter runs the draft step graph in its own KVCache. Invariant between rounds: the draft cache
+holds K/V for seq.tokens[:cache.lengths[b]]; everything after that is "pending" and is fed in the next
+round's first draft step. That is how the bonus-token gap is closed: the draft never saw the bonus
+token (and, when every drafted token was accepted, never computed K/V for the last one), so the next
+round feeds those one or two tokens before drafting anew.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+
+import numpy as np
+
+from specrt.runtime.backends import Runner
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.step_inputs import feed_rows, pack_step
+from specrt.runtime.tree import DraftTree
+
+
+class Drafter(ABC):
+    runner: Runner | None = None  # the draft model's runner (model drafters only)
+    num_calls = 0  # model steps made by the last start() / propose()
+    seconds = 0.0  # wall time of the last start() / propose()
+    backend_seconds = 0.0  # of which inside model steps
+
+    def start(self, seqs) -> None:
+        with self._timed():
+            self._start(seqs)
+
+    def propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
+        with self._timed():
+            trees = self._propose(seqs, params, rng)
+        return trees
+
+    def _start(self, seqs) -> None:
+        pass
+
+    @abstractmethod
+    def _propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
+        ...
+
+    def commit(self, seqs, verdicts) -> None:
+        pass
+
+    def keep(self, rows) -> None:
+        pass
+
+    def usage(self) -> tuple[int, float]:
+        """(model steps, seconds inside them) since creation."""
+        r = self.runner
+        return (r.num_steps, r.busy_seconds) if r is not None else (0, 0.0)
+
+    @contextmanager
+    def _timed(self):
+        t0, (steps0, busy0) = time.perf_counter(), self.usage()
+        yield
+        steps, busy = self.usage()
+        self.num_calls, self.backend_seconds = steps - steps0, busy - busy0
+        self.seconds = time.perf_counter() - t0
+
+
+class ModelDrafter(Drafter):
+    """A drafter that runs a draft model in its own KVCache.
+
+    Each round feeds the pending tokens first (`_feed_pending`), then writes drafted nodes as scratch rows
+    after them (`_step_nodes`); subclasses record in `_slots[b, i]` the scratch slot of node i of the tree
+    they return (-1 if it was never fed). `commit` keeps the pending rows and compacts the accepted path's
+    fed nodes to follow them.
+    """
+
+    def __init__(self, runner: Runner, bucket: int = 128):
+        self.runner = runner
+        self.bucket = bucket
+        self.cache = None
+        self._anchor = None  # [B] draft cache length after the pending tokens (scratch rows start here)
+        self._slots = None  # [B, N] scratch slot of each node of the returned trees, -1 if not fed
+
+    def _start(self, seqs) -> None:
+        """Prefill every prompt but its last token (that one is pending, fed in the first round)."""
+        self.cache = self.runner.new_cache(len(seqs), self.bucket)
+        feed = [s.tokens[:-1] for s in seqs]
+        if max(len(f) for f in feed):
+            feed_rows(self.runner, self.cache, feed)
+
+    def _feed_pending(self, seqs) -> np.ndarray:
+        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V]."""
+        cache = self.cache
+        pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
+        logits = feed_rows(self.runner, cache, pending)
+        self._anchor = cache.lengths.copy()
+        return logits[np.arange(len(seqs)), [len(p) - 1 for p in pending]]
+
+    def _step_nodes(self, rows, depths, vis, blocks):
+        """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,
+        each seeing the scratch rows marked in vis[b] [n_b, scratch rows so far] (None: all of them) and,
+        among the new tokens, what blocks[b] [n_b, n_b] says (one array: the same for every sequence).
+        Returns (logits [B, max n_b, V], first slot [B])."""
+        cache, batch = self.cache, len(rows)
+        first_slot = cache.lengths.copy()
+        cache.reserve(int(max(first_slot + np.asarray([len(r) for r in rows]))))
+        positions = [self._anchor[b] - 1 + depths[b] for b in range(batch)]
+        scratch = None if vis is None else [(int(self._anchor[b]), vis[b]) for b in range(batch)]
+        blocks = [blocks] * batch if isinstance(blocks, np.ndarray) else blocks
+        ids, pos, mask = pack_step(cache, rows, positions, blocks, scratch)
+        logits, new_kv = self.runner.step(ids, pos, mask, cache)
+        cache.append(new_kv, [len(r) for r in rows])
+        return logits, first_slot
+
+    def commit(self, seqs, verdicts) -> None:
+        for b, verdict in enumerate(verdicts):
+            slots = []
+            for node in verdict.path:
+                if self._slots[b, node] < 0:
+                    break  # never fed (a leaf): it stays pending with the bonus token
+                slots.append(int(self._slots[b, node]))
+            self.cache.compact(b, int(self._anchor[b]), slots)
+
+    def keep(self, rows) -> None:
+        self.cache.keep(rows)

@@ -1,0 +1,75 @@
+"""DraftModelDrafter: the draft model fills a static TreeSpec (a chain for `sd`, a tree for `tree`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.runtime.backends import Runner
+from specrt.runtime.drafters.base import ModelDrafter
+from specrt.runtime.sampling import sample, warp
+from specrt.runtime.tree import DraftTree, TreeSpec
+
+class DraftModelDrafter(ModelDrafter):
+    """Fills a TreeSpec with the draft model, one draft step per tree level.
+
+    Level 0 feeds the pending tokens; the root's children are the draft's top-k tokens after them. Each
+    later step feeds the nodes of one depth that have children in the spec: they are scratch rows in the
+    draft cache (after the pending tokens), each seeing the committed prefix, its ancestors and itself;
+    their top-k tokens become their children. A chain spec with temperature > 0 samples each token from
+    the warped draft distribution q instead (and records q for lossless rejection sampling); trees use
+    deterministic top-k children, verified against one-hot drafts.
+    """
+
+    def __init__(self, runner: Runner, spec: TreeSpec, bucket: int = 128):
+        super().__init__(runner, bucket)
+        self.spec = spec
+        # per level d >= 1: nodes fed (those with children) and their visibility of earlier fed nodes
+        self._plan = []
+        fed: list[int] = []
+        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
+        for level in spec.levels[:-1]:
+            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
+            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
+            self._plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
+            fed += expand.tolist()
+        self._children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
+
+    def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
+        """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
+        logits rows [B, len(parents), V], all parents of one level at once."""
+        kids = [self._children[p + 1] for p in parents]
+        if probs is not None:  # sampled chain: one child, drawn from q
+            q = warp(rows[:, 0], params)
+            for b in range(len(rows)):
+                tokens[b, kids[0][0]] = sample(q[b], rng)
+                probs[b, kids[0][0]] = q[b]
+            return
+        child = np.concatenate(kids)  # [M] children of this level's parents
+        which = np.repeat(np.arange(len(parents)), [len(k) for k in kids])  # [M] their parent's row
+        rank = self.spec.ranks[child]  # [M]
+        k = int(rank.max()) + 1
+        if k == 1:
+            tokens[:, child] = rows.argmax(axis=-1)[:, which]
+            return
+        top = np.argpartition(-rows, k - 1, axis=-1)[..., :k]  # [B, P, k] unordered
+        order = np.argsort(-np.take_along_axis(rows, top, axis=-1), axis=-1, kind="stable")
+        top = np.take_along_axis(top, order, axis=-1)  # [B, P, k] best first
+        tokens[:, child] = top[:, which, rank]
+
+    def _propose(self, seqs, params, rng):
+        spec, batch = self.spec, len(seqs)
+        root = self._feed_pending(seqs)
+        tokens = np.zeros((batch, len(spec)), dtype=np.int64)
+        sampled = spec.is_chain and not params.greedy
+        probs = np.zeros((batch, len(spec), root.shape[-1])) if sampled else None
+        self._fill(np.array([-1]), root[:, None], tokens, probs, params, rng)
+        self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
+        for expand, vis, block in self._plan:
+            logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
+                                                  [spec.depths[expand]] * batch,
+                                                  None if spec.is_chain else [vis] * batch, block)
+            self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
+            self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
+        if spec.is_chain:
+            return [DraftTree.chain(tokens[b], None if probs is None else probs[b]) for b in range(batch)]
+        return [DraftTree(tokens[b], spec.parents, None, spec=spec) for b in range(batch)]

@@ -1,0 +1,52 @@
+"""Per-sequence statistics of one generate call: calls, accepted lengths, stage timings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StageSeconds:
+    """Wall seconds by stage. prefill: the batch's prompts; per round, draft: drafting, target: the target
+    step, host: round time outside any model call (draft or target); total: the whole batch."""
+
+    prefill: float = 0.0
+    draft: float = 0.0
+    target: float = 0.0
+    host: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class Stats:
+    target_calls: int = 0  # target steps this sequence took part in (prefill included)
+    draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
+    accepted_hist: Counter = field(default_factory=Counter)  # drafted tokens accepted in a round -> rounds
+    drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
+    drafted_hist: Counter = field(default_factory=Counter)  # drafted tokens verified in a round -> rounds
+    seconds: StageSeconds = field(default_factory=StageSeconds)
+
+    @property
+    def rounds(self) -> int:
+        """Decode steps of the target (prefill excluded)."""
+        return sum(self.accepted_hist.values())
+
+    @property
+    def accepted(self) -> int:
+        """Drafted tokens accepted over all rounds."""
+        return sum(k * v for k, v in self.accepted_hist.items())
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / max(1, self.rounds)
+
+    @property
+    def draft_hit_ratio(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict:
+        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
+                "drafted": self.drafted, "draft_hit_ratio": self.draft_hit_ratio,
+                "accepted_hist": dict(sorted(self.accepted_hist.items())), "mean_accepted": self.mean_accepted,
+                "drafted_hist": dict(sorted(self.drafted_hist.items())), "seconds": asdict(self.seconds)}

@@ -1,0 +1,257 @@
+"""The `specrt` command line (also `python -m specrt`).
+
+    specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
+    specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
+    specrt generate                    run a method from a bundle
+    specrt demo                        export the demo pair and compare methods on HumanEval prompts
+    specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
+    specrt inspect                     which of a bundle's artifacts are valid here, and why not
+    specrt bench e2e|trees|ngram|mtad|soak|docs   benchmarks and the results page
+
+Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
+user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from specrt.cli.args import ArgumentParser, add_config, add_flag, config_from
+from specrt.config import field_types, format_value
+from specrt.errors import SpecrtError
+
+
+# -- method options: the union of every method's fields, one flag each ---------------------------------
+def method_option_fields() -> dict[str, list]:
+    """option name -> [(method name, dataclass field, annotation)] over every registered method."""
+    from specrt.runtime.methods import METHODS
+
+    out: dict[str, list] = {}
+    for m in METHODS.values():
+        hints = field_types(m)
+        for f in fields(m):
+            out.setdefault(f.name, []).append((m.name, f, hints[f.name]))
+    return out
+
+
+def add_method_options(parser) -> None:
+    g = parser.add_argument_group("method options (each applies to the methods it names; given to another "
+                                  "method, it is refused)")
+    for name, uses in method_option_fields().items():
+        by_text: dict[str, list[str]] = {}
+        for method, f, _ in uses:
+            text = f.metadata.get("help", "") + (f" (default: {format_value(f.default)})" if f.default is not None else "")
+            by_text.setdefault(text, []).append(method)
+        help_text = "; ".join(f"{', '.join(ms)}: {text}" for text, ms in by_text.items())
+        _, f, tp = uses[0]
+        # not given: None, and the method keeps its own default
+        add_flag(g, name, "--" + name.replace("_", "-"), tp, None, help_text, metavar=f.metadata.get("metavar"))
+
+
+def method_options(args) -> dict:
+    """The method options given on the command line (the rest keep the method's defaults)."""
+    return {name: getattr(args, name) for name in method_option_fields() if getattr(args, name) is not None}
+
+
+# -- verbs -------------------------------------------------------------------------------------
+def cmd_models(args) -> None:
+    if args.models_cmd == "train":
+        from specrt.checkpoints.train import train_pair
+
+        train_pair(args.out)
+    else:
+        from specrt.checkpoints.inflate import InflateConfig, inflate
+
+        inflate(config_from(InflateConfig, args))
+
+
+def cmd_export(args) -> None:
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    cfg = config_from(ExportConfig, args)
+    manifest = export_bundle(cfg)
+    for role, p in manifest["parity"].items():
+        print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")
+    print(f"bundle written to {cfg.out}")
+
+
+def cmd_generate(args) -> None:
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
+    kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed, **method_options(args))
+    if args.stream:
+        for piece in pipe.stream(args.prompt, **kw):
+            print(piece, end="", flush=True)
+        print()
+        return
+    out = pipe.generate(args.prompt, **kw)
+    print(args.prompt + out.text)
+    s = out.stats
+    print(f"\n[{len(out.token_ids)} tokens, {s.target_calls} target calls, "
+          f"{len(out.token_ids) / max(1, s.rounds):.2f} tokens per decode step, {s.seconds.total:.3f} s]", file=sys.stderr)
+
+
+def cmd_demo(args) -> None:
+    from specrt.bench.demo import DemoConfig, run_demo
+
+    run_demo(config_from(DemoConfig, args))
+
+
+def cmd_calibrate(args) -> None:
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+
+    cfg = config_from(CalibrationConfig, args)
+    r = calibrate(cfg)
+    print(f"{r.num_positions} positions; rank-0 acceptance by depth: " + " ".join(f"{row[0]:.2f}" for row in r.depth_rank))
+    for t in r.trees:
+        if t.num_nodes in (1, 2, 4, 8, 16, 32, 64):
+            print(f"best tree of {t.num_nodes:>2} nodes: {t.expected_accepted:.2f} accepted tokens expected per round")
+    print(f"draft temperature {r.draft_temperature}; dynamic trees, measured accepted tokens per round: "
+          + ", ".join(f"{d.num_nodes} nodes {d.expected_accepted:.2f}" for d in r.dynamic))
+    if r.merged:
+        print("merged with n-gram drafts, measured accepted tokens per round (nodes verified): "
+              + ", ".join(f"{d.num_nodes} nodes {d.expected_accepted:.2f} ({d.nodes_per_round:.1f})" for d in r.merged))
+    print(f"wrote {cfg.bundle}/acceptance.json")
+
+
+def cmd_profile(args) -> None:
+    from specrt.calibration.latency import ProfileConfig, profile
+
+    cfg = config_from(ProfileConfig, args)
+    data = profile(cfg)
+    for b in data.batch_sizes():
+        print(f"batch {b}: target L(1) {data.step_ms('target', b, 1):.2f} ms, L(8) {data.step_ms('target', b, 8):.2f} ms; "
+              f"draft L(1) {data.step_ms('draft', b, 1):.2f} ms")
+    print(f"wrote {cfg.bundle}/latency.json and latency.png ({data.stamp.machine.describe()})")
+
+
+def cmd_tune(args) -> None:
+    from specrt.calibration.tune import TuneConfig, describe_plan, tune
+
+    cfg = config_from(TuneConfig, args)
+    print(describe_plan(tune(cfg)))
+    print(f"wrote {cfg.bundle}/plan.json")
+
+
+def cmd_inspect(args) -> None:
+    from specrt.bundle import artifacts
+    from specrt.bundle.machine import Machine, resolve_threads
+    from specrt.bundle.manifest import load_manifest
+    from specrt.runtime.backends import resolve_device
+
+    manifest = load_manifest(args.bundle)
+    machine = Machine.here(args.backend, resolve_threads(args.threads), resolve_device(args.backend, args.device))
+    sizes = ", ".join(f"{role} {m['num_params'] / 1e6:.2f}M params" for role, m in manifest["models"].items())
+    print(f"{args.bundle}: specrt bundle made {manifest['created']} ({sizes}); files match their hashes")
+    print(f"here: {machine.describe()}")
+    for name, state in artifacts.status(args.bundle, machine):
+        print(f"  {name:<16} {state}")
+
+
+def cmd_bench(args) -> None:
+    module, cls, run, _ = BENCH_VERBS[args.bench_cmd]
+    mod = importlib.import_module(f"specrt.bench.{module}")
+    getattr(mod, run)(config_from(getattr(mod, cls), args))
+
+
+# verb -> (module, config class, function)
+BENCH_VERBS = {
+    "e2e": ("e2e", "E2EConfig", "run_e2e", "end-to-end tokens/s against HF and Optimum baselines"),
+    "trees": ("trees", "TreesConfig", "run_trees", "measured vs predicted tokens/s per tree size (after tune)"),
+    "ngram": ("ngram", "NgramConfig", "run_ngram", "ANPD ablation over n-gram order N and draft length K"),
+    "mtad": ("mtad", "MtadConfig", "run_mtad", "MTAD/MJSD speed and perplexity vs sd, tau and beam ablations"),
+    "soak": ("soak", "SoakConfig", "run_soak", "resident memory over many calls with random prompt lengths"),
+    "docs": ("docs", "DocsConfig", "run_docs", "the full results page, generated from bench/results/*.json"),
+}
+
+
+def build_parser() -> ArgumentParser:
+    from specrt.bench.demo import DemoConfig
+    from specrt.bundle.manifest import BundleOptions
+    from specrt.calibration.acceptance import CalibrationConfig
+    from specrt.calibration.latency import ProfileConfig
+    from specrt.calibration.tune import TuneConfig
+    from specrt.checkpoints.inflate import InflateConfig
+    from specrt.export.onnx_export import ExportConfig
+    from specrt.runtime.backends import BackendOptions
+    from specrt.runtime.methods import METHODS
+    from specrt.runtime.pipeline import DecodeOptions
+    from specrt.runtime.sampling import SamplingParams
+
+    parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    models = sub.add_parser("models", help="train the demo pair, or inflate a checkpoint")
+    msub = models.add_subparsers(dest="models_cmd", required=True)
+    train = msub.add_parser("train", help="train tokenizer + target + draft on the stdlib source (CPU, ~30 min)")
+    train.add_argument("--out", type=Path, default=Path("build/models"), help="where the pair goes (default: build/models)")
+    add_config(msub.add_parser("inflate", help="function-preserving expansion of a checkpoint to a memory-bound size"),
+               InflateConfig)
+    models.set_defaults(func=cmd_models)
+
+    exp = sub.add_parser("export", help="export a target + draft pair into a bundle")
+    add_config(exp, ExportConfig)
+    exp.set_defaults(func=cmd_export)
+
+    gen = sub.add_parser("generate", help="generate from a bundle")
+    add_config(gen, BundleOptions)
+    add_config(gen.add_argument_group("backend"), BackendOptions)
+    g = gen.add_argument_group("generation")
+    g.add_argument("--method", default="sd", choices=list(METHODS),
+                   help="; ".join(f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: sd)")
+    add_config(g, DecodeOptions, exclude=("batch_size",))
+    add_config(g, SamplingParams)
+    add_method_options(gen)
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="export the demo pair if needed; compare our methods on HumanEval prompts")
+    add_config(demo, DemoConfig)
+    demo.set_defaults(func=cmd_demo)
+
+    cal = sub.add_parser("calibrate", help="acceptance statistics on held-out text -> acceptance.json")
+    add_config(cal, CalibrationConfig)
+    cal.set_defaults(func=cmd_calibrate)
+
+    prof = sub.add_parser("profile", help="step latency L(n) of target and draft -> latency.json")
+    add_config(prof, ProfileConfig)
+    prof.set_defaults(func=cmd_profile)
+
+    tun = sub.add_parser("tune", help="choose the speculation per batch size from acceptance + latency -> plan.json")
+    add_config(tun, TuneConfig)
+    tun.set_defaults(func=cmd_tune)
+
+    ins = sub.add_parser("inspect", help="a bundle's files and artifacts: valid here, or why not")
+    add_config(ins, BundleOptions)
+    add_config(ins.add_argument_group("backend (the machine artifacts are checked against)"), BackendOptions)
+    ins.set_defaults(func=cmd_inspect)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True)
+    for verb, (module, cls, _, help_text) in BENCH_VERBS.items():
+        mod = importlib.import_module(f"specrt.bench.{module}")
+        add_config(bsub.add_parser(verb, help=help_text), getattr(mod, cls))
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except SpecrtError as e:
+        print(f"specrt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

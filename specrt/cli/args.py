@@ -1,0 +1,116 @@
+"""Command-line flags derived from config dataclasses: one declaration of each option (specrt.config).
+
+    add_config(parser, ProfileConfig)          --bundle, --backend, --threads, ... from the fields
+    cfg = config_from(ProfileConfig, args)     the dataclass back, validated by its __post_init__
+
+Types: int, float, str, Path (one value); tuple[...] (a comma list, '' for none; pairs as a:b); bool
+(--flag / --no-flag); object (JSON). A malformed value is one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import typing
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from specrt.config import field_types, flag_name, format_value, unwrap_optional
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2), like every other error of specrt."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _scalar(tp):
+    def parse(text: str):
+        try:
+            return tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {tp.__name__} value: {text!r}") from None
+    parse.__name__ = tp.__name__
+    return parse
+
+
+def _value_parser(tp):
+    """A function str -> value of type tp (for argparse's `type=`)."""
+    tp, _ = unwrap_optional(tp)
+    if tp in (int, float, str):
+        return _scalar(tp)
+    if tp is Path:
+        return Path
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        inner = typing.get_origin(item) is tuple
+
+        def parse_list(text: str):
+            parts = [p for p in text.split(",") if p.strip()] if text.lower() != "none" else []
+            try:
+                if inner:
+                    kind = typing.get_args(item)[0]
+                    return tuple(tuple(kind(x) for x in p.split(":")) for p in parts)
+                return tuple(item(p.strip()) for p in parts)
+            except ValueError:
+                what = f"a:b pairs of {typing.get_args(item)[0].__name__}" if inner else item.__name__
+                raise argparse.ArgumentTypeError(f"invalid list of {what}: {text!r}") from None
+        return parse_list
+
+    def parse_json(text: str):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {e}") from None
+    return parse_json
+
+
+def _metavar(tp) -> str | None:
+    tp, _ = unwrap_optional(tp)
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        return "W:K,..." if typing.get_origin(item) is tuple else f"{item.__name__.upper()},..."
+    return None
+
+
+def _default_text(default) -> str:
+    if default is None:
+        return ""
+    if isinstance(default, bool):
+        return ""
+    text = format_value(default)
+    return f" (default: {text or repr('')})"
+
+
+def add_config(parser, cls, *, exclude=(), defaults: dict | None = None) -> None:
+    """Add a flag for every CLI field of the dataclass `cls` to `parser` (or an argument group)."""
+    hints = field_types(cls)
+    defaults = defaults or {}
+    for f in fields(cls):
+        if f.name in exclude or not f.metadata.get("cli", True):
+            continue
+        default = defaults.get(f.name, f.default)
+        if default is MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default: CLI fields need one")
+        add_flag(parser, f.name, flag_name(f), hints[f.name], default, f.metadata.get("help", "") + _default_text(default),
+                 f.metadata.get("choices"), f.metadata.get("metavar"))
+
+
+def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None, metavar=None) -> None:
+    base, _ = unwrap_optional(tp)
+    kw = {"dest": dest, "default": default, "help": help.replace("%", "%%")}
+    if base is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["type"] = _value_parser(tp)
+        kw["metavar"] = metavar or _metavar(tp)
+        if choices:
+            kw["choices"] = choices
+    parser.add_argument(flag, **kw)
+
+
+def config_from(cls, args: argparse.Namespace, **extra):
+    """An instance of `cls` from parsed flags (fields absent from `args` keep their defaults)."""
+    kw = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**{**kw, **extra})

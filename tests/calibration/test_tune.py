@@ -1,0 +1,162 @@
+"""The tuner picks the argmax of predicted speed on synthetic curves; auto runs what it picked."""
+
+import json
+
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import LatencyProfile, Plan
+from specrt.calibration.tune import TuneConfig, tune
+from tests.fakes import measured_tree, write_acceptance, write_latency
+
+
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,), host_ms=None):
+    """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
+    if not (tmp_path / "manifest.json").is_file():
+        (tmp_path / "manifest.json").write_text("{}")
+    write_acceptance(tmp_path, depth_rank, dynamic, merged)
+    write_latency(tmp_path, target_ms, draft_ms, batches, host_ms=host_ms)
+    return tmp_path
+
+
+def test_memory_bound_target_gets_a_tree(tmp_path):
+    # verifying n tokens costs about as much as 1: speculation pays, and a bigger tree pays more
+    b = write_bundle(tmp_path, [[0.9, 0.3], [0.9, 0.3], [0.9, 0.3]], lambda n: 10 + 0.1 * n, lambda n: 0.1)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    choice = plan.choices[1]
+    best = max(plan.curves[1], key=lambda r: r.predicted_tokens_per_s)
+    assert choice.method == "tree" and choice.best == best
+    assert choice.predicted_speedup > 2
+    assert artifacts.load(b, Plan) == plan  # what was saved is what loads
+
+
+def test_overhead_bound_target_gets_no_speculation(tmp_path):
+    # each verified token costs as much as a whole step and drafting is not free: autoregressive wins
+    b = write_bundle(tmp_path, [[0.5, 0.1], [0.5, 0.1]], lambda n: 1.0 * n, lambda n: 0.5 * n)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    assert plan.choices[1].method == "autoregressive" and plan.choices[1].predicted_speedup == 1.0
+
+
+def test_tuning_an_unprofiled_batch_size_is_refused(tmp_path):
+    from specrt.errors import SpecrtError
+
+    b = write_bundle(tmp_path, [[0.9, 0.3]], lambda n: 10.0, lambda n: 0.1, batches=(1, 2))
+    with pytest.raises(SpecrtError, match="batch size\\(s\\) 4 were not profiled \\(profiled: 1, 2\\)"):
+        tune(TuneConfig(bundle=b, batch_sizes=(1, 4)))
+
+
+def test_auto_without_a_plan_says_what_to_run(pipelines):
+    from specrt.errors import BundleError
+
+    with pytest.raises(BundleError, match="no plan.json .*: run `specrt calibrate .* && specrt profile .* && specrt tune"):
+        pipelines["ort"].generate("def f():", method="auto")
+
+
+def test_host_work_term_interpolates_and_falls_back_to_simpler_kinds(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    lat = write_latency(tmp_path, lambda n: 1.0)
+    assert lat.host(8) == 0.0  # profiles without the measurement
+    lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}})
+    assert lat.host(0) == pytest.approx(0.02) and lat.host(20) == pytest.approx(0.45)
+    assert lat.host(8, "merged") == pytest.approx(0.3)  # not profiled: the static trees' term
+    lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "dynamic": {2: 0.5, 32: 2.0}})
+    assert lat.host(8, "merged") == lat.host(8, "dynamic") == pytest.approx(0.8)
+    lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "dynamic": {2: 0.5, 32: 2.0},
+                                                          "merged": {2: 0.7, 32: 2.2}})
+    assert lat.host(8, "merged") == pytest.approx(1.0) and lat.host(8) == pytest.approx(0.3)
+    assert artifacts.load(tmp_path, LatencyProfile) == lat
+
+
+def test_host_work_can_tip_the_choice(tmp_path):
+    # memory-bound curves, but 40 ms of host work per tree round (vs 10 ms per target step): speculation loses
+    b = write_bundle(tmp_path, [[0.9, 0.3], [0.9, 0.3]], lambda n: 10 + 0.1 * n, lambda n: 0.1,
+                     host_ms={"tree": {0: 0.0, 1: 40.0, 16: 40.0}})
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1].method == "autoregressive"
+
+
+def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
+    import shutil
+
+    from specrt.runtime.drafters import DynamicTreeDrafter
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    # static trees accept at most 0.5 + 0.25 + ... here; the measured dynamic tree of 6 nodes accepts 2.5
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1,
+                 dynamic=[measured_tree(6, 4, 5, 2.5, 4.0), measured_tree(12, 4, 8, 2.6, 7.0)])
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    choice = plan.choices[1]
+    assert (choice.method, choice.best.num_nodes, choice.best.width, choice.best.depth) == ("dynamic", 6, 4, 5)
+    dyn = [r for r in plan.curves[1] if r.kind == "dynamic"]
+    # 6 nodes: target L(7) = 10.7 ms, draft L(1) + 3 L(4) = 0.4 ms, no host term in this profile
+    assert dyn[0].predicted_tokens_per_s == pytest.approx(1e3 * 3.5 / (10.7 + 0.4), rel=1e-3)
+    assert choice.best_static.kind in ("tree", "chain")  # method="tree" still gets a static tree
+    pipe = Pipeline.load(b, threads=2)
+    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    assert isinstance(drafter, DynamicTreeDrafter) and (drafter.num_nodes, drafter.num_beams, drafter.gamma) == (6, 4, 5)
+    prompts = ["def add(a, b):", "import os\n"]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
+
+
+def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
+    import shutil
+
+    from specrt.runtime.drafters import DynamicTreeDrafter, MergedDrafter, NgramDrafter
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    dyn = measured_tree(6, 4, 5, 2.5, 4.0)
+    merged = measured_tree(6, 4, 5, 3.0, 4.0, per_round=9.0, ngram_tokens=7, min_prob=0.3)
+    # a steep target: merged trees verify 9 nodes per round (L(10) = 20 ms) for 4 tokens, dynamic 6 (17 ms) for 3.5
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 1.0 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged])
+    best = tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1].best
+    assert (best.kind, best.num_nodes) == ("dynamic", 6)  # 3.5 / 17.4 > 4 / 20.4
+    # a flat one: the merged tree's extra nodes are nearly free
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 0.1, dynamic=[dyn], merged=[merged],
+                 batches=(1, 2))
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
+    choice = plan.choices[1]
+    assert (choice.method, choice.best.kind, choice.best.ngram_tokens, choice.best.ngram_min_prob) == ("dynamic", "merged", 7, 0.3)
+    (row,) = [r for r in plan.curves[1] if r.kind == "merged"]
+    assert row.target_ms == pytest.approx(11.0)  # L(9 + 1): the measured nodes per round, not the 6 drafted
+    # without a histogram of nodes per round, batch 2 is costed at the mean width too
+    (row,) = [r for r in plan.curves[2] if r.kind == "merged"]
+    assert row.target_ms == pytest.approx(2 * 11.0)
+    pipe = Pipeline.load(b, threads=2)
+    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    assert isinstance(drafter, MergedDrafter)
+    model, ngram = drafter.drafters
+    assert isinstance(model, DynamicTreeDrafter) and model.num_nodes == 6 and isinstance(ngram, NgramDrafter)
+    assert (ngram.num_draft_tokens, ngram.min_prob) == (7, 0.3)
+    prompts = ["def add(a, b):", "import os\n"]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
+
+
+def test_a_batched_step_is_costed_at_the_expected_widest_tree():
+    from specrt.calibration.cost import step_width
+
+    dyn = measured_tree(4, 4, 4, 1.0, 1.0, per_round=6.0, hist={4: 1, 8: 1})  # 4 or 8 nodes, evenly
+    assert step_width(dyn, 1) == pytest.approx(6.0)
+    assert step_width(dyn, 2) == pytest.approx(4 * 0.25 + 8 * 0.75)  # both 4 with probability 1/4
+    assert step_width(dyn, 8) == pytest.approx(4 / 256 + 8 * 255 / 256)
+    assert step_width(measured_tree(4, 4, 4, 1.0, 1.0, per_round=5.5), 4) == 5.5  # no histogram: the mean
+
+
+def test_a_plan_is_refused_once_its_inputs_change(tmp_path):
+    from specrt.errors import BundleError
+
+    b = write_bundle(tmp_path, [[0.9, 0.3]], lambda n: 10.0, lambda n: 0.1)
+    tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    write_acceptance(b, [[0.8, 0.3]])  # re-calibrated: the plan was made from the old numbers
+    with pytest.raises(BundleError, match="plan.json was made from an earlier acceptance.json.*specrt tune"):
+        artifacts.load(b, Plan)
+    data = json.loads((b / "plan.json").read_text())
+    assert data["stamp"]["inputs"].keys() == {"acceptance.json", "latency.json"}

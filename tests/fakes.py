@@ -1,0 +1,142 @@
+"""Shared fakes for orchestration tests: step "models" that need no ONNX export, and a Pipeline over them.
+
+- MarkovBackend: next-token logits depend on the current token only (a bigram table). Beam search over
+  it has a closed form, so drafters can be checked against exhaustive enumeration.
+- PathBackend: logits depend on the current token and on the token before it *as this row sees it*:
+  the visible slot (past or new, per the attention mask) with the highest position below the row's
+  own. K/V hold (token, position), so a runtime that commits the wrong rows, builds a wrong mask or
+  wrong positions, or mixes up sequences of a batch gets different logits: greedy speculative decoding
+  over it equals greedy autoregressive decoding only if the bookkeeping is right.
+- fake_pipeline(...): a Pipeline whose target and draft are such backends, over a directory standing in
+  for a bundle (for artifacts), with a character tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bundle.machine import Machine
+from specrt.bundle.manifest import MANIFEST, ModelEntry
+from specrt.runtime.backends import Backend
+from specrt.runtime.pipeline import Pipeline
+
+
+def entry(role: str, vocab: int, max_positions: int = 512, head_dim: int = 1) -> ModelEntry:
+    return ModelEntry(role, "", "", "llama", 1, 1, 1, head_dim, vocab, max_positions, "float32", 0)
+
+
+class MarkovBackend(Backend):
+    """A hand-built 'model' whose next-token logits depend only on the current token (a bigram table)."""
+
+    name = "markov"
+
+    def __init__(self, table, role: str = "draft"):
+        self.table = np.asarray(table, dtype=np.float32)  # [V, V]
+        super().__init__(entry(role, self.table.shape[0], 256))
+
+    def allocate(self, shape):
+        return np.zeros(shape, dtype=np.float32)
+
+    def _run(self, binding, input_ids, position_ids, attention_mask, cache):
+        b, t = input_ids.shape
+        return self.table[input_ids], np.zeros((1, 2, b, 1, t, 1), np.float32)
+
+
+class PathBackend(Backend):
+    """logits[row] = table[previous visible token + 1, token] (previous: -1 before the first token)."""
+
+    name = "path"
+
+    def __init__(self, table, role: str = "target", max_positions: int = 512):
+        self.table = np.asarray(table, dtype=np.float32)  # [V + 1, V, V]
+        super().__init__(entry(role, self.table.shape[1], max_positions, head_dim=2))
+        self.calls = 0
+
+    def allocate(self, shape):
+        return np.zeros(shape, dtype=np.float32)
+
+    def _run(self, binding, input_ids, position_ids, attention_mask, cache):
+        self.calls += 1
+        past = cache.buffer[0, 0, :, 0]  # [B, S, 2]: (token, position) of each cached slot
+        tokens = np.concatenate([past[..., 0], input_ids.astype(np.float32)], axis=1)  # [B, S + T]
+        positions = np.concatenate([past[..., 1], position_ids.astype(np.float32)], axis=1)  # [B, S + T]
+        below = positions[:, None, :] < position_ids[:, :, None]  # [B, T, S + T]
+        seen = np.where(attention_mask & below, positions[:, None, :], -1.0)  # [B, T, S + T]
+        prev = np.take_along_axis(tokens, seen.argmax(axis=-1), axis=1)  # [B, T] the latest visible token
+        prev = np.where(seen.max(axis=-1) >= 0, prev, -1).astype(np.int64)
+        logits = self.table[prev + 1, input_ids]  # [B, T, V]
+        kv = np.stack([input_ids, position_ids], axis=-1).astype(np.float32)  # [B, T, 2]
+        new_kv = np.broadcast_to(kv[None, None, :, None], (1, 2, *kv.shape[:1], 1, *kv.shape[1:])).copy()
+        return logits, new_kv
+
+
+def path_table(vocab: int, seed: int, sharpness: float = 3.0) -> np.ndarray:
+    """A random second-order table [V + 1, V, V]; larger sharpness makes greedy choices clearer."""
+    return np.random.default_rng(seed).normal(size=(vocab + 1, vocab, vocab)).astype(np.float32) * sharpness
+
+
+def noisy_copy(table: np.ndarray, noise: float, seed: int) -> np.ndarray:
+    """A draft that mostly agrees with the target: the target's table plus noise."""
+    return table + np.random.default_rng(seed).normal(size=table.shape).astype(np.float32) * noise
+
+
+class CharTokenizer:
+    """Text <-> ids, one character per token (ids are code points modulo the vocabulary)."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        class Encoding:
+            ids = [ord(c) % self.vocab for c in text]
+        return Encoding()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def fake_pipeline(tmp_path: Path, target: Backend, draft: Backend, eos_id: int | None = None) -> Pipeline:
+    """A Pipeline over fake backends; tmp_path stands in for the bundle (a manifest is written there)."""
+    manifest = {"eos_token_id": eos_id, "models": {}}
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    return Pipeline(tmp_path, manifest, CharTokenizer(target.entry.vocab_size), target, draft,
+                    Machine.here("ort", 1), bucket=16)
+
+
+# -- synthetic artifacts ------------------------------------------------------------------------------
+def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,), machine: Machine | None = None,
+                  host_ms: dict | None = None, max_tokens: int = 16):
+    """A latency.json from curves (ms at n new tokens, times the batch size), stamped for this bundle."""
+    from specrt.bundle import artifacts
+    from specrt.bundle.artifacts import LatencyProfile, Stamp
+
+    ns = range(1, max_tokens + 1)
+    models = {"target": {b: {128: {n: b * target_ms(n) for n in ns}} for b in batches},
+              "draft": {b: {128: {n: b * draft_ms(n) for n in ns}} for b in batches}}
+    lat = LatencyProfile(Stamp.make(bundle, machine or Machine.here("ort", 2)), {}, models, host_ms or {})
+    artifacts.save(bundle, lat)
+    return lat
+
+
+def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0):
+    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees)."""
+    from specrt.bundle import artifacts
+    from specrt.bundle.artifacts import Acceptance, Stamp
+    from specrt.calibration.acceptance import best_trees, chain_expectation
+
+    p = np.array(depth_rank, dtype=float)
+    acc = Acceptance(Stamp.make(bundle), {}, 0, (), tuple(map(tuple, depth_rank)), (),
+                     tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
+                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0)
+    artifacts.save(bundle, acc)
+    return acc
+
+
+def measured_tree(num_nodes, width, depth, accepted, calls, per_round=None, hist=None, ngram_tokens=0, min_prob=None):
+    from specrt.bundle.artifacts import MeasuredTree
+
+    return MeasuredTree(num_nodes, width, depth, accepted, calls, per_round if per_round is not None else num_nodes,
+                        hist or {}, ngram_tokens, min_prob)
