@@ -2,8 +2,8 @@
 
 Each batch size runs in a fresh process (so one series does not inherit another's peak): one Pipeline,
 `num_calls` generate calls of `batch_size` prompts, each prompt a random span of 50..1900 tokens (by
-default) of held-out standard-library text, `max_new_tokens` new tokens, greedy. RSS (/proc/self/status)
-is read after every call. A series passes when RSS grows by at most `max_growth` from call
+default) of held-out standard-library text, `max_new_tokens` new tokens, greedy, made by `clients`
+threads at once. RSS (/proc/self/status) is read after every call. A series passes when RSS grows by at most `max_growth` from call
 `settle_calls` to the last call and never exceeds `max_rss_mb`. Writes JSON, Markdown and a plot.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class SoakConfig(BenchConfig, BackendOptions):
     batch_sizes: tuple[int, ...] = option((1, 4), "one series (a fresh process) per batch size")
     method: str = option("sd", "decoding method")
     seed: int = option(0, "seed of the prompt lengths and offsets", ge=0)
+    clients: int = option(1, "threads calling the one Pipeline concurrently", ge=1)
     max_growth: float = option(0.10, "pass: RSS at the last call / RSS at settle_calls - 1 is at most this", ge=0)
     max_rss_mb: float = option(1000.0, "pass: RSS never exceeds this many MB", gt=0)
 
@@ -81,21 +83,31 @@ def series(cfg: SoakConfig, batch_size: int) -> dict:
     pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
     stream = token_stream(pipe, 4 * cfg.max_prompt_tokens)
     rng = np.random.default_rng(cfg.seed + batch_size)
-    rss, lengths = [rss_mb()], []
-    for _ in range(cfg.num_calls):
-        n = rng.integers(cfg.min_prompt_tokens, cfg.max_prompt_tokens + 1, size=batch_size)
-        starts = rng.integers(0, len(stream) - n + 1)
-        prompts = [stream[s:s + k] for s, k in zip(starts, n)]
+    lengths = [rng.integers(cfg.min_prompt_tokens, cfg.max_prompt_tokens + 1, size=batch_size) for _ in range(cfg.num_calls)]
+    calls = [[stream[s:s + k] for s, k in zip(rng.integers(0, len(stream) - n + 1), n)] for n in lengths]
+
+    def call(prompts):
         pipe.generate(prompts, method=cfg.method, max_new_tokens=cfg.max_new_tokens, batch_size=batch_size)
-        rss.append(rss_mb())
-        lengths.append(n.tolist())
-    settled, last = rss[cfg.settle_calls], rss[-1]  # rss[i]: after call i (rss[0]: loaded, before any call)
+
+    rss = [rss_mb()]
+    t_calls = time.perf_counter()
+    if cfg.clients == 1:
+        for prompts in calls:
+            call(prompts)
+            rss.append(rss_mb())
+    else:
+        with ThreadPoolExecutor(cfg.clients) as ex:
+            for future in as_completed([ex.submit(call, prompts) for prompts in calls]):
+                future.result()
+                rss.append(rss_mb())
+    calls_s = time.perf_counter() - t_calls
+    settled, last = rss[cfg.settle_calls], rss[-1]  # rss[i]: after the i-th call done (rss[0]: loaded, before any)
     growth = last / settled - 1
-    return {"batch_size": batch_size, "rss_mb": [round(r, 1) for r in rss], "prompt_lengths": lengths,
+    return {"batch_size": batch_size, "rss_mb": [round(r, 1) for r in rss], "prompt_lengths": [n.tolist() for n in lengths],
             "rss_loaded_mb": round(rss[0], 1), "rss_settled_mb": round(settled, 1), "rss_last_mb": round(last, 1),
             "rss_peak_mb": round(max(rss), 1), "growth": round(growth, 4),
             "passed": bool(growth <= cfg.max_growth and max(rss) <= cfg.max_rss_mb),
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "calls_per_s": round(cfg.num_calls / calls_s, 3), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _child(cfg: SoakConfig, batch_size: int, queue) -> None:
@@ -130,13 +142,14 @@ def markdown(data: dict) -> str:
     c = data["config"]
     lines = [f"### soak `{data['label']}`: {c['num_calls']} `{c['method']}` calls per batch size, prompts of "
              f"{c['min_prompt_tokens']}-{c['max_prompt_tokens']} tokens, {c['max_new_tokens']} new tokens, "
-             f"backend {c['backend']}, {c['threads']} threads ({data['date']})", "",
+             f"backend {c['backend']}, {c['threads']} threads, {c.get('clients', 1)} client thread(s) ({data['date']})", "",
              f"| batch | RSS loaded (MB) | RSS after call {c['settle_calls']} | RSS after call {c['num_calls']} | growth | "
-             f"peak (MB) | pass (growth <= {c['max_growth']:.0%}, peak <= {c['max_rss_mb']:.0f} MB) | seconds |",
-             "|---:|---:|---:|---:|---:|---:|---|---:|"]
+             f"peak (MB) | pass (growth <= {c['max_growth']:.0%}, peak <= {c['max_rss_mb']:.0f} MB) | calls/s | seconds |",
+             "|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in data["rows"]:
         lines.append(f"| {r['batch_size']} | {r['rss_loaded_mb']:.0f} | {r['rss_settled_mb']:.0f} | {r['rss_last_mb']:.0f} | "
-                     f"{r['growth']:+.1%} | {r['rss_peak_mb']:.0f} | {'yes' if r['passed'] else 'NO'} | {r['seconds']:.0f} |")
+                     f"{r['growth']:+.1%} | {r['rss_peak_mb']:.0f} | {'yes' if r['passed'] else 'NO'} | "
+                     f"{r.get('calls_per_s', float('nan')):.2f} | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

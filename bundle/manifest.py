@@ -49,6 +49,7 @@ class ModelEntry:
     max_positions: int
     dtype: str  # dtype of the K/V and activations, e.g. "float32"
     num_params: int
+    sliding_window: int | None = None  # each token attends to the previous `sliding_window` positions only
 
 
 def sha256_file(path: Path) -> str:

@@ -28,7 +28,7 @@ from specrt.bundle.manifest import MANIFEST, MANIFEST_FORMAT, ModelEntry, hash_t
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
-from specrt.model.checkpoint import DTYPES, check_pair, has_tokenizer, load_checkpoint, load_config, load_tokenizer, max_context
+from specrt.model.checkpoint import DTYPES, check_pair, has_tokenizer, load_checkpoint, load_config, load_tokenizer, sliding_window
 from specrt.version import __version__
 
 PARITY_TOL = {"float32": 1e-4, "float16": 5e-2}  # max |onnx - torch| over logits and new K/V
@@ -91,7 +91,7 @@ def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str) -> ModelEnt
         role=role, onnx=onnx_rel, hf_dir=hf_rel, model_type=c.model_type,
         num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        vocab_size=c.vocab_size, max_positions=max_context(c), dtype=dtype,
+        vocab_size=c.vocab_size, max_positions=c.max_position_embeddings, sliding_window=sliding_window(c), dtype=dtype,
         num_params=sum(p.numel() for p in model.parameters()),
     )
 

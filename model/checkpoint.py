@@ -68,7 +68,14 @@ def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> 
         raise SpecrtError("draft and target tokenizers differ (their vocabularies map tokens to different ids)")
 
 
-def max_context(config) -> int:
-    """The longest context a step graph may see: max positions, or the sliding window if smaller."""
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    return min(config.max_position_embeddings, window) if window else config.max_position_embeddings
+def sliding_window(config) -> int | None:
+    """The attention window of a model that uses one (Mistral; Qwen2 with use_sliding_window), else None.
+
+    The step graph itself attends to whatever the mask allows; the runtime puts the window in the mask
+    (KVCache.window), so contexts may be as long as max_position_embeddings."""
+    if not getattr(config, "use_sliding_window", True):
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise SpecrtError(f"sliding_window must be a positive integer or null, got {window!r}")
+    return window if window and window < config.max_position_embeddings else None

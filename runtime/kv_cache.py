@@ -9,6 +9,8 @@ Invariants:
 - Only rows a caller chooses are written (`append`, `append_rows`): rejected drafts never enter.
 - Capacity grows in buckets (multiples of `bucket`, capped at `max_capacity`), never per token;
   a growth copies the committed prefix once. Per-step work is independent of context length.
+- Slot i of a sequence holds position i (committed rows are appended in order and accepted paths are
+  compacted), which is how a sliding `window` becomes part of each step's mask.
 - The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
   module only slices and assigns, which both support.
 """
@@ -24,13 +26,14 @@ from specrt.errors import InvalidRequestError
 
 class KVCache:
     def __init__(self, allocate: Callable[[tuple[int, ...]], object], num_layers: int, batch: int,
-                 num_kv_heads: int, head_dim: int, max_capacity: int, bucket: int = 128):
+                 num_kv_heads: int, head_dim: int, max_capacity: int, bucket: int = 128, window: int | None = None):
         self._allocate = allocate  # shape -> zero-initialised array of the backend's kind
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.max_capacity = max_capacity
         self.bucket = bucket
+        self.window = window  # sliding attention window (positions), or None: steps mask slots beyond it
         self.lengths = np.zeros(batch, dtype=np.int64)  # [B] rows each sequence has in the cache
         self.capacity = 0
         self.slot_index = np.arange(0)  # [S] 0..S-1, for building masks without per-step allocation

@@ -20,7 +20,7 @@ from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.stats import Stats
-from specrt.runtime.step_inputs import feed_rows, pack_step
+from specrt.runtime.step_inputs import pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
 
@@ -74,11 +74,9 @@ class Scheduler:
         live = list(seqs)
         cache = self.target.new_cache(len(live), self.bucket)
         t0 = time.perf_counter()
-        feed = [s.tokens[:-1] for s in live]
-        if max(len(f) for f in feed):
-            feed_rows(self.target, cache, feed)
-            for s in live:
-                s.stats.target_calls += 1
+        steps = prefill(self.target, cache, [s.tokens[:-1] for s in live])
+        for s in live:
+            s.stats.target_calls += steps
         if self.drafter is not None:
             self.drafter.start(live)
             for s in live:

@@ -4,7 +4,10 @@ Each sequence b brings its own rows: tokens, positions and a [n_b, n_b] mask ove
 (None = causal). T = max n_b; rows past n_b are holes (token 0, position 0, seeing only themselves):
 they produce finite garbage that nobody reads and nobody commits. Past slots visible to sequence b
 are [0, cache.lengths[b]), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
-hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True.
+hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True. With a sliding
+window W (cache.window), a row at position p sees only past slots s with p - s < W (slot s holds
+position s; scratch rows sit at the end, well inside any window) and new tokens at positions q with
+p - q < W.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from specrt.runtime.kv_cache import KVCache
+
+# Prompt tokens per sequence per prefill step: bounded step shapes keep backend memory flat whatever the
+# prompt lengths (specrt bench soak).
+PREFILL_CHUNK = 256
 
 
 def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
@@ -29,6 +36,21 @@ def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
     logits, new_kv = runner.step(ids, pos, mask, cache)
     cache.append(new_kv, counts)
     return logits
+
+
+def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | None = None) -> int:
+    """Feed each sequence's rows after its cached prefix, `chunk` tokens per sequence per step (default
+    PREFILL_CHUNK; 0: all in one step), appending their K/V; logits are not kept. Returns the number of steps.
+
+    Chunks bound a step's shape whatever the prompt length, so the backend's working memory is bounded
+    too (an ONNX Runtime arena sized by a 1900-token prefill stays that size)."""
+    longest = max(len(r) for r in rows)
+    if not longest:
+        return 0
+    size = (PREFILL_CHUNK if chunk is None else chunk) or longest
+    for start in range(0, longest, size):
+        feed_rows(runner, cache, [r[start:start + size] for r in rows])
+    return -(-longest // size)
 
 
 def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[np.ndarray],
@@ -50,7 +72,8 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
                 mask[b, : len(vis), anchor:anchor + vis.shape[1]] = vis
     if min(counts) == num_tokens and (blocks is None or all(b is None for b in blocks)):  # no holes, all causal
         mask[:, :, capacity:] = causal
-        return np.stack(tokens).astype(np.int64, copy=False), np.stack(positions).astype(np.int64, copy=False), mask
+        pos = np.stack(positions).astype(np.int64, copy=False)
+        return np.stack(tokens).astype(np.int64, copy=False), pos, _windowed(mask, pos, cache)
     ids = np.zeros((batch, num_tokens), dtype=np.int64)
     pos = np.zeros((batch, num_tokens), dtype=np.int64)
     mask[:, :, capacity:] = False
@@ -64,16 +87,23 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
             mask[b, n:, :capacity] = False
             idx = np.arange(n, num_tokens)
             mask[b, idx, capacity + idx] = True
-    return ids, pos, mask
+    return ids, pos, _windowed(mask, pos, cache)
 
 
-_TRI: dict[int, np.ndarray] = {}
+def _windowed(mask: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
+    """Hide past slots and new tokens outside the sliding window, in place (no-op without one)."""
+    if cache.window is not None:
+        oldest = pos[:, :, None] - cache.window  # [B, T, 1] a row sees positions above this
+        mask[:, :, :cache.capacity] &= cache.slot_index[None, None, :] > oldest
+        mask[:, :, cache.capacity:] &= pos[:, None, :] > oldest
+    return mask
+
+
+_TRI_CACHED = 256  # decode-step sizes are cached; prefill sizes (any prompt length) are not: memory stays flat
+_TRI = np.tri(_TRI_CACHED, dtype=bool)
+_TRI.flags.writeable = False
 
 
 def _tri(n: int) -> np.ndarray:
-    """Lower-triangular [n, n] bool (read-only, cached)."""
-    t = _TRI.get(n)
-    if t is None:
-        t = _TRI[n] = np.tri(n, dtype=bool)
-        t.flags.writeable = False
-    return t
+    """Lower-triangular [n, n] bool (read-only; a view of one cached array for n <= _TRI_CACHED)."""
+    return _TRI[:n, :n] if n <= _TRI_CACHED else np.tri(n, dtype=bool)

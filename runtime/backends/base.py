@@ -64,4 +64,5 @@ class Runner:
 
     def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
         e = self.entry
-        return KVCache(self.backend.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket)
+        return KVCache(self.backend.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket,
+                       e.sliding_window)

@@ -27,7 +27,7 @@ import numpy as np
 
 from specrt.runtime.backends import Runner
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.step_inputs import feed_rows, pack_step
+from specrt.runtime.step_inputs import feed_rows, pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
 
@@ -92,9 +92,7 @@ class ModelDrafter(Drafter):
     def _start(self, seqs) -> None:
         """Prefill every prompt but its last token (that one is pending, fed in the first round)."""
         self.cache = self.runner.new_cache(len(seqs), self.bucket)
-        feed = [s.tokens[:-1] for s in seqs]
-        if max(len(f) for f in feed):
-            feed_rows(self.runner, self.cache, feed)
+        prefill(self.runner, self.cache, [s.tokens[:-1] for s in seqs])
 
     def _feed_pending(self, seqs) -> np.ndarray:
         """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V]."""

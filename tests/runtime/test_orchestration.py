@@ -1,0 +1,124 @@
+"""The fast layer: the whole decode loop over fake models (tests/fakes.py), no ONNX export needed.
+
+PathBackend's logits depend on the previous token as each row sees it through the mask and the cache, so
+greedy speculation equals greedy autoregressive decoding over it only when positions, masks, KV commits,
+compaction and ragged batching are all right.
+"""
+
+import numpy as np
+import pytest
+
+from specrt.runtime import step_inputs
+from tests.fakes import PathBackend, fake_pipeline, noisy_copy, path_table
+
+VOCAB = 12
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    table = path_table(VOCAB, seed=0)
+    return fake_pipeline(tmp_path_factory.mktemp("fake"), PathBackend(table), PathBackend(noisy_copy(table, 1.0, 1), "draft"))
+
+
+def prompts(n, seed=0, lo=3, hi=40):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+LOSSLESS = [
+    dict(method="sd", num_draft_tokens=3),
+    dict(method="sd", num_draft_tokens=6),
+    dict(method="tree"),
+    dict(method="tree", tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    dict(method="dynamic", num_draft_tokens=6),
+    dict(method="dynamic", num_draft_tokens=10, num_beams=3, tree_depth=4),
+    dict(method="anpd"),
+    dict(method="anpd", ngram_branches=2, num_draft_tokens=10),
+    dict(method="dynamic", num_draft_tokens=4, ngram_tokens=5),
+    dict(method="sd", num_draft_tokens=3, ngram_tokens=4, ngram_min_prob=0.0),
+    dict(method="mtad", tau=1.0),  # accepts nothing: autoregressive
+]
+
+
+@pytest.mark.parametrize("kw", LOSSLESS, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_lossless_methods_equal_autoregressive(fake, kw, batch_size):
+    ps = prompts(7)
+    ar = fake.generate(ps, method="autoregressive", max_new_tokens=30)
+    out = fake.generate(ps, max_new_tokens=30, batch_size=batch_size, **kw)
+    assert [o.token_ids for o in out] == [a.token_ids for a in ar]
+
+
+def test_the_fake_catches_wrong_bookkeeping(fake, monkeypatch):
+    """Mutation check: commit one wrong row and greedy sd no longer equals autoregressive decoding."""
+    from specrt.runtime.kv_cache import KVCache
+
+    ps = prompts(5, seed=3)
+    ar = fake.generate(ps, method="autoregressive", max_new_tokens=30)
+    real = KVCache.append
+
+    def off_by_one(self, new_kv, counts):
+        real(self, new_kv[:, :, :, :, ::-1] if new_kv.shape[4] > 1 else new_kv, counts)
+
+    monkeypatch.setattr(KVCache, "append", off_by_one)
+    sd = fake.generate(ps, method="sd", num_draft_tokens=4, max_new_tokens=30)
+    assert [o.token_ids for o in sd] != [a.token_ids for a in ar]
+
+
+def test_speculation_pays_on_the_fake(fake):
+    ps = prompts(6, seed=4)
+    out = fake.generate(ps, method="sd", num_draft_tokens=4, max_new_tokens=40)
+    assert sum(o.stats.accepted for o in out) / sum(o.stats.rounds for o in out) > 1.0  # not a vacuous equality
+
+
+def test_chunked_prefill_equals_one_step_prefill(fake, monkeypatch):
+    ps = prompts(4, seed=5, lo=30, hi=90)
+    whole = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2)
+    monkeypatch.setattr(step_inputs, "PREFILL_CHUNK", 7)
+    chunked = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2)
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in whole]
+    longest = max(len(p) for p in ps[:2]) - 1
+    assert chunked[0].stats.target_calls - chunked[0].stats.rounds == -(-longest // 7)  # prefill steps
+
+
+def test_causal_blocks_are_views_of_one_cached_array():
+    for n in (1, 5, 256):
+        assert (step_inputs._tri(n) == np.tri(n, dtype=bool)).all()
+    assert step_inputs._tri(300).shape == (300, 300) and (step_inputs._tri(300) == np.tri(300, dtype=bool)).all()
+    assert step_inputs._tri(9).base is step_inputs._TRI  # no new array per decode step size
+
+
+def test_mtad_samples_its_beams_at_temperature_above_zero(tmp_path):
+    """With one beam of one token, beam sampling is multinomial sampling from the warped draft: the first
+    drafted token's frequencies over seeds match q (chi-square), and differ from the greedy draft's."""
+    from specrt.runtime.drafters import BeamDrafter
+    from specrt.runtime.sampling import SamplingParams, warp
+    from specrt.runtime.scheduler import SeqState
+    from tests.fakes import MarkovBackend
+
+    table = np.log(np.array([[0.1, 0.5, 0.3, 0.1], [0.25] * 4, [0.25] * 4, [0.25] * 4]))
+    params = SamplingParams(temperature=1.0)
+    q = warp(table[0], params)
+    n = 4000
+    counts = np.zeros(4)
+    drafter = BeamDrafter(MarkovBackend(table).runner(), num_beams=1, gamma=1)
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        seqs = [SeqState(0, [3, 0], 4, 8)]
+        drafter.start(seqs)
+        counts[int(drafter.propose(seqs, params, rng)[0].tokens[0])] += 1
+    chi2 = float(((counts - n * q) ** 2 / (n * q)).sum())
+    assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
+    seqs = [SeqState(0, [3, 0], 4, 8)]
+    drafter.start(seqs)
+    assert drafter.propose(seqs, SamplingParams(), rng)[0].tokens[0] == 1  # greedy: the top token
+
+
+def test_mtad_output_follows_the_seed_at_temperature_above_zero(tmp_path):
+    table = path_table(VOCAB, seed=0, sharpness=1.0)
+    pipe = fake_pipeline(tmp_path, PathBackend(table), PathBackend(noisy_copy(table, 0.3, 1), "draft"))
+    outs = [tuple(pipe.generate([[1, 2, 3]], method="mtad", temperature=1.0, seed=s, max_new_tokens=2)[0].token_ids)
+            for s in range(40)]
+    assert len(set(outs)) > 5 and len({o[0] for o in outs}) > 2  # not the same two tokens for every seed
+    greedy = {tuple(pipe.generate([[1, 2, 3]], method="mtad", seed=s, max_new_tokens=2)[0].token_ids) for s in range(5)}
+    assert len(greedy) == 1
