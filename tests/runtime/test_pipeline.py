@@ -5,9 +5,8 @@ import pytest
 BACKENDS = ["ort", "torch"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
-    pipe = pipelines[backend]
+def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval):
+    pipe = pipelines["ort"]
     ar = pipe.generate(humaneval, method="autoregressive", max_new_tokens=48)
     sd = pipe.generate(humaneval, method="sd", max_new_tokens=48, num_draft_tokens=4)
     assert len(humaneval) >= 20
@@ -17,9 +16,8 @@ def test_sd_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
     assert accepted > 0.5  # the drafts really were accepted, so the equality is not vacuous
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend):
-    pipe = pipelines[backend]
+def test_tree_is_token_identical_to_autoregressive(pipelines, humaneval):
+    pipe = pipelines["ort"]
     ar = pipe.generate(humaneval, method="autoregressive", max_new_tokens=48)
     tree = pipe.generate(humaneval, method="tree", max_new_tokens=48)
     chain = pipe.generate(humaneval, method="sd", max_new_tokens=48, num_draft_tokens=4)
@@ -27,6 +25,21 @@ def test_tree_is_token_identical_to_autoregressive(pipelines, humaneval, backend
         assert a.token_ids == t.token_ids, f"prompt {i} differs"
     per_call = [sum(len(o.token_ids) for o in outs) / sum(o.stats.rounds for o in outs) for outs in (tree, chain)]
     assert per_call[0] > per_call[1]  # the tree's extra branches do get accepted
+
+
+def test_lossless_methods_on_the_torch_backend(pipelines, humaneval):
+    """Every lossless method (the ORT tests above and in test_merge, test_ngram and test_mtad, on fewer
+    prompts) is token-identical to autoregressive decoding on the torch backend too."""
+    pipe = pipelines["torch"]
+    prompts = humaneval[:8]
+    ar = [a.token_ids for a in pipe.generate(prompts, method="autoregressive", max_new_tokens=32)]
+    runs = {"sd": dict(method="sd", num_draft_tokens=4), "tree": dict(method="tree"),
+            "dynamic": dict(method="dynamic", batch_size=4), "anpd": dict(method="anpd"),
+            "anpd-tree": dict(method="anpd", ngram_branches=3, num_draft_tokens=8),
+            "merged": dict(method="dynamic", num_draft_tokens=6, ngram_tokens=7, batch_size=3),
+            "mtad tau=1": dict(method="mtad", tau=1.0)}
+    for name, kw in runs.items():
+        assert [o.token_ids for o in pipe.generate(prompts, max_new_tokens=32, **kw)] == ar, name
 
 
 def test_tree_ragged_batch_and_custom_spec(pipelines, humaneval):

@@ -82,10 +82,9 @@ def first_token_distribution(verifier, p_logits, q_logits, params, trials, seed)
     rng = np.random.default_rng(seed)
     q = warp(q_logits, params)
     counts = np.zeros(len(p_logits[0]))
-    for _ in range(trials):
-        x0 = rng.choice(len(q[0]), p=q[0])
-        x1 = rng.choice(len(q[1]), p=q[1])
-        tree = DraftTree.chain([x0, x1], np.stack([q[0], q[1]]))
+    drafts = np.stack([rng.choice(len(q[0]), size=trials, p=q[0]), rng.choice(len(q[1]), size=trials, p=q[1])], axis=1)
+    for x0, x1 in drafts:  # [trials, 2] chains drafted from q
+        tree = DraftTree.chain([x0, x1], q[:2])
         v = verifier.verify(tree, p_logits, params, rng)
         first = int(tree.tokens[v.path[0]]) if v.path else v.bonus
         counts[first] += 1

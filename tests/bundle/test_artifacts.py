@@ -1,0 +1,100 @@
+"""Typed artifacts: what is saved is what loads, and every reason to distrust one is refused in one line."""
+
+import json
+import os
+
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan
+from specrt.bundle.files import replace_dir, write_atomic
+from specrt.bundle.machine import Machine
+from specrt.errors import BundleError
+from tests.fakes import write_acceptance, write_latency
+
+HERE = Machine.here("ort", 2)
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"an": "export"}')
+    return tmp_path
+
+
+def test_round_trip_and_format_on_disk(bundle):
+    lat = write_latency(bundle, lambda n: 1.0 + n, batches=(1, 2), host_ms={"tree": {0: 0.1, 8: 0.5}})
+    assert artifacts.load(bundle, LatencyProfile, HERE) == lat
+    data = json.loads((bundle / "latency.json").read_text())
+    assert data["format"] == LatencyProfile.FORMAT and data["stamp"]["machine"]["threads"] == 2
+    assert lat.step_ms("target", 2, 1.5) == pytest.approx(2 * 2.5)  # interpolated between profiled n
+    assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda p: p.unlink(), "no latency.json in .*: run `specrt profile --bundle .* --backend ort --threads 2` first"),
+    (lambda p: p.write_text(p.read_text()[:50]), "is not valid JSON \\(truncated or edited\\?.*re-run `specrt profile"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 0})),
+     "has format 0, this specrt reads format 1: re-run"),
+    (lambda p: p.write_text("[1, 2]"), "has format None"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "models": {"target": {"x": {}}}})),
+     "is malformed \\(models.target.x: expected an integer key\\)"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "extra": 1})), "unexpected field\\(s\\) extra"),
+    (lambda p: (p.parent / "manifest.json").write_text('{"another": "export"}'),
+     "was made for another export of this bundle"),
+])
+def test_a_distrusted_latency_profile_is_refused_with_what_to_run(bundle, corrupt, match):
+    write_latency(bundle, lambda n: 1.0)
+    corrupt(bundle / "latency.json")
+    with pytest.raises(BundleError, match=match):
+        artifacts.load(bundle, LatencyProfile, HERE)
+
+
+def test_machine_backend_threads_and_device_must_match(bundle):
+    write_latency(bundle, lambda n: 1.0)
+    for other in (Machine.here("ort", 4), Machine.here("torch", 2), Machine("Another CPU", 2, "x86_64", "ort", 2, "cpu")):
+        with pytest.raises(BundleError, match="was measured on .* but this is .*re-run `specrt profile .*` here"):
+            artifacts.load(bundle, LatencyProfile, other)
+    assert artifacts.load(bundle, LatencyProfile)  # no machine given: not checked
+
+
+def test_acceptance_is_valid_on_any_machine_but_not_for_another_export(bundle):
+    acc = write_acceptance(bundle, [[0.8, 0.1]])
+    assert acc.stamp.machine is None and artifacts.load(bundle, Acceptance, Machine.here("torch", 7)) == acc
+    (bundle / "manifest.json").write_text('{"re": "exported"}')
+    with pytest.raises(BundleError, match="another export.*specrt calibrate --bundle"):
+        artifacts.load(bundle, Acceptance)
+
+
+def test_status_lists_every_artifact(bundle):
+    write_acceptance(bundle, [[0.8, 0.1]])
+    status = dict(artifacts.status(bundle, HERE))
+    assert status["acceptance.json"] == "ok" and status["latency.json"].startswith("no latency.json")
+    assert "specrt calibrate" in status["plan.json"] and "specrt tune" in status["plan.json"]
+    assert set(status) == {cls.FILE for cls in (Acceptance, LatencyProfile, Plan)}
+
+
+def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "a.json"
+    write_atomic(path, "old")
+
+    def fail(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_replace_dir_swaps_whole_directories(tmp_path):
+    dest, new = tmp_path / "b", tmp_path / "new"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    new.mkdir()
+    (new / "new.txt").write_text("new")
+    replace_dir(new, dest)
+    assert [p.name for p in dest.iterdir()] == ["new.txt"] and not new.exists()
+    again = tmp_path / "again"
+    again.mkdir()
+    replace_dir(again, tmp_path / "fresh")  # no destination yet: a rename
+    assert (tmp_path / "fresh").is_dir()

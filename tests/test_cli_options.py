@@ -1,0 +1,64 @@
+"""Config as data: every CLI flag comes from a dataclass field, and a config's flags parse back to it."""
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from specrt.cli import build_parser, method_option_fields
+from specrt.config import to_flags
+
+
+def parse(verb: list[str], flags: str):
+    import shlex
+
+    return build_parser().parse_args(verb + shlex.split(flags))
+
+
+@pytest.mark.parametrize("verb,module,cls", [
+    (["bench", "e2e"], "specrt.bench.e2e", "E2EConfig"),
+    (["bench", "trees"], "specrt.bench.trees", "TreesConfig"),
+    (["bench", "ngram"], "specrt.bench.ngram", "NgramConfig"),
+    (["bench", "mtad"], "specrt.bench.mtad", "MtadConfig"),
+    (["bench", "soak"], "specrt.bench.soak", "SoakConfig"),
+    (["profile"], "specrt.calibration.latency", "ProfileConfig"),
+    (["calibrate"], "specrt.calibration.acceptance", "CalibrationConfig"),
+    (["export"], "specrt.export.onnx_export", "ExportConfig"),
+    (["models", "inflate"], "specrt.checkpoints.inflate", "InflateConfig"),
+])
+def test_flags_round_trip(verb, module, cls):
+    import importlib
+    from dataclasses import replace
+
+    from specrt.cli.args import config_from
+
+    config_cls = getattr(importlib.import_module(module), cls)
+    assert config_from(config_cls, parse(verb, "")) == config_cls()  # the parser's defaults are the dataclass's
+    changed = {}
+    for f in fields(config_cls):  # change every field to a different valid value
+        v = getattr(config_cls(), f.name)
+        if isinstance(v, bool):
+            changed[f.name] = not v
+        elif isinstance(v, int) and f.name not in ("settle_calls",):
+            changed[f.name] = v + 1
+        elif isinstance(v, Path):
+            changed[f.name] = v / "x"
+        elif isinstance(v, tuple) and v and isinstance(v[0], int):
+            changed[f.name] = v[:1]
+    cfg = replace(config_cls(), **changed)
+    assert config_from(config_cls, parse(verb, to_flags(cfg))) == cfg
+
+
+def test_every_method_option_is_one_flag_with_every_methods_default_in_its_help():
+    help_text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    for name, uses in method_option_fields().items():
+        assert "--" + name.replace("_", "-") in help_text
+    assert "sd: drafted chain length (gamma) (default: 4)" in " ".join(help_text.split())
+    assert "anpd: K: n-gram drafted tokens (tree nodes) per round (default: 7)" in " ".join(help_text.split())
+
+
+def test_only_given_method_options_reach_the_method():
+    from specrt.cli import method_options
+
+    args = parse(["generate"], "--prompt x --method dynamic --num-draft-tokens 12 --no-ngram-hardware-aware")
+    assert method_options(args) == {"num_draft_tokens": 12, "ngram_hardware_aware": False}
