@@ -1,12 +1,14 @@
-# specrt: make demo | test | models | export | inflate | bench
+# specrt: make demo | test | models | export | inflate | calibrate profile tune | bench | soak | docs
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
 VENV      ?= .venv
 BIN       := $(VENV)/bin
-# torch is pinned to a CPU-capable build; override with TORCH=torch for your platform's default.
+# Why an exact torch: the CPU build of torch 2.13.0 lies on this project's CI machines' disk, where a plain
+# `torch` would download a multi-GB CUDA build. The package itself needs only torch >= 2.4: override with
+# TORCH=torch (or any version) for your platform's default.
 TORCH     ?= torch==2.13.0
-DEMO      := specrt/models/demo
+DEMO      := specrt/checkpoints/demo
 TARGET    ?= $(DEMO)/target
 DRAFT     ?= $(DEMO)/draft
 TOKENIZER ?= $(if $(filter $(DEMO)/%,$(TARGET)),$(DEMO)/tokenizer,)
@@ -14,10 +16,11 @@ OUT       ?= build/demo
 THREADS   ?= 2
 PROMPTS   ?= 30
 LABEL     ?= tiny
+RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad clean
+.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -48,7 +51,7 @@ calibrate: $(STAMP)
 	$(BIN)/specrt calibrate --bundle $(OUT)
 
 profile: $(STAMP)
-	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
+	$(BIN)/specrt profile --bundle $(OUT)
 
 tune: $(STAMP)
 	$(BIN)/specrt tune --bundle $(OUT)
@@ -59,14 +62,14 @@ bench-tiny: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	test -f $(OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(OUT)  # dynamic trees' draft temperature
 	test -f $(OUT)/latency.json || $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)  # anpd-hw's L(n)
-	$(BIN)/specrt bench e2e --bundle $(OUT) --label tiny --num-prompts $(PROMPTS) --threads $(THREADS)
+	$(BIN)/specrt bench e2e --bundle $(OUT) --label tiny --num-prompts $(PROMPTS) --threads $(THREADS) --out $(RESULTS)
 
 bench-inflated: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
 	test -f build/inflated/bundle/latency.json || $(BIN)/specrt profile --bundle build/inflated/bundle --threads $(THREADS)
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS) \
-		--num-draft-tokens 4,6
+		--num-draft-tokens 4,6 --out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
 bench-trees: $(STAMP)
@@ -74,16 +77,25 @@ bench-trees: $(STAMP)
 	$(BIN)/specrt calibrate --bundle $(OUT)
 	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
 	$(BIN)/specrt tune --bundle $(OUT)
-	$(BIN)/specrt bench trees --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
+	$(BIN)/specrt bench trees --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
 # ANPD's N x K ablation and MTAD's speed / perplexity with tau and beam ablations, on OUT.
 bench-ngram: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
-	$(BIN)/specrt bench ngram --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
+	$(BIN)/specrt bench ngram --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
 bench-mtad: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
-	$(BIN)/specrt bench mtad --bundle $(OUT) --label $(LABEL) --threads $(THREADS)
+	$(BIN)/specrt bench mtad --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
+
+# Resident memory over 400 calls of random prompt lengths (batch 1 and 4), on OUT.
+soak: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt bench soak --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
+
+# docs/results.md from every committed result in bench/results.
+docs: $(STAMP)
+	$(BIN)/specrt bench docs
 
 clean:
 	rm -rf build

@@ -3,8 +3,9 @@
 Each batch size runs in a fresh process (so one series does not inherit another's peak): one Pipeline,
 `num_calls` generate calls of `batch_size` prompts, each prompt a random span of 50..1900 tokens (by
 default) of held-out standard-library text, `max_new_tokens` new tokens, greedy, made by `clients`
-threads at once. RSS (/proc/self/status) is read after every call. A series passes when RSS grows by at most `max_growth` from call
-`settle_calls` to the last call and never exceeds `max_rss_mb`. Writes JSON, Markdown and a plot.
+threads at once. RSS (/proc/self/status) is read after every call. A series passes when RSS grows by at
+most `max_growth` from call `settle_calls` to the last call and never exceeds `max_rss_mb`. Writes JSON,
+Markdown and a plot.
 """
 
 from __future__ import annotations

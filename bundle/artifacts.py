@@ -68,11 +68,34 @@ def save(bundle: Path, artifact: Artifact) -> Path:
 
 def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> Artifact:
     """The bundle's artifact of this type, checked against the bundle and (if given) this machine."""
-    bundle = Path(bundle)
+    bundle = Path(bundle).resolve()
     path = bundle / cls.FILE
     redo = f"re-run `{cls.command(bundle, machine, 'stale')}`"
     if not path.is_file():
         raise BundleError(f"no {cls.FILE} in {bundle}: run `{cls.command(bundle, machine)}` first")
+    artifact = _parse(cls, path, redo)
+    stamp = artifact.stamp
+    if stamp.manifest_sha256 != manifest_sha256(bundle):
+        raise BundleError(f"{path} was made for another export of this bundle (its manifest.json changed): {redo}")
+    if machine is not None and stamp.machine is not None and stamp.machine != machine:
+        raise BundleError(f"{path} was measured on {stamp.machine.describe()}, but this is {machine.describe()}: "
+                          f"re-run `{cls.command(bundle, machine, 'machine')}` here")
+    for name, digest in stamp.inputs.items():
+        if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
+            raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
+    return artifact
+
+
+_PARSED: dict = {}  # (class, path) -> (file signature, artifact): a file read again only when it changed
+
+
+def _parse(cls: type[Artifact], path: Path, redo: str) -> Artifact:
+    """The artifact in `path`, parsed and type-checked (cached while the file's size, mtime and inode hold)."""
+    st = path.stat()
+    signature = (st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _PARSED.get((cls, path))
+    if cached is not None and cached[0] == signature:
+        return cached[1]
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -84,15 +107,7 @@ def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> A
         artifact = from_data(cls, {k: v for k, v in data.items() if k != "format"})
     except (DataError, TypeError, ValueError) as e:
         raise BundleError(f"{path} is malformed ({e}): {redo}") from None
-    stamp = artifact.stamp
-    if stamp.manifest_sha256 != manifest_sha256(bundle):
-        raise BundleError(f"{path} was made for another export of this bundle (its manifest.json changed): {redo}")
-    if machine is not None and stamp.machine is not None and stamp.machine != machine:
-        raise BundleError(f"{path} was measured on {stamp.machine.describe()}, but this is {machine.describe()}: "
-                          f"re-run `{cls.command(bundle, machine, 'machine')}` here")
-    for name, digest in stamp.inputs.items():
-        if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
-            raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
+    _PARSED[(cls, path)] = (signature, artifact)
     return artifact
 
 

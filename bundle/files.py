@@ -20,6 +20,15 @@ from pathlib import Path
 RENAME_EXCHANGE = 2  # linux/fs.h
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once: os.umask sets it to read it, which must not race with other threads later
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -28,6 +37,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # mkstemp makes 0600; a plain file would get this
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -167,7 +167,7 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
                                ngram_tokens=ngram_tokens, max_new_tokens=new_tokens)[0].stats
             rounds += st.rounds
             accepted += st.accepted
-            calls += st.draft_calls - 1  # the prompt's prefill is one draft call
+            calls += st.draft_calls - st.prefill_draft_calls
             nodes += st.drafted
             widths.update(st.drafted_hist)
             bar.update()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt import contract
-from specrt.bundle.files import replace_dir
+from specrt.bundle.files import UMASK, replace_dir
 from specrt.bundle.manifest import MANIFEST, MANIFEST_FORMAT, ModelEntry, hash_tree, write_manifest
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option
@@ -128,6 +128,7 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; the bundle gets what a plain mkdir would give it
     stages = tqdm(total=7, desc="export", disable=not progress, unit="stage")
     try:
         manifest = _build(cfg, tmp, stages)

@@ -1,1 +1,2 @@
-"""specrt.graphs."""
+"""Passes over step graphs: structural check and shape inference (passes.py), parity against PyTorch
+(parity.py)."""

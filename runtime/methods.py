@@ -186,7 +186,7 @@ class Dynamic(MergeOptions):
 
     num_draft_tokens: int = option(8, "tree nodes verified per round", ge=1)
     num_beams: int | None = option(None, "nodes expanded per depth (default: max(4, nodes // 4))", ge=1)
-    # the demo draft's rank-0 acceptance is about 0.74 per depth (acceptance.json), so a 9th level is rarely reached
+    # a level is reached with the product of the rank-0 acceptances above it (acceptance.json), so deep levels rarely are
     tree_depth: int | None = option(None, "draft depth (default: min(nodes, 8))", ge=1)
     draft_temperature: float | None = option(None, "temperature of the draft's node scores (default: the calibrated "
                                                     "one in acceptance.json, else 1)", gt=0)

@@ -81,6 +81,7 @@ class Scheduler:
             self.drafter.start(live)
             for s in live:
                 s.stats.draft_calls += self.drafter.num_calls
+                s.stats.prefill_draft_calls += self.drafter.num_calls
         for s in live:
             s.stats.seconds.prefill += time.perf_counter() - t0
         while live:

@@ -22,6 +22,7 @@ class StageSeconds:
 class Stats:
     target_calls: int = 0  # target steps this sequence took part in (prefill included)
     draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
+    prefill_draft_calls: int = 0  # of those, prefill steps
     accepted_hist: Counter = field(default_factory=Counter)  # drafted tokens accepted in a round -> rounds
     drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
     drafted_hist: Counter = field(default_factory=Counter)  # drafted tokens verified in a round -> rounds
@@ -46,7 +47,8 @@ class Stats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     def as_dict(self) -> dict:
-        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
+        return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
+                "prefill_draft_calls": self.prefill_draft_calls, "rounds": self.rounds,
                 "drafted": self.drafted, "draft_hit_ratio": self.draft_hit_ratio,
                 "accepted_hist": dict(sorted(self.accepted_hist.items())), "mean_accepted": self.mean_accepted,
                 "drafted_hist": dict(sorted(self.drafted_hist.items())), "seconds": asdict(self.seconds)}

@@ -4,9 +4,9 @@
     class SdOptions(Config):
         num_draft_tokens: int = option(4, "draft chain length (gamma)", ge=1)
 
-`Config.__post_init__` runs `check`, which validates every field against its annotation and bounds (one message format for the API and
-the CLI: "num_draft_tokens must be an integer >= 1, got 1.5"); the CLI derives its flags from the same
-fields (specrt.cli.args), so a default or a help text is written in one place only.
+`Config.__post_init__` runs `check`, which validates every field against its annotation and bounds (one
+message format for the API and the CLI: "num_draft_tokens must be an integer >= 1, got 1.5"); the CLI
+derives its flags from the same fields (specrt.cli.args), so a default or a help text is written once.
 
 Supported annotations: int, float, bool, str, Path, tuple[int, ...] / tuple[float, ...] / tuple[str, ...],
 X | None of those, and `object` (not checked). Bools are never accepted as numbers.

@@ -211,21 +211,14 @@ def build_parser() -> ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.set_defaults(func=cmd_generate)
 
-    demo = sub.add_parser("demo", help="export the demo pair if needed; compare our methods on HumanEval prompts")
-    add_config(demo, DemoConfig)
-    demo.set_defaults(func=cmd_demo)
-
-    cal = sub.add_parser("calibrate", help="acceptance statistics on held-out text -> acceptance.json")
-    add_config(cal, CalibrationConfig)
-    cal.set_defaults(func=cmd_calibrate)
-
-    prof = sub.add_parser("profile", help="step latency L(n) of target and draft -> latency.json")
-    add_config(prof, ProfileConfig)
-    prof.set_defaults(func=cmd_profile)
-
-    tun = sub.add_parser("tune", help="choose the speculation per batch size from acceptance + latency -> plan.json")
-    add_config(tun, TuneConfig)
-    tun.set_defaults(func=cmd_tune)
+    for verb, config, func, help_text in (
+            ("demo", DemoConfig, cmd_demo, "export the demo pair if needed; compare our methods on HumanEval prompts"),
+            ("calibrate", CalibrationConfig, cmd_calibrate, "acceptance statistics on held-out text -> acceptance.json"),
+            ("profile", ProfileConfig, cmd_profile, "step latency L(n) of target and draft -> latency.json"),
+            ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json")):
+        p = sub.add_parser(verb, help=help_text)
+        add_config(p, config)
+        p.set_defaults(func=func)
 
     ins = sub.add_parser("inspect", help="a bundle's files and artifacts: valid here, or why not")
     add_config(ins, BundleOptions)

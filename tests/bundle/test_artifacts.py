@@ -28,6 +28,9 @@ def test_round_trip_and_format_on_disk(bundle):
     assert data["format"] == LatencyProfile.FORMAT and data["stamp"]["machine"]["threads"] == 2
     assert lat.step_ms("target", 2, 1.5) == pytest.approx(2 * 2.5)  # interpolated between profiled n
     assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+    from specrt.bundle.files import UMASK
+
+    assert (bundle / "latency.json").stat().st_mode & 0o777 == 0o666 & ~UMASK  # as a plain write would make it
 
 
 @pytest.mark.parametrize("corrupt,match", [
@@ -47,6 +50,13 @@ def test_a_distrusted_latency_profile_is_refused_with_what_to_run(bundle, corrup
     corrupt(bundle / "latency.json")
     with pytest.raises(BundleError, match=match):
         artifacts.load(bundle, LatencyProfile, HERE)
+
+
+def test_a_rewritten_artifact_is_read_again(bundle):
+    write_latency(bundle, lambda n: 1.0)
+    assert artifacts.load(bundle, LatencyProfile).step_ms("target", 1, 1) == 1.0
+    write_latency(bundle, lambda n: 2.0)  # parsed artifacts are cached only while their file is unchanged
+    assert artifacts.load(bundle, LatencyProfile).step_ms("target", 1, 1) == 2.0
 
 
 def test_machine_backend_threads_and_device_must_match(bundle):

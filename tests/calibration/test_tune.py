@@ -160,3 +160,24 @@ def test_a_plan_is_refused_once_its_inputs_change(tmp_path):
         artifacts.load(b, Plan)
     data = json.loads((b / "plan.json").read_text())
     assert data["stamp"]["inputs"].keys() == {"acceptance.json", "latency.json"}
+
+
+def test_the_readme_tuning_flow_with_default_threads(demo_bundle, tmp_path):
+    """calibrate, profile and tune, then method="auto", all with their defaults (threads=None resolves the
+    same way in each), as the README says: a plan was once refused here over `None threads`."""
+    import shutil
+
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.calibration.latency import ProfileConfig, profile
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    calibrate(CalibrationConfig(bundle=b, num_prompts=2, new_tokens=16, max_depth=3, max_rank=3, max_nodes=6,
+                                dynamic_sizes=(4,), merged_sizes=()), progress=False)
+    profile(ProfileConfig(bundle=b, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 2, 4, 8), repeats=1, warmup=0),
+            progress=False)
+    tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    pipe = Pipeline.load(b)
+    ar = pipe.generate("def f(x):", method="autoregressive", max_new_tokens=12)
+    assert pipe.generate("def f(x):", method="auto", max_new_tokens=12).token_ids == ar.token_ids
