@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | calibrate profile tune | bench | soak | docs
+# specrt: make demo | test | models | export | inflate | build | calibrate profile tune | bench | soak | docs
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ export: $(STAMP)
 inflate: $(STAMP)
 	$(BIN)/specrt models inflate --src $(DEMO)/target --out build/inflated/target
 	$(BIN)/specrt export --target build/inflated/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out build/inflated/bundle
+
+# Static-shape engines for a bundle (OUT=...; CUDA graphs where CUDA is present): engines.json.
+build: $(STAMP)
+	$(BIN)/specrt build --bundle $(OUT)
 
 # Hardware-aware tree selection for a bundle (OUT=...): acceptance, latency, plan.
 calibrate: $(STAMP)

@@ -3,6 +3,7 @@
     acceptance.json  Acceptance      `specrt calibrate`  how often the target accepts the draft's guesses
     latency.json     LatencyProfile  `specrt profile`    step latency L(n) per model, batch size and context
     plan.json        Plan            `specrt tune`       the speculation chosen per batch size
+    engines.json     EngineSet       `specrt build`      static-shape steps per token-count profile (CUDA graphs)
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -26,7 +27,7 @@ from specrt.bundle.codec import DataError, from_data, to_data
 from specrt.bundle.files import write_json_atomic
 from specrt.bundle.machine import Machine
 from specrt.bundle.manifest import manifest_sha256, sha256_file
-from specrt.errors import BundleError, SpecrtError
+from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class Artifact:
         """What to run to (re)make it; `reason` is "missing", "machine" (measured elsewhere) or "stale"."""
         return cls.COMMAND.format(bundle=bundle, flags=machine.flags() if machine else "").replace("  ", " ").strip()
 
+    def mismatch(self) -> str | None:
+        """Why this artifact cannot be used in this process beyond its stamp (libraries, devices), or None."""
+        return None
+
 
 def save(bundle: Path, artifact: Artifact) -> Path:
     """Write atomically into the bundle; returns the path."""
@@ -83,6 +88,9 @@ def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> A
     for name, digest in stamp.inputs.items():
         if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
             raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
+    why = artifact.mismatch()
+    if why:
+        raise BundleError(f"{path} {why}: re-run `{cls.command(bundle, machine, 'machine')}` here")
     return artifact
 
 
@@ -258,4 +266,78 @@ class Plan(Artifact):
         return self.choices[fit[-1] if fit else sizes[0]]
 
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan)
+# -- engines.json ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineSet(Artifact):
+    """Static-shape steps of both models: one per token-count profile and batch bucket, over one static KV
+    capacity; on CUDA each is captured as a CUDA graph when the bundle is loaded (a graph cannot be stored),
+    so the file records what was built and checked, and where. TensorRT engines will share the profile table."""
+
+    FILE: ClassVar[str] = "engines.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt build --bundle {bundle}"
+
+    kind: str  # "graphs": the step module at static shapes (CUDA graphs on CUDA, eager on the CPU)
+    token_profiles: tuple[int, ...]  # the largest new-token count of each profile, ascending
+    batch_buckets: tuple[int, ...]  # the largest batch of each bucket, ascending
+    capacity: int  # static KV cache capacity (positions per sequence)
+    slots: int  # calls served at once (each holds a static cache per model)
+    device: str  # "cpu" or "cuda:N"
+    device_name: str | None  # the GPU's name
+    compute_capability: str | None  # e.g. "9.0"
+    versions: dict[str, str]  # torch (and cuda) versions the engines were built with
+    cuda_graphs: bool  # captured as CUDA graphs (False on the CPU: the same static steps, run eagerly)
+    build_seconds: dict[str, float]  # per model: capture (or warm-up) and check time
+    parity: dict[str, float]  # per model: max |logit| difference, padded static step vs eager step
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        device = f" --device {machine.device}" if machine and machine.device != "cpu" else ""
+        return f"specrt build --bundle {bundle}{device}"
+
+    def for_tokens(self, num_tokens: int) -> int:
+        """The profile (its largest token count) a step of num_tokens new tokens per sequence runs at."""
+        for t in self.token_profiles:
+            if num_tokens <= t:
+                return t
+        raise InvalidRequestError(f"a step of {num_tokens} new tokens exceeds the engines' largest profile "
+                          f"({self.token_profiles[-1]}): rebuild with a larger --token-profiles entry")
+
+    def for_batch(self, batch: int) -> int:
+        """The batch bucket a step of `batch` sequences runs at."""
+        for b in self.batch_buckets:
+            if batch <= b:
+                return b
+        raise InvalidRequestError(f"a batch of {batch} exceeds the engines' largest batch bucket ({self.batch_buckets[-1]}): "
+                          "rebuild with a larger --batch-buckets entry")
+
+    def mismatch(self) -> str | None:
+        here = environment(self.device)
+        built = (self.versions, self.device_name, self.compute_capability)
+        if built != (here["versions"], here["device_name"], here["compute_capability"]):
+            return (f"was built with {_describe_env(self.versions, self.device_name, self.compute_capability)}, but this is "
+                    f"{_describe_env(here['versions'], here['device_name'], here['compute_capability'])}")
+        return None
+
+
+def environment(device: str) -> dict:
+    """What built engines depend on: torch and CUDA versions, the GPU's name and compute capability."""
+    import torch
+
+    versions = {"torch": torch.__version__}
+    name = capability = None
+    if device.startswith("cuda"):
+        versions["cuda"] = str(torch.version.cuda)
+        dev = torch.device(device)
+        if torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+            name = torch.cuda.get_device_name(dev)
+            capability = "{}.{}".format(*torch.cuda.get_device_capability(dev))
+    return {"versions": versions, "device_name": name, "compute_capability": capability}
+
+
+def _describe_env(versions: dict, name: str | None, capability: str | None) -> str:
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    return f"{libs} on {name} (compute capability {capability})" if name else f"{libs} on the CPU"
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet)

@@ -31,7 +31,6 @@ from specrt.errors import SpecrtError
 from specrt.model.checkpoint import DTYPES, check_pair, has_tokenizer, load_checkpoint, load_config, load_tokenizer, sliding_window
 from specrt.version import __version__
 
-PARITY_TOL = {"float32": 1e-4, "float16": 5e-2}  # max |onnx - torch| over logits and new K/V
 TMP_PREFIX = ".specrt-export-"
 
 
@@ -146,7 +145,7 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
     import torch
     import transformers
 
-    from specrt.graphs.parity import check_parity
+    from specrt.graphs.parity import PARITY_TOL, check_parity
     from specrt.graphs.passes import check_and_infer
     from specrt.model.step import StepModule
 

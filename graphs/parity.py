@@ -13,6 +13,8 @@ import numpy as np
 
 from specrt import contract
 
+PARITY_TOL = {"float32": 1e-4, "float16": 5e-2}  # max |graph - torch| over logits and new K/V, per dtype
+
 
 @dataclass(frozen=True)
 class ParityReport:

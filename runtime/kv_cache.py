@@ -9,6 +9,9 @@ Invariants:
 - Only rows a caller chooses are written (`append`, `append_rows`): rejected drafts never enter.
 - Capacity grows in buckets (multiples of `bucket`, capped at `max_capacity`), never per token;
   a growth copies the committed prefix once. Per-step work is independent of context length.
+- A static cache (`static=` a preallocated [L, 2, Bmax, Hkv, C, D] buffer; static-shape engines, whose
+  CUDA graphs read fixed addresses) never reallocates: its capacity is C from the start, its sequences
+  are the first B rows of the buffer, and sequences leaving the batch are compacted to the front in place.
 - Slot i of a sequence holds position i (committed rows are appended in order and accepted paths are
   compacted), which is how a sliding `window` becomes part of each step's mask.
 - The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
@@ -26,7 +29,8 @@ from specrt.errors import InvalidRequestError
 
 class KVCache:
     def __init__(self, allocate: Callable[[tuple[int, ...]], object], num_layers: int, batch: int,
-                 num_kv_heads: int, head_dim: int, max_capacity: int, bucket: int = 128, window: int | None = None):
+                 num_kv_heads: int, head_dim: int, max_capacity: int, bucket: int = 128, window: int | None = None,
+                 static=None):
         self._allocate = allocate  # shape -> zero-initialised array of the backend's kind
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -35,9 +39,16 @@ class KVCache:
         self.bucket = bucket
         self.window = window  # sliding attention window (positions), or None: steps mask slots beyond it
         self.lengths = np.zeros(batch, dtype=np.int64)  # [B] rows each sequence has in the cache
-        self.capacity = 0
-        self.slot_index = np.arange(0)  # [S] 0..S-1, for building masks without per-step allocation
-        self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
+        self._static = static  # [L, 2, Bmax, Hkv, C, D] preallocated, or None
+        if static is not None:
+            if batch > static.shape[2]:
+                raise InvalidRequestError(f"a batch of {batch} exceeds the static cache's {static.shape[2]} sequences")
+            self.capacity = self.max_capacity = static.shape[4]
+            self.buffer = static[:, :, :batch]
+        else:
+            self.capacity = 0
+            self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
+        self.slot_index = np.arange(self.capacity)  # [S] 0..S-1, for building masks without per-step allocation
 
     @property
     def batch(self) -> int:
@@ -51,6 +62,9 @@ class KVCache:
         """Make room for `needed` slots per sequence; returns True if the buffer was reallocated."""
         if needed <= self.capacity:
             return False
+        if self._static is not None:
+            raise InvalidRequestError(f"context of {needed} tokens exceeds the engines' static capacity of "
+                                      f"{self.capacity} (rebuild them with a larger --capacity)")
         if needed > self.max_capacity:
             raise InvalidRequestError(f"context of {needed} tokens exceeds the model's maximum of {self.max_capacity}")
         capacity = min(self.max_capacity, -(-needed // self.bucket) * self.bucket)
@@ -93,6 +107,12 @@ class KVCache:
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only the given batch rows (sequences that finished leave the batch)."""
         rows = list(rows)
-        kept = self._allocate((self.num_layers, 2, len(rows), self.num_kv_heads, self.capacity, self.head_dim))
-        kept[...] = self.buffer[:, :, rows]
-        self.buffer, self.lengths = kept, self.lengths[rows].copy()
+        if self._static is not None:  # compact in place: the buffer's address must not change
+            moved = self._static[:, :, rows]  # a copy (advanced indexing) before the overwrite
+            self._static[:, :, :len(rows)] = moved
+            self.buffer = self._static[:, :, :len(rows)]
+        else:
+            kept = self._allocate((self.num_layers, 2, len(rows), self.num_kv_heads, self.capacity, self.head_dim))
+            kept[...] = self.buffer[:, :, rows]
+            self.buffer = kept
+        self.lengths = self.lengths[rows].copy()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan
+from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry
 from specrt.config import Config, option
@@ -75,7 +75,7 @@ class Pipeline:
         self.machine = machine  # where this pipeline runs: backend, threads, device (artifacts are checked against it)
         self.eos_id = manifest.get("eos_token_id")
         self.bucket = bucket
-        self.max_context = min(target.entry.max_positions, draft.entry.max_positions)
+        self.max_context = min(target.max_context, draft.max_context)
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
@@ -83,21 +83,29 @@ class Pipeline:
         """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
-        (torch backend; default: CUDA where present)."""
+        (torch backend: default CUDA where present; graphs: default the device the engines were built for)."""
         from tokenizers import Tokenizer
 
         if threads is not None and (not _is_token_id(threads) or threads < 1):
             raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
-        device = resolve_device(backend, device)
-        threads = resolve_threads(threads)
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify=verify)
+        engines = None
+        if backend == "graphs":
+            engines = artifacts.load(bundle, EngineSet)
+            if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
+                raise InvalidRequestError(f"{bundle / EngineSet.FILE} was built for {engines.device}, not {device}: load "
+                                          f"with that device or re-run `{EngineSet.command(bundle)} --device {device}`")
+            device = device or engines.device
+        device = resolve_device(backend, device)
+        threads = resolve_threads(threads)
         tok_file = bundle / manifest["tokenizer"] / "tokenizer.json"
         try:
             tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device) for role in ("target", "draft")]
+        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines)
+                  for role in ("target", "draft")]
         return cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device))
 
     # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
@@ -162,11 +170,22 @@ class Pipeline:
             raise InvalidRequestError("no prompts given")
         return list(prompts), False
 
-    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions):
-        """(scheduler, slack) for one call: its own runners, drafter and verifier."""
+    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list):
+        """(scheduler, sequences) for one call: its own runners, drafter and verifier (closed again if the
+        prompts are refused)."""
         m: Method = make_method(method, options)
         built = m.build(self, params, decode.batch_size)
-        return Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket), built.slack
+        try:
+            scheduler = Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket)
+        except BaseException:
+            if built.drafter is not None:
+                built.drafter.close()
+            raise
+        try:
+            return scheduler, self._sequences(prompts, decode.max_new_tokens, built.slack)
+        except BaseException:
+            scheduler.close()
+            raise
 
     def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
         seqs = []
@@ -193,16 +212,18 @@ class Pipeline:
         decode = DecodeOptions(max_new_tokens, seed, batch_size)
         if not isinstance(progress, bool):
             raise InvalidRequestError(f"progress must be True or False, got {progress!r}")
-        scheduler, slack = self._prepare(method, options, params, decode)
-        seqs = self._sequences(prompts, max_new_tokens, slack)
+        scheduler, seqs = self._prepare(method, options, params, decode, prompts)
         rng = np.random.default_rng(seed)
         batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
         if progress:
             from tqdm import tqdm
             batches = tqdm(batches, desc=method, unit="batch")
-        for batch in batches:
-            for _ in scheduler.run(batch, params, rng):
-                pass
+        try:
+            for batch in batches:
+                for _ in scheduler.run(batch, params, rng):
+                    pass
+        finally:
+            scheduler.close()
         results = [self._result(s) for s in seqs]
         return results[0] if single else results
 
@@ -218,19 +239,22 @@ class Pipeline:
                                       "call it once per prompt, or use generate")
         params = SamplingParams(temperature, top_k, top_p)
         decode = DecodeOptions(max_new_tokens, seed, 1)
-        scheduler, slack = self._prepare(method, options, params, decode)
-        seq = self._sequences([prompt], max_new_tokens, slack)[0]
+        scheduler, (seq,) = self._prepare(method, options, params, decode, [prompt])
         return self._stream(scheduler, seq, params, seed)
 
     def _stream(self, scheduler: Scheduler, seq: SeqState, params: SamplingParams, seed: int) -> Iterator[str]:
+        """(An abandoned stream gives its runners back when it is garbage collected.)"""
         shown = ""
-        for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
-            text = self.decode(seq.new_tokens)
-            if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
-                continue
-            if len(text) > len(shown):
-                yield text[len(shown):]
-                shown = text
+        try:
+            for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
+                text = self.decode(seq.new_tokens)
+                if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+                    continue
+                if len(text) > len(shown):
+                    yield text[len(shown):]
+                    shown = text
+        finally:
+            scheduler.close()
         text = self.decode(seq.new_tokens)
         if len(text) > len(shown):
             yield text[len(shown):]

@@ -68,6 +68,12 @@ class Scheduler:
         self.eos_id = eos_id
         self.bucket = bucket
 
+    def close(self) -> None:
+        """Give back the runners (the call is over)."""
+        self.target.close()
+        if self.drafter is not None:
+            self.drafter.close()
+
     def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator) -> Iterator[tuple[SeqState, list[int]]]:
         """Decode the batch; yields (sequence, tokens appended this round) as they come."""
         t_start = time.perf_counter()

@@ -40,7 +40,8 @@ def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
 
 def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | None = None) -> int:
     """Feed each sequence's rows after its cached prefix, `chunk` tokens per sequence per step (default
-    PREFILL_CHUNK; 0: all in one step), appending their K/V; logits are not kept. Returns the number of steps.
+    PREFILL_CHUNK, or the runner's max_step_tokens if smaller; 0: all in one step), appending their K/V;
+    logits are not kept. Returns the number of steps.
 
     Chunks bound a step's shape whatever the prompt length, so the backend's working memory is bounded
     too (an ONNX Runtime arena sized by a 1900-token prefill stays that size)."""
@@ -48,6 +49,7 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
     if not longest:
         return 0
     size = (PREFILL_CHUNK if chunk is None else chunk) or longest
+    size = min(size, getattr(runner, "max_step_tokens", None) or size)
     for start in range(0, longest, size):
         feed_rows(runner, cache, [r[start:start + size] for r in rows])
     return -(-longest // size)

@@ -25,6 +25,7 @@ def parse(verb: list[str], flags: str):
     (["calibrate"], "specrt.calibration.acceptance", "CalibrationConfig"),
     (["export"], "specrt.export.onnx_export", "ExportConfig"),
     (["models", "inflate"], "specrt.checkpoints.inflate", "InflateConfig"),
+    (["build"], "specrt.engines.graphs", "BuildConfig"),
 ])
 def test_flags_round_trip(verb, module, cls):
     import importlib

@@ -1,7 +1,7 @@
 """Dependencies point one way (DESIGN.md, "Layers"), and no module imports itself back through others.
 
     cli -> bench -> calibration -> runtime -> {model, bundle} -> {contract, errors, config, plotting}
-    export -> {model, bundle, graphs, checkpoints}
+    export -> {model, bundle, graphs, checkpoints}; engines (builders) -> {runtime, graphs, model, bundle}
 
 Every import statement counts, at module level or inside a function: a lazy import is still a dependency.
 """
@@ -14,13 +14,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # source folder -> package (pyproject.toml's package-dir)
 FOLDERS = {"specrt": "specrt", "model": "specrt.model", "bundle": "specrt.bundle", "graphs": "specrt.graphs",
-           "export": "specrt.export", "runtime": "specrt.runtime", "calibration": "specrt.calibration",
-           "bench": "specrt.bench"}
+           "export": "specrt.export", "runtime": "specrt.runtime", "engines": "specrt.engines",
+           "calibration": "specrt.calibration", "bench": "specrt.bench"}
 # package prefix -> layer (the longest matching prefix wins)
 LAYER_OF = {"specrt.contract": "base", "specrt.errors": "base", "specrt.config": "base", "specrt.plotting": "base",
             "specrt.version": "base",
             "specrt.checkpoints": "checkpoints", "specrt.model": "model", "specrt.bundle": "bundle",
-            "specrt.graphs": "graphs", "specrt.export": "export", "specrt.runtime": "runtime",
+            "specrt.graphs": "graphs", "specrt.export": "export", "specrt.runtime": "runtime", "specrt.engines": "engines",
             "specrt.calibration": "calibration", "specrt.bench": "bench", "specrt.cli": "cli",
             "specrt.__main__": "cli", "specrt": "root"}
 BELOW = {
@@ -31,9 +31,10 @@ BELOW = {
     "graphs": {"base"},
     "export": {"base", "model", "bundle", "graphs", "checkpoints"},
     "runtime": {"base", "model", "bundle"},
+    "engines": {"base", "model", "bundle", "graphs", "runtime"},  # builders: check what they build by running it
     "calibration": {"base", "model", "bundle", "runtime", "checkpoints"},
-    "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export"},
-    "cli": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "bench", "graphs"},
+    "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "engines"},
+    "cli": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "bench", "graphs", "engines"},
     "root": {"base", "runtime"},  # `from specrt import Pipeline`, lazily
 }
 

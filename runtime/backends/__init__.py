@@ -1,4 +1,5 @@
-"""Backends: OrtBackend (ONNX Runtime, the CPU default) and TorchBackend (PyTorch, CUDA where present).
+"""Backends: OrtBackend (ONNX Runtime, the CPU default), TorchBackend (PyTorch eager, CUDA where present) and
+StaticTorchBackend ("graphs": static-shape steps per the bundle's engines.json, CUDA graphs on CUDA).
 
 `load_backend` resolves what the caller left open (threads, device) the same way everywhere, so a
 latency profile measured with the defaults matches a Pipeline loaded with the defaults.
@@ -14,7 +15,7 @@ from specrt.config import Config, option
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
 
-BACKENDS = ("ort", "torch")
+BACKENDS = ("ort", "torch", "graphs")
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "Runner", "ThreadOptions", "load_backend", "resolve_device"]
 
@@ -28,7 +29,8 @@ class ThreadOptions(Config):
 class BackendOptions(ThreadOptions):
     """Which backend runs the step graphs, where: Pipeline.load's arguments, shared by every verb that runs one."""
 
-    backend: str = option("ort", "ort = ONNX Runtime (CPU), torch = PyTorch (CUDA where present)", choices=BACKENDS)
+    backend: str = option("ort", "ort = ONNX Runtime (CPU); torch = PyTorch, eager (CUDA where present); graphs = the "
+                                 "bundle's static-shape engines (`specrt build`; CUDA graphs on CUDA)", choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
 
 
@@ -63,8 +65,13 @@ def resolve_device(backend: str, device: str | None) -> str:
     return f"cuda:{index}"
 
 
-def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str) -> Backend:
-    """A backend for one model of a bundle; `threads` and `device` as resolved by the caller."""
+def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None) -> Backend:
+    """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
+    EngineSet) for kind "graphs"."""
+    if kind == "graphs":
+        from specrt.runtime.backends.static import StaticTorchBackend
+
+        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads, engines=engines)
     if kind == "ort":
         from specrt.runtime.backends.ort import OrtBackend
 

@@ -11,11 +11,14 @@
 A Backend is the loaded model (an ONNX Runtime session, a torch module): shared, thread-safe. A Runner
 is one caller's handle on it, never shared between threads: the Pipeline makes one per generate call,
 so concurrent calls never see each other's bindings or buffers, and each counts its own steps and time.
+`close()` gives back what the runner holds (a static-shape engine's slot); the Pipeline closes its
+runners at the end of each call.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -26,9 +29,15 @@ from specrt.runtime.kv_cache import KVCache
 
 class Backend(ABC):
     name: str
+    max_step_tokens: int | None = None  # the most new tokens per sequence one step may carry (None: any)
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
+
+    @property
+    def max_context(self) -> int:
+        """The longest context (prompt + new tokens + drafts) a sequence may reach on this backend."""
+        return self.entry.max_positions
 
     def runner(self) -> "Runner":
         return Runner(self, self._new_binding())
@@ -36,6 +45,14 @@ class Backend(ABC):
     def _new_binding(self):
         """Per-runner state (e.g. ONNX Runtime's IOBinding and its output buffers); None if stateless."""
         return None
+
+    def _release(self, binding) -> None:
+        """Give back what a runner's binding holds (called once, by Runner.close)."""
+
+    def _new_cache(self, binding, batch: int, bucket: int) -> KVCache:
+        e = self.entry
+        return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket,
+                       e.sliding_window)
 
     @abstractmethod
     def allocate(self, shape: tuple[int, ...]):
@@ -50,7 +67,10 @@ class Runner:
     def __init__(self, backend: Backend, binding):
         self.backend = backend
         self.entry = backend.entry
+        self.max_step_tokens = backend.max_step_tokens
         self._binding = binding
+        # gives the binding back once: on close(), or when the runner is garbage collected unclosed
+        self._release = weakref.finalize(self, backend._release, binding)
         self.busy_seconds = 0.0  # wall time spent inside step() since creation
         self.num_steps = 0
 
@@ -63,6 +83,14 @@ class Runner:
         return out
 
     def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
-        e = self.entry
-        return KVCache(self.backend.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket,
-                       e.sliding_window)
+        return self.backend._new_cache(self._binding, batch, bucket)
+
+    def close(self) -> None:
+        """Give back what this runner holds; it must not step afterwards. Idempotent."""
+        self._release()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -59,6 +59,11 @@ class Drafter(ABC):
     def keep(self, rows) -> None:
         pass
 
+    def close(self) -> None:
+        """Give back the draft model's runner (the call is over)."""
+        if self.runner is not None:
+            self.runner.close()
+
     def usage(self) -> tuple[int, float]:
         """(model steps, seconds inside them) since creation."""
         r = self.runner

@@ -84,3 +84,7 @@ class MergedDrafter(Drafter):
     def keep(self, rows) -> None:
         for d in self.drafters:
             d.keep(rows)
+
+    def close(self) -> None:
+        for d in self.drafters:
+            d.close()

@@ -2,6 +2,7 @@
 
     specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
+    specrt build                       static-shape engines per token-count profile -> engines.json
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
@@ -76,6 +77,21 @@ def cmd_export(args) -> None:
     for role, p in manifest["parity"].items():
         print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")
     print(f"bundle written to {cfg.out}")
+
+
+def cmd_build(args) -> None:
+    from specrt.engines.graphs import BuildConfig, build
+
+    cfg = config_from(BuildConfig, args)
+    e = build(cfg)
+    what = "CUDA graphs" if e.cuda_graphs else "static steps run eagerly: no CUDA graphs on the CPU"
+    print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
+          f"{e.device_name or e.device}: token profiles {', '.join(map(str, e.token_profiles))}; batch buckets "
+          f"{', '.join(map(str, e.batch_buckets))}; capacity {e.capacity}; {e.slots} slot(s)")
+    for role in e.build_seconds:
+        print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; static vs eager step: max |logit err| "
+              f"{e.parity[role]:.2e}")
+    print(f"wrote {cfg.bundle}/engines.json (load it with --backend graphs)")
 
 
 def cmd_generate(args) -> None:
@@ -177,6 +193,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.latency import ProfileConfig
     from specrt.calibration.tune import TuneConfig
     from specrt.checkpoints.inflate import InflateConfig
+    from specrt.engines.graphs import BuildConfig
     from specrt.export.onnx_export import ExportConfig
     from specrt.runtime.backends import BackendOptions
     from specrt.runtime.methods import METHODS
@@ -212,6 +229,8 @@ def build_parser() -> ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     for verb, config, func, help_text in (
+            ("build", BuildConfig, cmd_build, "static-shape engines per token-count profile (CUDA graphs on CUDA) -> "
+                                              "engines.json"),
             ("demo", DemoConfig, cmd_demo, "export the demo pair if needed; compare our methods on HumanEval prompts"),
             ("calibrate", CalibrationConfig, cmd_calibrate, "acceptance statistics on held-out text -> acceptance.json"),
             ("profile", ProfileConfig, cmd_profile, "step latency L(n) of target and draft -> latency.json"),

@@ -8,8 +8,7 @@ import pytest
 from specrt import contract
 from specrt.bundle.manifest import MANIFEST
 from specrt.checkpoints import DEMO_DIR
-from specrt.export.onnx_export import PARITY_TOL
-from specrt.graphs.parity import check_parity
+from specrt.graphs.parity import PARITY_TOL, check_parity
 from specrt.model.checkpoint import load_checkpoint
 from specrt.model.step import StepModule
 

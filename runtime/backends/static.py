@@ -1,0 +1,167 @@
+"""StaticTorchBackend (backend "graphs"): the step module at static shapes, replayed as CUDA graphs on CUDA.
+
+The bundle's engines.json (EngineSet, made by `specrt build`) fixes a table of token-count profiles (e.g.
+1, 8, 16, 32, 64, 128), of batch buckets (e.g. 1, 2, 4) and one static KV capacity C. A step of B
+sequences and T new tokens runs at the smallest bucket >= B and the smallest profile >= T: rows past T
+and sequences past B are holes (token 0, position 0, seeing only themselves), whose outputs nobody reads
+or commits, so padding changes no real row (tested). Every mask is [Bb, Tp, C + Tp] and every input,
+cache and output lives at a fixed address, which is what a CUDA graph replays: on CUDA each (bucket,
+profile) is warmed up and captured once when the backend loads; on the CPU the same static steps run
+eagerly (no graphs), which is how the padding and the static cache are tested without a GPU.
+
+Concurrency: each of the engine's `slots` holds one static cache and the static inputs of every shape;
+a runner takes a slot for its lifetime (Runner.close gives it back) and further calls wait for one. A
+call that needs two runners of one backend (a model drafting for itself) needs two slots.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bundle.artifacts import EngineSet
+from specrt.bundle.manifest import ModelEntry
+from specrt.errors import InvalidRequestError
+from specrt.runtime.backends.base import Backend
+from specrt.runtime.kv_cache import KVCache
+
+
+class _Shape:
+    """Static inputs, cache views and (on CUDA) the captured graph of one (batch bucket, token profile)."""
+
+    def __init__(self, backend: "StaticTorchBackend", kv, batch: int, tokens: int):
+        torch = backend.torch
+        e, capacity = backend.entry, backend.engines.capacity
+        self.backend, self.batch, self.tokens = backend, batch, tokens
+        self.ids = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
+        self.pos = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
+        self.mask = torch.zeros((batch, tokens, capacity + tokens), dtype=torch.bool, device=backend.device)
+        self.past = [kv[layer, k, :batch] for layer in range(e.num_layers) for k in (0, 1)]  # [Bb, Hkv, C, D] each
+        self.graph = None
+        self.out = None  # (logits [Bb, Tp, V], new_kv [L, 2, Bb, Hkv, Tp, D]) of the captured graph
+
+    def forward(self):
+        torch = self.backend.torch
+        with torch.inference_mode():
+            out = self.backend.module(self.ids, self.pos, self.mask, *self.past)
+            return out[0], torch.stack(out[1:]).unflatten(0, (self.backend.entry.num_layers, 2))
+
+    def capture(self, stream, pool) -> None:
+        """Warm up on the capture stream (libraries create their handles outside the capture), then capture."""
+        torch = self.backend.torch
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            self.out = self.forward()
+
+    def run(self):
+        if self.graph is None:
+            return self.forward()
+        self.graph.replay()
+        return self.out
+
+
+class _Slot:
+    """One static KV cache [L, 2, Bmax, Hkv, C, D] and the shapes that read it."""
+
+    def __init__(self, backend: "StaticTorchBackend"):
+        e, eng = backend.entry, backend.engines
+        self.kv = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, eng.capacity, e.head_dim))
+        self.shapes = {(b, t): _Shape(backend, self.kv, b, t) for b in eng.batch_buckets for t in eng.token_profiles}
+        self.holder: int | None = None  # thread id of the runner's creator while held
+
+
+class StaticTorchBackend(Backend):
+    name = "graphs"
+
+    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet):
+        import torch
+
+        from specrt.model.checkpoint import load_checkpoint
+        from specrt.model.step import StepModule
+
+        super().__init__(entry)
+        torch.set_num_threads(threads)
+        self.torch, self.engines = torch, engines
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, entry.dtype)
+        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device)).eval()
+        self.max_step_tokens = engines.token_profiles[-1]
+        if entry.max_positions < engines.capacity:
+            raise InvalidRequestError(f"the engines' capacity {engines.capacity} exceeds the {entry.role}'s maximum "
+                                      f"context of {entry.max_positions}: rebuild with a smaller --capacity")
+        t0 = time.perf_counter()
+        self._slots = [_Slot(self) for _ in range(engines.slots)]
+        self.cuda_graphs = self.device.type == "cuda"
+        if self.cuda_graphs:
+            stream = torch.cuda.Stream(self.device)
+            for slot in self._slots:
+                # one memory pool per slot: a slot's graphs run one after another (a graph's outputs are read
+                # before its slot's next step), but two slots' graphs may run at once and must not share memory
+                pool = torch.cuda.graph_pool_handle()
+                for shape in slot.shapes.values():
+                    shape.capture(stream, pool)
+            torch.cuda.synchronize(self.device)
+        self.setup_seconds = time.perf_counter() - t0
+        self._free = threading.Condition()
+
+    @property
+    def max_context(self) -> int:
+        return self.engines.capacity
+
+    def allocate(self, shape):
+        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _new_binding(self) -> _Slot:
+        me = threading.get_ident()
+        with self._free:
+            while True:
+                slot = next((s for s in self._slots if s.holder is None), None)
+                if slot is not None:
+                    slot.holder = me
+                    return slot
+                if any(s.holder == me for s in self._slots):
+                    raise InvalidRequestError(f"the {self.entry.role}'s engines have {len(self._slots)} slot(s) and this "
+                                              "call holds them all (a model drafting for itself needs two): rebuild "
+                                              "with --slots 2")
+                self._free.wait()
+
+    def _release(self, slot: _Slot) -> None:
+        with self._free:
+            slot.holder = None
+            self._free.notify()
+
+    def _new_cache(self, slot: _Slot, batch: int, bucket: int) -> KVCache:
+        self.engines.for_batch(batch)  # refuse a batch no bucket holds, before any step
+        e = self.entry
+        return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, self.engines.capacity, bucket,
+                       e.sliding_window, static=slot.kv)
+
+    def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
+        torch = self.torch
+        batch, num_tokens = input_ids.shape
+        capacity = self.engines.capacity
+        if cache.capacity != capacity:
+            raise ValueError(f"a static step needs the engine's static cache (capacity {capacity}), got {cache.capacity}")
+        shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens))]
+        ids = np.zeros((shape.batch, shape.tokens), dtype=np.int64)  # [Bb, Tp]; holes: token 0, position 0
+        pos = np.zeros((shape.batch, shape.tokens), dtype=np.int64)
+        ids[:batch, :num_tokens] = input_ids
+        pos[:batch, :num_tokens] = position_ids
+        mask = np.zeros((shape.batch, shape.tokens, capacity + shape.tokens), dtype=bool)  # [Bb, Tp, C + Tp]
+        mask[:batch, :num_tokens, :capacity] = attention_mask[:, :, :capacity]
+        mask[:batch, :num_tokens, capacity:capacity + num_tokens] = attention_mask[:, :, capacity:]
+        rows = np.arange(shape.tokens)
+        mask[:, rows, capacity + rows] = True  # every row sees itself: real rows already do, holes see nothing else
+        shape.ids.copy_(torch.from_numpy(ids))
+        shape.pos.copy_(torch.from_numpy(pos))
+        shape.mask.copy_(torch.from_numpy(mask))
+        logits, new_kv = shape.run()
+        return logits[:batch, :num_tokens].float().cpu().numpy(), new_kv[:, :, :batch, :, :num_tokens]

@@ -1,0 +1,139 @@
+"""Static-shape engines (`specrt build`, backend "graphs"): the profile table, padding that changes no real
+row, a static KV cache, slots, and refusal of engines built elsewhere. On the CPU the static steps run
+eagerly; CUDA-graph capture is tested only where a GPU exists (marker gpu)."""
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import EngineSet
+from specrt.errors import BundleError, InvalidRequestError
+from specrt.runtime.pipeline import Pipeline
+
+TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity=256)
+
+
+@pytest.fixture(scope="module")
+def engine_bundle(demo_bundle, tmp_path_factory):
+    from specrt.engines.graphs import BuildConfig, build
+
+    b = tmp_path_factory.mktemp("engines") / "b"
+    shutil.copytree(demo_bundle, b)
+    build(BuildConfig(bundle=b, device="cpu", threads=2, slots=2, **TABLE), progress=False)
+    return b
+
+
+@pytest.fixture(scope="module")
+def graphs(engine_bundle):
+    return Pipeline.load(engine_bundle, backend="graphs", threads=2)
+
+
+def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
+    e = artifacts.load(engine_bundle, EngineSet)
+    assert (e.kind, e.token_profiles, e.batch_buckets, e.capacity, e.device, e.cuda_graphs) == (
+        "graphs", (1, 4, 8, 16, 32), (1, 2, 4), 256, "cpu", False)
+    assert [e.for_tokens(n) for n in (1, 2, 4, 5, 17, 32)] == [1, 4, 4, 8, 32, 32]
+    assert [e.for_batch(b) for b in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    with pytest.raises(InvalidRequestError, match="33 new tokens exceeds the engines' largest profile \\(32\\)"):
+        e.for_tokens(33)
+    with pytest.raises(InvalidRequestError, match="batch of 5 exceeds the engines' largest batch bucket \\(4\\)"):
+        e.for_batch(5)
+    assert all(err <= 1e-4 for err in e.parity.values())  # checked at build: static step == eager step
+
+
+def test_padded_rows_and_sequences_change_nothing(graphs, demo_bundle):
+    """Steps of every (batch, tokens) between the buckets and profiles give the eager step's logits."""
+    from specrt.engines.graphs import check_static_step
+
+    shapes = [(1, 1), (1, 3), (2, 5), (3, 7), (3, 32), (4, 17)]  # padded to profiles 4, 8, 32 and bucket 4
+    err = check_static_step(graphs.target, np.random.default_rng(1), shapes)
+    assert err < 1e-4
+
+
+LOSSLESS = [dict(method="sd"), dict(method="tree"), dict(method="dynamic", num_draft_tokens=6),
+            dict(method="anpd"), dict(method="dynamic", num_draft_tokens=4, ngram_tokens=5)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_lossless_methods_equal_autoregressive_on_static_steps(graphs, pipelines, humaneval, batch_size):
+    prompts = humaneval[:6]  # longer than the largest profile: prefill goes in 32-token chunks
+    ar = [o.token_ids for o in graphs.generate(prompts, method="autoregressive", max_new_tokens=24)]
+    assert ar == [o.token_ids for o in pipelines["torch"].generate(prompts, method="autoregressive", max_new_tokens=24)]
+    for kw in LOSSLESS:  # batch 3 runs at bucket 4, and sequences leave the static cache as they finish
+        got = graphs.generate(prompts, max_new_tokens=24, batch_size=batch_size, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+    assert got[0].stats.target_calls - got[0].stats.rounds >= 2  # chunked prefill took several steps
+
+
+def test_contexts_beyond_the_static_capacity_are_refused_up_front(graphs):
+    assert graphs.max_context == 256
+    with pytest.raises(InvalidRequestError, match="more than the context of 256"):
+        graphs.generate([[1] * 250], max_new_tokens=10)
+    with pytest.raises(InvalidRequestError, match="batch of 5 exceeds the engines' largest batch bucket"):
+        graphs.generate([[1, 2]] * 5, max_new_tokens=2, batch_size=5)
+
+
+def test_slots_serve_concurrent_calls_and_refuse_what_would_deadlock(graphs, humaneval, tmp_path, engine_bundle):
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = [o.token_ids for o in graphs.generate(humaneval[:4], method="sd", max_new_tokens=16)]
+    with ThreadPoolExecutor(4) as ex:  # 2 slots, 4 threads: calls wait for a slot
+        together = list(ex.map(lambda p: graphs.generate(p, method="sd", max_new_tokens=16).token_ids, humaneval[:4] * 2))
+    assert together == alone * 2
+    # one slot, and a model drafting for itself needs two runners of one backend at once
+    b = tmp_path / "one-slot"
+    shutil.copytree(engine_bundle, b)
+    e = artifacts.load(b, EngineSet)
+    artifacts.save(b, replace(e, slots=1))
+    one = Pipeline.load(b, backend="graphs", threads=2)
+    one.draft = one.target
+    with pytest.raises(InvalidRequestError, match="have 1 slot\\(s\\) and this call holds them all.*--slots 2"):
+        one.generate("def f():", method="sd", max_new_tokens=4)
+    assert one.generate("def f():", method="autoregressive", max_new_tokens=4).token_ids  # the slot was given back
+
+
+def test_engines_built_elsewhere_are_refused_in_one_line(engine_bundle, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(engine_bundle, b)
+    data = json.loads((b / "engines.json").read_text())
+    data["versions"] = {"torch": "0.0.1"}
+    (b / "engines.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="engines.json was built with torch 0.0.1 on the CPU, but this is torch .* on "
+                                          "the CPU: re-run `specrt build --bundle .*` here"):
+        Pipeline.load(b, backend="graphs")
+    (b / "engines.json").unlink()
+    with pytest.raises(BundleError, match="no engines.json in .*: run `specrt build --bundle .*` first"):
+        Pipeline.load(b, backend="graphs")
+    with pytest.raises(InvalidRequestError, match="was built for cpu, not cuda:0"):
+        Pipeline.load(engine_bundle, backend="graphs", device="cuda:0")
+
+
+def test_build_options_are_checked():
+    from specrt.engines.graphs import BuildConfig
+
+    with pytest.raises(InvalidRequestError, match="token_profiles must be distinct integers >= 1 in ascending order"):
+        BuildConfig(token_profiles=(8, 4))
+    with pytest.raises(InvalidRequestError, match="batch_buckets"):
+        BuildConfig(batch_buckets=())
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: CUDA graphs need one")
+    from specrt.engines.graphs import BuildConfig, build
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    e = build(BuildConfig(bundle=b, device="cuda", **TABLE), progress=False)
+    assert e.cuda_graphs and e.device_name and all(err <= 1e-4 for err in e.parity.values())
+    graphs = Pipeline.load(b, backend="graphs")
+    ar = [o.token_ids for o in graphs.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
+    for kw in LOSSLESS:
+        assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, **kw)] == ar, kw
