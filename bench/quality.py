@@ -8,11 +8,11 @@ import numpy as np
 def token_logprobs(pipe, prompt_ids, new_ids) -> np.ndarray:
     """log p_target(new_ids[i] | prompt, new_ids[:i]) for each new token, by one teacher-forced step."""
     from specrt.runtime.sampling import log_softmax
-    from specrt.runtime.step_inputs import feed_rows
+    from specrt.runtime.step_inputs import sequence_logits
 
     seq = np.asarray(list(prompt_ids) + list(new_ids), dtype=np.int64)
-    runner = pipe.target.runner()
-    logits = feed_rows(runner, runner.new_cache(1), [seq[:-1]])[0]  # [T - 1, V]
+    with pipe.target.runner() as runner:
+        logits = sequence_logits(runner, seq[:-1])  # [T - 1, V]
     rows = log_softmax(logits[len(prompt_ids) - 1:])
     return rows[np.arange(len(new_ids)), np.asarray(new_ids)]
 

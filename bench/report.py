@@ -42,20 +42,26 @@ def write_report(stem: Path, data: dict, markdown: Callable[[dict], str], plot: 
     return md
 
 
-def timed_runs(configs: dict, runs: int, warmup: int, desc: str) -> tuple[dict, dict]:
+def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, joules: dict | None = None) -> tuple[dict, dict]:
     """Run every config's callable `warmup` times untimed, then `runs` timed passes, interleaved so that
-    drift hits all configs alike. Returns ({name: [seconds per timed run]}, {name: last result})."""
+    drift hits all configs alike. Returns ({name: [seconds per timed run]}, {name: last result}); with an
+    available EnergyMeter, `joules` gets {name: [joules per timed run]}."""
     from tqdm import tqdm
 
     seconds = {name: [] for name in configs}
     last = {}
+    measure = meter is not None and meter.available and joules is not None
     with tqdm(total=(warmup + runs) * len(configs), desc=desc, unit="config-run") as bar:
         for r in range(warmup + runs):
             for name, run in configs.items():
+                if measure:
+                    meter.start()
                 t0 = time.perf_counter()
                 last[name] = run()
                 if r >= warmup:
                     seconds[name].append(time.perf_counter() - t0)
+                    if measure:
+                        joules.setdefault(name, []).append(meter.stop())
                 bar.update()
     return seconds, last
 

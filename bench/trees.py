@@ -27,12 +27,13 @@ from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.plotting import finish_figure, pyplot
+from specrt.runtime.backends import BackendOptions
 
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
-class TreesConfig(BenchConfig):
+class TreesConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(5, "first N HumanEval prompts", ge=1)
     tree_sizes: tuple[int, ...] = option(TREE_SIZES, "calibrated best static trees to measure (the tuned one always is)")
     max_chain: int = option(8, "chains of 1..this many tokens are measured", ge=1)
@@ -78,7 +79,7 @@ def run_trees(cfg: TreesConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
+    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
     plan, acceptance = pipe.plan(), pipe.acceptance()
     if cfg.batch_size not in plan.choices:
         raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(map(str, plan.choices))}, not {cfg.batch_size}: "

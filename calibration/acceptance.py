@@ -41,14 +41,14 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, MeasuredTree, Stamp, TreeEstimate
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
-from specrt.runtime.backends import ThreadOptions
+from specrt.runtime.backends import BackendOptions
 from specrt.errors import SpecrtError
 
 MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
 
 
 @dataclass(frozen=True)
-class CalibrationConfig(BundleOptions, ThreadOptions):
+class CalibrationConfig(BundleOptions, BackendOptions):
     num_prompts: int = option(24, "held-out prompts decoded", ge=1)
     prompt_tokens: int = option(64, "tokens per held-out prompt", ge=1)
     new_tokens: int = option(96, "tokens decoded per prompt", ge=1)
@@ -87,10 +87,9 @@ TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0)
 def draft_ranks(draft_runner, tokens: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank of tokens[j] among the draft's logits after tokens[:j], for j >= first (teacher forcing),
     and the summed negative log-likelihood of those tokens at each of TEMPERATURES."""
-    from specrt.runtime.step_inputs import feed_rows
+    from specrt.runtime.step_inputs import sequence_logits
 
-    cache = draft_runner.new_cache(1)
-    logits = feed_rows(draft_runner, cache, [np.asarray(tokens[:-1], dtype=np.int64)])[0]  # [T - 1, V]
+    logits = sequence_logits(draft_runner, np.asarray(tokens[:-1], dtype=np.int64))  # [T - 1, V]
     rows = logits[first - 1:].astype(np.float64)
     true = np.asarray(tokens[first:])
     chosen = rows[np.arange(len(true)), true]
@@ -185,13 +184,13 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     from specrt.runtime.pipeline import Pipeline
 
     t0 = time.perf_counter()
-    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
+    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
     prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
     rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
-    draft = pipe.draft.runner()
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
         out = pipe.generate([prompt], method="autoregressive", max_new_tokens=cfg.new_tokens)[0]
-        ranks, prompt_nll = draft_ranks(draft, prompt + out.token_ids, len(prompt))
+        with pipe.draft.runner() as draft:
+            ranks, prompt_nll = draft_ranks(draft, prompt + out.token_ids, len(prompt))
         rank_seqs.append(ranks)
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)

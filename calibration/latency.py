@@ -67,18 +67,20 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    largest = pipe.target.max_step_tokens or max(cfg.num_tokens)  # static-shape engines: their largest profile
     points = [(role, b, c, n) for role in ("target", "draft") for b in cfg.batch_sizes for c in cfg.contexts
-              for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step]
+              for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step and n <= largest]
     if not points:
         raise SpecrtError("nothing to profile: every batch * num_tokens exceeds max_tokens_per_step")
     too_long = max(cfg.contexts) + max(cfg.num_tokens)
     if too_long > pipe.max_context:
         raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's {pipe.max_context}")
-    runners = {"target": pipe.target.runner(), "draft": pipe.draft.runner()}
     models: dict = {"target": {}, "draft": {}}
-    for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
-        ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
-        models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
+    with pipe.target.runner() as target, pipe.draft.runner() as draft:  # given back before host_per_round decodes
+        runners = {"target": target, "draft": draft}
+        for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
+            ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
+            models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
     data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
                           host_ms={kind: host_per_round(pipe, kind) for kind in ("tree", "dynamic", "merged")})
     artifacts.save(cfg.bundle, data)
@@ -95,8 +97,10 @@ def host_per_round(pipe, kind: str = "tree", new_tokens: int = 48) -> dict[int, 
     per size on one held-out prompt; the second is measured."""
     prompt = validation_prompts(pipe.encode, 1, 64, seed=0)[0]
     trees = {t.num_nodes: t.paths for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
+    largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
+    extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
     out = {}
-    for n in HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES:
+    for n in [n for n in (HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES) if not largest or n + extra <= largest]:
         if kind != "tree":
             kw = {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
         else:

@@ -42,6 +42,8 @@ class ExportConfig(Config):
     tokenizer: Path | None = option(None, "tokenizer directory (default: the target's, else the demo's for the demo pair)")
     opset: int = option(17, "ONNX opset", ge=14)
     check: bool = option(True, "check each step graph against PyTorch after export", flag="parity-check")
+    onnx: bool = option(True, "write the ONNX step graphs: the ort backend runs them; torch and graphs run the hf/ "
+                              "copies, so a GPU bundle of a large model may go without (--no-onnx)")
     dtype: str = option("float32", "weights, activations and K/V cache (float16 is meant for GPUs; logits stay float32)",
                         choices=DTYPES)
 
@@ -158,14 +160,15 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
     models, export, parity = {}, {}, {}
     for role, model, src in (("target", target, cfg.target), ("draft", draft, cfg.draft)):
         stages.set_postfix_str(f"{role}: onnx")
-        onnx_rel, hf_rel = f"{role}.onnx", f"hf/{role}"
+        onnx_rel, hf_rel = (f"{role}.onnx" if cfg.onnx else ""), f"hf/{role}"
         t0 = time.perf_counter()
-        export_step_graph(model, dest / onnx_rel, cfg.opset)
-        check_and_infer(dest / onnx_rel)
+        if cfg.onnx:
+            export_step_graph(model, dest / onnx_rel, cfg.opset)
+            check_and_infer(dest / onnx_rel)
         stages.update()
         model.save_pretrained(dest / hf_rel, safe_serialization=True)
         stages.update()
-        if cfg.check:
+        if cfg.check and cfg.onnx:
             stages.set_postfix_str(f"{role}: parity")
             sess = onnxruntime.InferenceSession(str(dest / onnx_rel), providers=["CPUExecutionProvider"])
             report = check_parity(sess, StepModule(model).eval())
@@ -189,7 +192,7 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
         "io": {"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
                "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
         "parity": parity,
-        "files": hash_tree(dest, ["tokenizer", "target.onnx", "draft.onnx", "hf"]),
+        "files": hash_tree(dest, ["tokenizer", "hf"] + (["target.onnx", "draft.onnx"] if cfg.onnx else [])),
     }
     write_manifest(dest, manifest)
     return manifest

@@ -55,6 +55,15 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
     return -(-longest // size)
 
 
+def sequence_logits(runner, tokens: np.ndarray) -> np.ndarray:
+    """Next-token logits [T, V] after every prefix of one sequence (teacher forcing), in steps a backend takes
+    (at most its max_step_tokens each)."""
+    cache = runner.new_cache(1)
+    size = runner.max_step_tokens or len(tokens)
+    return np.concatenate([feed_rows(runner, cache, [tokens[i:i + size]])[0].copy()
+                           for i in range(0, len(tokens), size)])
+
+
 def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[np.ndarray],
               blocks: Sequence[np.ndarray | None] | None = None,
               scratch: Sequence[tuple[int, np.ndarray] | None] | None = None):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.config import Config, option
-from specrt.errors import InvalidRequestError
+from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
 
 BACKENDS = ("ort", "torch", "graphs")
@@ -75,6 +75,9 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
     if kind == "ort":
         from specrt.runtime.backends.ort import OrtBackend
 
+        if not entry.onnx:
+            raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): load it with backend "
+                              "torch or graphs, or re-export it with the graphs")
         return OrtBackend(entry, bundle / entry.onnx, threads=threads)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend

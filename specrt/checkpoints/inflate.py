@@ -30,16 +30,31 @@ from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
 
+# (hidden, intermediate, layers, heads) of the shapes the benches use: a CPU-sized target, and 1B- and 7B-class ones
+PRESETS = {"150m": (768, 3072, 16, 12), "1b": (2048, 5632, 22, 32), "7b": (4096, 11008, 32, 64)}
+
+
 @dataclass(frozen=True)
 class InflateConfig(Config):
     src: Path = option(DEMO_DIR / "target", "Hugging Face Llama checkpoint to inflate (default: the demo target)")
     out: Path = option(Path("build/inflated/target"), "where the inflated checkpoint goes")
-    hidden_size: int = option(768, "hidden size", ge=1, flag="hidden")
-    intermediate_size: int = option(3072, "MLP intermediate size", ge=1, flag="intermediate")
-    num_layers: int = option(16, "layers", ge=1, flag="layers")
-    num_heads: int = option(12, "attention heads", ge=1, flag="heads")
+    preset: str = option("150m", "the shape: 150m (CPU benches), 1b or 7b (GPU benches); the four sizes below override "
+                                 "it", choices=tuple(PRESETS))
+    hidden_size: int | None = option(None, "hidden size", ge=1, flag="hidden")
+    intermediate_size: int | None = option(None, "MLP intermediate size", ge=1, flag="intermediate")
+    num_layers: int | None = option(None, "layers", ge=1, flag="layers")
+    num_heads: int | None = option(None, "attention heads", ge=1, flag="heads")
+    dtype: str = option("float32", "weights' dtype (float16 halves a GPU model's memory; the function is kept up to "
+                                   "its rounding)", choices=("float32", "float16"))
+    device: str | None = option(None, "where to build it: cpu or cuda[:N] (default: CUDA where present; a 7B-class "
+                                      "model in float32 needs 28 GB)")
     seed: int = option(0, "seed of the random weights of added capacity", ge=0)
     std: float = option(0.02, "standard deviation of those weights", gt=0)
+
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(hidden, intermediate, layers, heads): the preset's, where not given."""
+        given = (self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads)
+        return tuple(g if g is not None else p for g, p in zip(given, PRESETS[self.preset]))
 
 
 def inflate_model(model, cfg: InflateConfig):
@@ -50,21 +65,29 @@ def inflate_model(model, cfg: InflateConfig):
     old = model.config
     head_dim = getattr(old, "head_dim", None) or old.hidden_size // old.num_attention_heads
     groups = old.num_attention_heads // old.num_key_value_heads
-    d, big = old.hidden_size, cfg.hidden_size
+    big, intermediate, num_layers, num_heads = cfg.sizes()
+    d = old.hidden_size
     if old.model_type != "llama":
         raise SpecrtError(f"inflate handles Llama checkpoints, got model_type={old.model_type!r}")
-    if big < d or cfg.intermediate_size < old.intermediate_size or cfg.num_layers < old.num_hidden_layers \
-            or cfg.num_heads < old.num_attention_heads:
+    if big < d or intermediate < old.intermediate_size or num_layers < old.num_hidden_layers \
+            or num_heads < old.num_attention_heads:
         raise SpecrtError("inflate can only grow a model (hidden, intermediate, layers and heads must not shrink)")
-    if cfg.num_heads * head_dim != big or cfg.num_heads % groups:
-        raise SpecrtError(f"num_heads * head_dim ({cfg.num_heads} * {head_dim}) must equal hidden_size ({big}) "
+    if num_heads * head_dim != big or num_heads % groups:
+        raise SpecrtError(f"num_heads * head_dim ({num_heads} * {head_dim}) must equal hidden_size ({big}) "
                           f"and num_heads must be a multiple of the GQA group size {groups}")
-    new_cfg = LlamaConfig(**{**old.to_dict(), "hidden_size": big, "intermediate_size": cfg.intermediate_size,
-                             "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-                             "num_key_value_heads": cfg.num_heads // groups, "head_dim": head_dim,
-                             "rms_norm_eps": old.rms_norm_eps * d / big})
+    new_cfg = LlamaConfig(**{**old.to_dict(), "hidden_size": big, "intermediate_size": intermediate,
+                             "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+                             "num_key_value_heads": num_heads // groups, "head_dim": head_dim,
+                             "rms_norm_eps": old.rms_norm_eps * d / big, "dtype": cfg.dtype})
     torch.manual_seed(cfg.seed)
-    new = LlamaForCausalLM(new_cfg).eval()
+    device = next(model.parameters()).device  # built where the source is: on a GPU, in seconds
+    default_dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(getattr(torch, cfg.dtype))
+        with torch.device(device):
+            new = LlamaForCausalLM(new_cfg).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
     scale = math.sqrt(d / big)
     src = dict(model.named_parameters())
 
@@ -107,7 +130,10 @@ def inflate(cfg: InflateConfig) -> Path:
 
     if not (cfg.src / "config.json").is_file():
         raise SpecrtError(f"{cfg.src} is not a Hugging Face checkpoint directory (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True, dtype=torch.float32).eval()
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecrtError(f"device {device!r}: PyTorch {torch.__version__} finds no CUDA device on this machine")
+    model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True, dtype=torch.float32).eval().to(device)
     new = inflate_model(model, cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     new.save_pretrained(cfg.out, safe_serialization=True)
@@ -115,7 +141,8 @@ def inflate(cfg: InflateConfig) -> Path:
         if (cfg.src / f).is_file():
             (cfg.out / f).write_bytes((cfg.src / f).read_bytes())
     num_params = sum(p.numel() for p in new.parameters())
-    (cfg.out / "inflate.json").write_text(json.dumps({"src": str(cfg.src), "num_params": num_params,
-                                                      **{k: v for k, v in cfg.__dict__.items() if k not in ("src", "out")}}, indent=1))
+    (cfg.out / "inflate.json").write_text(json.dumps({"src": str(cfg.src), "num_params": num_params, "device": device,
+                                                      "sizes": cfg.sizes(), **{k: v for k, v in cfg.__dict__.items()
+                                                                               if k not in ("src", "out")}}, indent=1))
     print(f"inflated {cfg.src} -> {cfg.out}: {num_params / 1e6:.1f}M params")
     return cfg.out

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from specrt.errors import SpecrtError
-from specrt.export.onnx_export import load_checkpoint
 from specrt.checkpoints import DEMO_DIR
-from specrt.checkpoints.inflate import InflateConfig, inflate_model
+from specrt.checkpoints.inflate import PRESETS, InflateConfig, inflate, inflate_model
+from specrt.errors import SpecrtError
+from specrt.model.checkpoint import load_checkpoint
 
 
 def test_inflated_target_computes_the_same_logits(tmp_path):
@@ -29,3 +29,25 @@ def test_inflate_refuses_to_shrink():
     model = load_checkpoint(DEMO_DIR / "target")
     with pytest.raises(SpecrtError, match="only grow"):
         inflate_model(model, InflateConfig(src=DEMO_DIR, out=DEMO_DIR, hidden_size=64, num_heads=1))
+
+
+def test_presets_and_overrides():
+    assert InflateConfig(preset="7b").sizes() == (4096, 11008, 32, 64) == PRESETS["7b"]
+    assert InflateConfig(preset="1b", num_layers=4).sizes() == (2048, 5632, 4, 32)
+    assert InflateConfig().sizes() == PRESETS["150m"]
+
+
+def test_float16_inflation_writes_a_checkpoint_with_the_same_function(tmp_path):
+    import json
+
+    cfg = InflateConfig(out=tmp_path / "big", hidden_size=384, intermediate_size=1024, num_layers=3, num_heads=6,
+                        dtype="float16", device="cpu")
+    inflate(cfg)
+    record = json.loads((tmp_path / "big" / "inflate.json").read_text())
+    assert record["sizes"] == [384, 1024, 3, 6] and record["device"] == "cpu" and record["dtype"] == "float16"
+    big, small = load_checkpoint(tmp_path / "big", "float16"), load_checkpoint(DEMO_DIR / "target")
+    assert next(big.parameters()).dtype == torch.float16
+    ids = torch.randint(0, small.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = small(ids).logits, big(ids).logits.float()
+    assert (a - b).abs().max() < 0.1 and (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9

@@ -137,3 +137,24 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
     ar = [o.token_ids for o in graphs.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
     for kw in LOSSLESS:
         assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, **kw)] == ar, kw
+
+
+def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
+    """What `make gpu-bench` runs, at toy sizes: teacher-forced sequences longer than the largest profile go in
+    chunks, and the runners the profiler times are given back before it decodes (one slot per model)."""
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.calibration.latency import ProfileConfig, profile
+    from specrt.calibration.tune import TuneConfig, tune
+
+    b = tmp_path / "b"
+    shutil.copytree(engine_bundle, b)
+    artifacts.save(b, replace(artifacts.load(b, EngineSet), slots=1))
+    acc = calibrate(CalibrationConfig(bundle=b, backend="graphs", threads=2, num_prompts=2, new_tokens=12, max_depth=3,
+                                      max_rank=3, max_nodes=6, dynamic_sizes=(4,), merged_sizes=()), progress=False)
+    assert acc.num_positions == 2 * 12
+    lat = profile(ProfileConfig(bundle=b, backend="graphs", threads=2, batch_sizes=(1, 2), contexts=(64,),
+                                num_tokens=(1, 2, 4, 8), repeats=1, warmup=0), progress=False)
+    assert lat.stamp.machine.backend == "graphs" and set(lat.host_ms) == {"tree", "dynamic", "merged"}
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
+    pipe = Pipeline.load(b, backend="graphs", threads=2)
+    assert pipe.plan() == plan  # stamped with the graphs backend's machine, so it loads here

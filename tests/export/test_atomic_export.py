@@ -72,3 +72,17 @@ def test_a_directory_that_is_not_a_bundle_is_never_replaced(tmp_path):
     with pytest.raises(SpecrtError, match="non-empty directory that is not a specrt bundle: refusing to replace it"):
         export_bundle(ExportConfig(out=tmp_path, check=False), progress=False)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_bundle_without_onnx_serves_the_torch_backend_and_refuses_ort(tmp_path, humaneval):
+    from specrt.errors import BundleError
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    manifest = export_bundle(ExportConfig(out=tmp_path / "b", onnx=False), progress=False)
+    assert not list((tmp_path / "b").glob("*.onnx")) and manifest["models"]["target"]["onnx"] == ""
+    assert not any(f.endswith(".onnx") for f in manifest["files"])
+    with pytest.raises(BundleError, match="has no ONNX step graphs \\(exported with --no-onnx\\): load it with backend torch"):
+        Pipeline.load(tmp_path / "b")
+    pipe = Pipeline.load(tmp_path / "b", backend="torch", threads=2)
+    ar = pipe.generate(humaneval[0], method="autoregressive", max_new_tokens=8)
+    assert pipe.generate(humaneval[0], method="sd", max_new_tokens=8).token_ids == ar.token_ids
