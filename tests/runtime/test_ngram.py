@@ -148,6 +148,9 @@ def test_hardware_aware_anpd_is_lossless_and_drafts_what_the_latency_profile_pay
     # free verification: the whole best-first tree (up to 12 nodes) each round; at +40% of a step per
     # token only the likeliest few
     assert drafted["steep"] < 0.5 * drafted["flat"] and drafted["flat"] > 3
+    write_latency(b, lambda n: 10.0, machine=pipe.machine, max_tokens=4)  # profiled up to 4 tokens per step
+    outs = pipe.generate(humaneval[:3], **kw)  # so no round verifies more than 3 drafted tokens
+    assert [o.token_ids for o in outs] == [a.token_ids for a in ar[:3]] and max(max(o.stats.drafted_hist) for o in outs) <= 3
     write_latency(b, lambda n: 10.0, machine=Machine("Some Other CPU", 2, "x86_64", "ort", 2, "cpu"))
     with pytest.raises(BundleError, match="was measured on Some Other CPU.*re-run `specrt profile .*` here"):
         pipe.generate(humaneval[:1], **kw)
