@@ -17,7 +17,6 @@ call that needs two runners of one backend (a model drafting for itself) needs t
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +96,6 @@ class StaticTorchBackend(Backend):
         if entry.max_positions < engines.capacity:
             raise InvalidRequestError(f"the engines' capacity {engines.capacity} exceeds the {entry.role}'s maximum "
                                       f"context of {entry.max_positions}: rebuild with a smaller --capacity")
-        t0 = time.perf_counter()
         self._slots = [_Slot(self) for _ in range(engines.slots)]
         self.cuda_graphs = self.device.type == "cuda"
         if self.cuda_graphs:
@@ -109,7 +107,6 @@ class StaticTorchBackend(Backend):
                 for shape in slot.shapes.values():
                     shape.capture(stream, pool)
             torch.cuda.synchronize(self.device)
-        self.setup_seconds = time.perf_counter() - t0
         self._free = threading.Condition()
 
     @property
