@@ -87,7 +87,9 @@ class _Ours:
         from specrt.runtime.methods import make_method
         from specrt.runtime.sampling import SamplingParams
 
-        make_method(method, options).build(pipe, SamplingParams(), 1)  # refuse a bad setting before any run
+        built = make_method(method, options).build(pipe, SamplingParams(), 1)  # refuse a bad setting before any run
+        if built.drafter is not None:
+            built.drafter.close()  # give its runner back (a static engine's slot)
         self.pipe, self.method, self.cfg, self.options = pipe, method, cfg, options
 
     def __call__(self, prompts):

@@ -150,6 +150,9 @@ def test_stats_are_consistent(pipelines, humaneval):
     assert s.target_calls == s.rounds + 1  # + prefill
     assert s.draft_calls == 4 * s.rounds + 1
     assert all(v >= 0 for v in vars(s.seconds).values())
+    data = s.as_dict()  # the JSON form benches and users record
+    assert (data["rounds"], data["drafted"], data["accepted_hist"]) == (s.rounds, s.drafted, dict(sorted(s.accepted_hist.items())))
+    assert data["seconds"]["total"] == s.seconds.total and data["draft_hit_ratio"] == pytest.approx(s.accepted / s.drafted)
     assert s.drafted_hist == {4: s.rounds} and s.drafted == 4 * s.rounds
     merged = pipelines["ort"].generate(humaneval[3], method="dynamic", num_draft_tokens=4, ngram_tokens=5,
                                        max_new_tokens=40).stats
