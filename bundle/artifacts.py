@@ -4,6 +4,7 @@
     latency.json     LatencyProfile  `specrt profile`    step latency L(n) per model, batch size and context
     plan.json        Plan            `specrt tune`       the speculation chosen per batch size
     engines.json     EngineSet       `specrt build`      static-shape steps per token-count profile (CUDA graphs)
+    trt-engines.json TrtEngineSet    `specrt build --backend trt`  TensorRT plans, a profile per token-count range
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -16,6 +17,7 @@ artifacts that have changed since.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,14 +322,26 @@ class EngineSet(Artifact):
         return None
 
 
-def environment(device: str) -> dict:
-    """What built engines depend on: torch and CUDA versions, the GPU's name and compute capability."""
-    import torch
+def environment(device: str, tensorrt: bool = False) -> dict:
+    """What built engines depend on: the libraries (torch and CUDA; or TensorRT, None where it does not import),
+    the GPU's name and compute capability."""
+    if tensorrt:
+        try:
+            import tensorrt as trt
 
-    versions = {"torch": torch.__version__}
+            versions = {"tensorrt": trt.__version__}
+        except (ImportError, OSError):
+            versions = {"tensorrt": None}
+    else:
+        import torch
+
+        versions = {"torch": torch.__version__}
+        if device.startswith("cuda"):
+            versions["cuda"] = str(torch.version.cuda)
     name = capability = None
     if device.startswith("cuda"):
-        versions["cuda"] = str(torch.version.cuda)
+        import torch
+
         dev = torch.device(device)
         if torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
             name = torch.cuda.get_device_name(dev)
@@ -340,4 +354,64 @@ def _describe_env(versions: dict, name: str | None, capability: str | None) -> s
     return f"{libs} on {name} (compute capability {capability})" if name else f"{libs} on the CPU"
 
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet)
+# -- trt-engines.json -----------------------------------------------------------------------------
+HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+@dataclass(frozen=True)
+class TrtEngineSet(EngineSet):
+    """TensorRT engines of both models (`specrt build --backend trt`): one serialized plan per model under trt/,
+    built from the bundle's step ONNX as a strongly typed network (the export's dtype is the engine's), with one
+    optimization profile per token-count range of the profile table (over batch 1..largest bucket and KV
+    capacity 1..capacity), repeated per slot (concurrent contexts never share a profile). A plan runs only
+    with the TensorRT version and on the GPU it was built for, unless built version- or hardware-compatible."""
+
+    FILE: ClassVar[str] = "trt-engines.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt build --bundle {bundle} --backend trt"
+
+    plans: dict[str, str]  # role -> plan file, relative to the bundle
+    plan_bytes: dict[str, int]
+    plan_sha256: dict[str, str]
+    profiles: dict[str, tuple[dict[str, tuple[tuple[int, ...], ...]], ...]]  # role -> per range: input -> (min, opt, max)
+    hardware_compatibility: str  # HARDWARE_COMPATIBILITY
+    version_compatible: bool  # runs with later TensorRT versions (TensorRT's lean runtime in the plan)
+    workspace_bytes: int
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        device = f" --device {machine.device}" if machine and machine.device != "cpu" else ""
+        return f"specrt build --bundle {bundle} --backend trt{device}"
+
+    def profile_index(self, num_tokens: int, slot: int = 0) -> int:
+        """The optimization profile a step of num_tokens new tokens per sequence runs at, in slot `slot`."""
+        return slot * len(self.token_profiles) + self.token_profiles.index(self.for_tokens(num_tokens))
+
+    def mismatch(self) -> str | None:
+        here = environment(self.device, tensorrt=True)
+        built_v, here_v = self.versions.get("tensorrt"), here["versions"]["tensorrt"]
+        fallback = "(the ONNX step graphs still run with --backend ort)"
+        if here_v is None:
+            return f"needs TensorRT {built_v}, which does not import here {fallback}"
+        # a version-compatible plan runs with later releases of its major version (TensorRT's support matrix)
+        here_t, built_t = _version_tuple(here_v), _version_tuple(built_v)
+        version_ok = here_v == built_v or (self.version_compatible and here_t >= built_t and here_t[:1] == built_t[:1])
+        cc, built_cc = here["compute_capability"], self.compute_capability
+        if self.hardware_compatibility == "ampere_plus":
+            gpu_ok = cc is not None and _version_tuple(cc) >= (8, 0)
+        elif self.hardware_compatibility == "same_compute_capability":
+            gpu_ok = cc == built_cc
+        else:
+            gpu_ok = (cc, here["device_name"]) == (built_cc, self.device_name)
+        if version_ok and gpu_ok:
+            return None
+        return (f"was built with {_describe_env(self.versions, self.device_name, built_cc)}, but this is "
+                f"{_describe_env(here['versions'], here['device_name'], cc)} {fallback}")
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet)
+ENGINE_SETS = {"graphs": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by

@@ -1,2 +1,3 @@
-"""Engine builders (`specrt build`): static-shape engines of a bundle's models, recorded in engines.json.
-graphs.py: the step module at static shapes, CUDA graphs on CUDA (TensorRT engines will join it here)."""
+"""Engine builders (`specrt build`): config.py (what to build), build.py (the dispatch), graphs.py (the step
+module at static shapes, CUDA graphs on CUDA -> engines.json), trt.py (TensorRT plans of the step ONNX ->
+trt-engines.json)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan
+from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry
 from specrt.config import Config, option
@@ -83,7 +83,7 @@ class Pipeline:
         """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
-        (torch backend: default CUDA where present; graphs: default the device the engines were built for)."""
+        (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for)."""
         from tokenizers import Tokenizer
 
         if threads is not None and (not _is_token_id(threads) or threads < 1):
@@ -91,11 +91,12 @@ class Pipeline:
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify=verify)
         engines = None
-        if backend == "graphs":
-            engines = artifacts.load(bundle, EngineSet)
+        if backend in ENGINE_SETS:
+            kind = ENGINE_SETS[backend]
+            engines = artifacts.load(bundle, kind)
             if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
-                raise InvalidRequestError(f"{bundle / EngineSet.FILE} was built for {engines.device}, not {device}: load "
-                                          f"with that device or re-run `{EngineSet.command(bundle)} --device {device}`")
+                raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
+                                          f"with that device or re-run `{kind.command(bundle)} --device {device}`")
             device = device or engines.device
         device = resolve_device(backend, device)
         threads = resolve_threads(threads)

@@ -168,7 +168,7 @@ def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pip
 @pytest.mark.parametrize("kwargs,match", [
     (dict(threads=0), "threads must be an integer >= 1"),
     (dict(threads=1.5), "threads must be an integer >= 1"),
-    (dict(backend="trt"), "unknown backend 'trt' \\(choose from ort, torch, graphs\\)"),
+    (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, graphs, trt\\)"),
     (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
     (dict(backend="torch", device="gpu"), "device 'gpu' is not a device PyTorch knows"),
     (dict(backend="torch", device=0), "device must be a string"),

@@ -1,5 +1,6 @@
-"""Backends: OrtBackend (ONNX Runtime, the CPU default), TorchBackend (PyTorch eager, CUDA where present) and
-StaticTorchBackend ("graphs": static-shape steps per the bundle's engines.json, CUDA graphs on CUDA).
+"""Backends: OrtBackend (ONNX Runtime, the CPU default), TorchBackend (PyTorch eager, CUDA where present),
+StaticTorchBackend ("graphs": static-shape steps per the bundle's engines.json, CUDA graphs on CUDA) and
+TrtBackend ("trt": TensorRT plans per the bundle's trt-engines.json, CUDA only).
 
 `load_backend` resolves what the caller left open (threads, device) the same way everywhere, so a
 latency profile measured with the defaults matches a Pipeline loaded with the defaults.
@@ -15,7 +16,7 @@ from specrt.config import Config, option
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
 
-BACKENDS = ("ort", "torch", "graphs")
+BACKENDS = ("ort", "torch", "graphs", "trt")
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "Runner", "ThreadOptions", "load_backend", "resolve_device"]
 
@@ -54,6 +55,9 @@ def resolve_device(backend: str, device: str | None) -> str:
     except (RuntimeError, ValueError):
         raise InvalidRequestError(f"device {device!r} is not a device PyTorch knows (e.g. 'cpu', 'cuda', 'cuda:1')") from None
     if dev.type == "cpu":
+        if backend == "trt":
+            raise InvalidRequestError("TensorRT engines run on a CUDA device, not the CPU (the ONNX step graphs run on "
+                                      "the CPU with --backend ort)")
         return "cpu"
     if dev.type != "cuda":
         raise InvalidRequestError(f"device {device!r}: specrt runs on 'cpu' or 'cuda' devices")
@@ -67,11 +71,15 @@ def resolve_device(backend: str, device: str | None) -> str:
 
 def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None) -> Backend:
     """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
-    EngineSet) for kind "graphs"."""
+    EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"."""
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
         return StaticTorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads, engines=engines)
+    if kind == "trt":
+        from specrt.runtime.backends.trt import TrtBackend
+
+        return TrtBackend(entry, bundle, device=device, engines=engines)
     if kind == "ort":
         from specrt.runtime.backends.ort import OrtBackend
 

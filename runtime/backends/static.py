@@ -10,13 +10,12 @@ profile) is warmed up and captured once when the backend loads; on the CPU the s
 eagerly (no graphs), which is how the padding and the static cache are tested without a GPU.
 
 Concurrency: each of the engine's `slots` holds one static cache and the static inputs of every shape;
-a runner takes a slot for its lifetime (Runner.close gives it back) and further calls wait for one. A
-call that needs two runners of one backend (a model drafting for itself) needs two slots.
+a runner takes a slot for its lifetime (slots.SlotPool) and further calls wait for one. A call that
+needs two runners of one backend (a model drafting for itself) needs two slots.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from specrt.bundle.artifacts import EngineSet
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends.base import Backend
+from specrt.runtime.backends.slots import SlotPool
 from specrt.runtime.kv_cache import KVCache
 
 
@@ -74,7 +74,6 @@ class _Slot:
         e, eng = backend.entry, backend.engines
         self.kv = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, eng.capacity, e.head_dim))
         self.shapes = {(b, t): _Shape(backend, self.kv, b, t) for b in eng.batch_buckets for t in eng.token_profiles}
-        self.holder: int | None = None  # thread id of the runner's creator while held
 
 
 class StaticTorchBackend(Backend):
@@ -96,7 +95,8 @@ class StaticTorchBackend(Backend):
         if entry.max_positions < engines.capacity:
             raise InvalidRequestError(f"the engines' capacity {engines.capacity} exceeds the {entry.role}'s maximum "
                                       f"context of {entry.max_positions}: rebuild with a smaller --capacity")
-        self._slots = [_Slot(self) for _ in range(engines.slots)]
+        self._slots = SlotPool([_Slot(self) for _ in range(engines.slots)], entry.role, engines.command(
+            Path(hf_dir).parents[len(Path(entry.hf_dir).parts) - 1]))
         self.cuda_graphs = self.device.type == "cuda"
         if self.cuda_graphs:
             stream = torch.cuda.Stream(self.device)
@@ -107,7 +107,6 @@ class StaticTorchBackend(Backend):
                 for shape in slot.shapes.values():
                     shape.capture(stream, pool)
             torch.cuda.synchronize(self.device)
-        self._free = threading.Condition()
 
     @property
     def max_context(self) -> int:
@@ -117,23 +116,10 @@ class StaticTorchBackend(Backend):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _new_binding(self) -> _Slot:
-        me = threading.get_ident()
-        with self._free:
-            while True:
-                slot = next((s for s in self._slots if s.holder is None), None)
-                if slot is not None:
-                    slot.holder = me
-                    return slot
-                if any(s.holder == me for s in self._slots):
-                    raise InvalidRequestError(f"the {self.entry.role}'s engines have {len(self._slots)} slot(s) and this "
-                                              "call holds them all (a model drafting for itself needs two): rebuild "
-                                              "with --slots 2")
-                self._free.wait()
+        return self._slots.acquire()
 
     def _release(self, slot: _Slot) -> None:
-        with self._free:
-            slot.holder = None
-            self._free.notify()
+        self._slots.release(slot)
 
     def _new_cache(self, slot: _Slot, batch: int, bucket: int) -> KVCache:
         self.engines.for_batch(batch)  # refuse a batch no bucket holds, before any step

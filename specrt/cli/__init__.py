@@ -2,7 +2,7 @@
 
     specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
-    specrt build                       static-shape engines per token-count profile -> engines.json
+    specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
@@ -80,18 +80,26 @@ def cmd_export(args) -> None:
 
 
 def cmd_build(args) -> None:
-    from specrt.engines.graphs import BuildConfig, build
+    from specrt.engines.build import BuildConfig, build
 
     cfg = config_from(BuildConfig, args)
     e = build(cfg)
-    what = "CUDA graphs" if e.cuda_graphs else "static steps run eagerly: no CUDA graphs on the CPU"
-    print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
-          f"{e.device_name or e.device}: token profiles {', '.join(map(str, e.token_profiles))}; batch buckets "
-          f"{', '.join(map(str, e.batch_buckets))}; capacity {e.capacity}; {e.slots} slot(s)")
-    for role in e.build_seconds:
-        print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; static vs eager step: max |logit err| "
-              f"{e.parity[role]:.2e}")
-    print(f"wrote {cfg.bundle}/engines.json (load it with --backend graphs)")
+    table = (f"token profiles {', '.join(map(str, e.token_profiles))}; batch buckets "
+             f"{', '.join(map(str, e.batch_buckets))}; capacity {e.capacity}; {e.slots} slot(s)")
+    if e.kind == "trt":
+        print(f"TensorRT {e.versions['tensorrt']} plans on {e.device_name or e.device}, "
+              f"{len(e.token_profiles) * e.slots} optimization profiles per model: {table}")
+        for role in e.build_seconds:
+            print(f"{role}: {e.plans[role]} ({e.plan_bytes[role] / 2**20:.1f} MiB) built and checked in "
+                  f"{e.build_seconds[role]:.1f} s; TensorRT vs eager step: max |logit err| {e.parity[role]:.2e}")
+    else:
+        what = "CUDA graphs" if e.cuda_graphs else "static steps run eagerly: no CUDA graphs on the CPU"
+        print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
+              f"{e.device_name or e.device}: {table}")
+        for role in e.build_seconds:
+            print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; static vs eager step: max |logit err| "
+                  f"{e.parity[role]:.2e}")
+    print(f"wrote {cfg.bundle}/{e.FILE} (load it with --backend {e.kind})")
 
 
 def cmd_generate(args) -> None:
@@ -193,7 +201,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.latency import ProfileConfig
     from specrt.calibration.tune import TuneConfig
     from specrt.checkpoints.inflate import InflateConfig
-    from specrt.engines.graphs import BuildConfig
+    from specrt.engines.config import BuildConfig
     from specrt.export.onnx_export import ExportConfig
     from specrt.runtime.backends import BackendOptions
     from specrt.runtime.methods import METHODS
@@ -229,8 +237,8 @@ def build_parser() -> ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     for verb, config, func, help_text in (
-            ("build", BuildConfig, cmd_build, "static-shape engines per token-count profile (CUDA graphs on CUDA) -> "
-                                              "engines.json"),
+            ("build", BuildConfig, cmd_build, "engines per token-count profile: static-shape steps (CUDA graphs on "
+                                              "CUDA) -> engines.json, or TensorRT plans -> trt-engines.json"),
             ("demo", DemoConfig, cmd_demo, "export the demo pair if needed; compare our methods on HumanEval prompts"),
             ("calibrate", CalibrationConfig, cmd_calibrate, "acceptance statistics on held-out text -> acceptance.json"),
             ("profile", ProfileConfig, cmd_profile, "step latency L(n) of target and draft -> latency.json"),

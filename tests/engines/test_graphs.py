@@ -19,7 +19,7 @@ TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity
 
 @pytest.fixture(scope="module")
 def engine_bundle(demo_bundle, tmp_path_factory):
-    from specrt.engines.graphs import BuildConfig, build
+    from specrt.engines.build import BuildConfig, build
 
     b = tmp_path_factory.mktemp("engines") / "b"
     shutil.copytree(demo_bundle, b)
@@ -47,10 +47,10 @@ def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
 
 def test_padded_rows_and_sequences_change_nothing(graphs, demo_bundle):
     """Steps of every (batch, tokens) between the buckets and profiles give the eager step's logits."""
-    from specrt.engines.graphs import check_static_step
+    from specrt.engines.graphs import check_engine_step
 
     shapes = [(1, 1), (1, 3), (2, 5), (3, 7), (3, 32), (4, 17)]  # padded to profiles 4, 8, 32 and bucket 4
-    err, scale = check_static_step(graphs.target, np.random.default_rng(1), shapes)
+    err, scale = check_engine_step(graphs.target, np.random.default_rng(1), shapes)
     assert err < 1e-4 and scale > 1  # absolute, on logits of a real scale
 
 
@@ -113,7 +113,7 @@ def test_engines_built_elsewhere_are_refused_in_one_line(engine_bundle, tmp_path
 
 
 def test_build_options_are_checked():
-    from specrt.engines.graphs import BuildConfig
+    from specrt.engines.config import BuildConfig
 
     with pytest.raises(InvalidRequestError, match="token_profiles must be distinct integers >= 1 in ascending order"):
         BuildConfig(token_profiles=(8, 4))
@@ -127,7 +127,7 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: CUDA graphs need one")
-    from specrt.engines.graphs import BuildConfig, build
+    from specrt.engines.build import BuildConfig, build
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)

@@ -1,0 +1,51 @@
+"""`specrt build`: what to build (BuildConfig); engines/build.py hands it to the backend that builds it.
+
+    backend graphs  engines/graphs.py  the step module at static shapes, CUDA graphs on CUDA -> engines.json
+    backend trt     engines/trt.py     TensorRT plans of the step ONNX                       -> trt-engines.json
+
+Both share the profile table: token-count profiles (a step of T new tokens runs at the smallest profile
+>= T), batch buckets, a KV capacity and slots (calls served at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrt.bundle.artifacts import HARDWARE_COMPATIBILITY
+from specrt.bundle.manifest import BundleOptions
+from specrt.config import option
+from specrt.errors import InvalidRequestError
+from specrt.runtime.backends import ThreadOptions
+
+ENGINE_BACKENDS = ("graphs", "trt")
+
+
+@dataclass(frozen=True)
+class BuildConfig(BundleOptions, ThreadOptions):
+    backend: str = option("graphs", "graphs = the step module at static shapes, captured as CUDA graphs on CUDA (eager "
+                                    "on the CPU); trt = TensorRT plans of the step ONNX (TensorRT >= 10.1, CUDA)",
+                          choices=ENGINE_BACKENDS)
+    device: str | None = option(None, "where the engines run: cpu (graphs only: static steps, no graphs) or cuda[:N] "
+                                      "(default where present)")
+    token_profiles: tuple[int, ...] = option((1, 8, 16, 32, 64, 128), "the largest new-token count of each profile "
+                                                                       "(the largest is also the prefill chunk)")
+    batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
+                                                       "batch 1 to the largest)")
+    capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
+    slots: int = option(1, "calls served at once: each holds a static cache (graphs) or execution contexts (trt) per "
+                           "model (a model drafting for itself needs 2)", ge=1)
+    hardware_compatibility: str = option("none", "trt: GPUs the plans may run on besides this one's model: "
+                                                 "ampere_plus (any GPU of compute capability >= 8.0) or "
+                                                 "same_compute_capability (recent TensorRT releases); none is fastest",
+                                         choices=HARDWARE_COMPATIBILITY)
+    version_compatible: bool = option(False, "trt: plans that later TensorRT versions also run (TensorRT's lean "
+                                             "runtime goes in the plan; may be slower)")
+    workspace_mib: int | None = option(None, "trt: the builder's workspace limit in MiB (default: TensorRT's, the "
+                                             "device's memory)", ge=1)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("token_profiles", "batch_buckets"):
+            values = getattr(self, name)
+            if not values or min(values) < 1 or list(values) != sorted(set(values)):
+                raise InvalidRequestError(f"{name} must be distinct integers >= 1 in ascending order, got {values!r}")

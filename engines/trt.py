@@ -1,0 +1,201 @@
+"""`specrt build --backend trt`: TensorRT plans of both models' step graphs -> trt/<role>-<sha>.plan, trt-engines.json.
+
+For each model, from the bundle's step ONNX (the plain step contract, which every TensorRT version parses):
+
+    network   a strongly typed network (the ONNX's types are the engine's: float16 / bfloat16 / float32
+              as exported), parsed by TensorRT's ONNX parser from the file (external data included)
+    profiles  one optimization profile per token-count range of the profile table: a step of T new tokens
+              runs in the profile of the smallest entry >= T; each covers batch 1..largest bucket and KV
+              capacity 1..--capacity (the runtime's cache grows in buckets up to it), opt at batch 1, the
+              range's largest T and half the capacity. The table is repeated once per slot: concurrent
+              execution contexts never share a profile (TensorRT's rule for dynamic shapes).
+    config    workspace limit, hardware compatibility level, version compatibility (as asked)
+    check     each plan is loaded by the trt backend and its steps compared with the eager step module on
+              random feeds (padded profiles included): within the export's parity tolerance for the dtype
+
+Plans are written under content-addressed names, then trt-engines.json (atomically) names them: a build
+interrupted at any point leaves the previous engines usable. Plans no artifact names are removed after.
+
+Written against the documented TensorRT 10/11 Python API; it has not run on these machines (TensorRT does
+not install here). Its orchestration is tested with a recording fake of the tensorrt module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from specrt import contract
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
+from specrt.bundle.files import write_atomic
+from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry
+from specrt.engines.config import BuildConfig
+from specrt.engines.graphs import check_engine_step, check_shapes, check_tolerance
+from specrt.errors import BundleError, SpecrtError
+from specrt.runtime.backends import resolve_device
+from specrt.runtime.backends.trt import import_tensorrt, make_logger
+
+PLAN_DIR = "trt"
+Shape = tuple[int, ...]
+
+
+def profile_ranges(cfg: BuildConfig, entry: ModelEntry) -> tuple[dict[str, tuple[Shape, Shape, Shape]], ...]:
+    """Per token-count profile: (min, opt, max) of each input class (input_ids and position_ids share one,
+    every past_key/past_value another)."""
+    bmax, cap, hkv, d = cfg.batch_buckets[-1], cfg.capacity, entry.num_kv_heads, entry.head_dim
+    s_opt = max(1, cap // 2)
+    ranges, lo = [], 1
+    for hi in cfg.token_profiles:
+        ranges.append({
+            "tokens": ((1, lo), (1, hi), (bmax, hi)),  # input_ids, position_ids [B, T]
+            contract.ATTENTION_MASK: ((1, lo, 1 + lo), (1, hi, s_opt + hi), (bmax, hi, cap + hi)),  # [B, T, S + T]
+            "past": ((1, hkv, 1, d), (1, hkv, s_opt, d), (bmax, hkv, cap, d)),  # past_key/past_value [B, Hkv, S, D]
+        })
+        lo = hi + 1
+    return tuple(ranges)
+
+
+def _input_class(name: str) -> str:
+    if name in (contract.INPUT_IDS, contract.POSITION_IDS):
+        return "tokens"
+    return contract.ATTENTION_MASK if name == contract.ATTENTION_MASK else "past"
+
+
+def make_progress_monitor(trt, role: str, disable: bool):
+    """A tensorrt.IProgressMonitor showing the builder's phases as progress bars (TensorRT >= 10.0)."""
+    from tqdm import tqdm
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.bars: dict[str, tqdm] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.bars[phase_name] = tqdm(total=num_steps, desc=f"{role}: {phase_name}", leave=False, unit="step",
+                                         disable=disable, position=len(self.bars) + 1)
+
+        def step_complete(self, phase_name, step):
+            bar = self.bars.get(phase_name)
+            if bar is not None:
+                bar.update(step + 1 - bar.n)
+            return True  # go on building
+
+        def phase_finish(self, phase_name):
+            bar = self.bars.pop(phase_name, None)
+            if bar is not None:
+                bar.close()
+
+    return Monitor()
+
+
+def compile_plan(trt, onnx_path: Path, entry: ModelEntry, cfg: BuildConfig, progress: bool = True):
+    """The serialized plan (tensorrt.IHostMemory) of one model's step graph."""
+    logger = make_logger(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)] or logger.errors or ["no reason given"]
+        raise SpecrtError(f"TensorRT {trt.__version__} cannot parse {onnx_path}: {errors[0]}"
+                          + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+    names = [network.get_input(i).name for i in range(network.num_inputs)]
+    if sorted(names) != sorted(contract.input_names(entry.num_layers)):
+        raise BundleError(f"{onnx_path} does not have the step contract's inputs (found {', '.join(names[:5])}...): "
+                          "re-export the bundle")
+    config = builder.create_builder_config()
+    if cfg.workspace_mib:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, cfg.workspace_mib << 20)
+    if cfg.hardware_compatibility != "none":
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel,
+                                                      cfg.hardware_compatibility.upper())
+    if cfg.version_compatible:
+        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if hasattr(trt, "IProgressMonitor"):
+        config.progress_monitor = make_progress_monitor(trt, entry.role, disable=not progress)
+    ranges = profile_ranges(cfg, entry)
+    for slot in range(cfg.slots):
+        for t, shapes in enumerate(ranges):
+            profile = builder.create_optimization_profile()
+            for name in names:
+                profile.set_shape(name, *shapes[_input_class(name)])
+            index = config.add_optimization_profile(profile)
+            if index != slot * len(ranges) + t:
+                raise SpecrtError(f"TensorRT refused optimization profile {slot * len(ranges) + t} of the {entry.role} "
+                                  f"({logger.errors[-1] if logger.errors else 'no reason given'})")
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise SpecrtError(f"TensorRT {trt.__version__} could not build the {entry.role}'s engine: "
+                          f"{logger.errors[-1] if logger.errors else 'no reason given'}")
+    return plan
+
+
+def _write_plan(bundle: Path, role: str, plan) -> tuple[str, int, str]:
+    """Write a plan under a content-addressed name; (path relative to the bundle, bytes, sha256)."""
+    data = memoryview(plan)
+    digest = hashlib.sha256(data).hexdigest()
+    rel = f"{PLAN_DIR}/{role}-{digest[:16]}.plan"
+    (bundle / PLAN_DIR).mkdir(exist_ok=True)
+    write_atomic(bundle / rel, data)
+    return rel, data.nbytes, digest
+
+
+def _remove_unnamed_plans(bundle: Path, keep: dict[str, str]) -> None:
+    for path in (bundle / PLAN_DIR).glob("*.plan"):
+        if f"{PLAN_DIR}/{path.name}" not in keep.values():
+            path.unlink(missing_ok=True)
+
+
+def build_trt(cfg: BuildConfig, progress: bool = True) -> TrtEngineSet:
+    trt = import_tensorrt()  # first: without TensorRT, one line and nothing else happens
+    return build_plans(trt, cfg, resolve_device("trt", cfg.device), progress)
+
+
+def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> TrtEngineSet:
+    """Build, write, check and record the plans of both models with this tensorrt module on `device`."""
+    import torch
+    from tqdm import tqdm
+
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+    from specrt.runtime.backends.trt import TrtBackend
+
+    bundle = Path(cfg.bundle)
+    manifest = load_manifest(bundle)
+    entries = {role: model_entry(manifest, role) for role in contract.ROLES}
+    for entry in entries.values():
+        if not entry.onnx:
+            raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx), which TensorRT builds from: "
+                              "re-export it with them")
+    plans, sizes, digests, seconds = {}, {}, {}, {}
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # the builder and runtime use the current device
+    for role in tqdm(contract.ROLES, desc="build (trt)", unit="model", disable=not progress):
+        t0 = time.perf_counter()
+        plan = compile_plan(trt, bundle / entries[role].onnx, entries[role], cfg, progress)
+        plans[role], sizes[role], digests[role] = _write_plan(bundle, role, plan)
+        del plan
+        seconds[role] = round(time.perf_counter() - t0, 3)
+    engines = TrtEngineSet(
+        stamp=Stamp.make(bundle), kind="trt", token_profiles=cfg.token_profiles, batch_buckets=cfg.batch_buckets,
+        capacity=cfg.capacity, slots=cfg.slots, device=device, **environment(device, tensorrt=True),
+        cuda_graphs=False, build_seconds=seconds, parity={}, plans=plans, plan_bytes=sizes, plan_sha256=digests,
+        profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},
+        hardware_compatibility=cfg.hardware_compatibility, version_compatible=cfg.version_compatible,
+        workspace_bytes=(cfg.workspace_mib or 0) << 20)
+    rng, parity = np.random.default_rng(0), {}
+    for role, entry in entries.items():
+        backend = TrtBackend(entry, bundle, device, engines)
+        module = StepModule(load_checkpoint(bundle / entry.hf_dir, entry.dtype, device)).eval()
+        err, scale = check_engine_step(backend, rng, check_shapes(cfg), module)
+        check_tolerance(f"the {role}'s TensorRT step", entry.dtype, err, scale)
+        parity[role] = err
+        del backend, module
+    engines = replace(engines, parity=parity)
+    artifacts.save(bundle, engines)
+    _remove_unnamed_plans(bundle, plans)
+    return engines

@@ -1,0 +1,45 @@
+"""SlotPool: the fixed set of per-call resources an engine backend holds (static caches, execution contexts).
+
+A runner takes a slot for its lifetime (Runner.close gives it back); further callers wait for one. A caller
+that already holds every slot and asks for another (a model drafting for itself with one slot) is refused
+with what to rebuild, instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from specrt.errors import InvalidRequestError
+
+
+class SlotPool:
+    def __init__(self, slots: list, role: str, rebuild: str):
+        self._slots = slots
+        self._holders: list[int | None] = [None] * len(slots)  # thread id of the runner's creator while held
+        self._role, self._rebuild = role, rebuild  # for the refusal: whose engines, and the command to rebuild
+        self._free = threading.Condition()
+
+    def __iter__(self):
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def acquire(self):
+        me = threading.get_ident()
+        with self._free:
+            while True:
+                if None in self._holders:
+                    i = self._holders.index(None)
+                    self._holders[i] = me
+                    return self._slots[i]
+                if me in self._holders:
+                    raise InvalidRequestError(f"the {self._role}'s engines have {len(self._slots)} slot(s) and this call "
+                                              f"holds them all (a model drafting for itself needs two): rebuild with "
+                                              f"`{self._rebuild} --slots 2`")
+                self._free.wait()
+
+    def release(self, slot) -> None:
+        with self._free:
+            self._holders[next(i for i, s in enumerate(self._slots) if s is slot)] = None
+            self._free.notify()

@@ -1,0 +1,259 @@
+"""TensorRT engines (`specrt build --backend trt`, backend "trt"). TensorRT does not install on these machines:
+the orchestration runs against a recording fake of the tensorrt module (tests/fake_tensorrt.py) whose engines
+execute the step ONNX in ONNX Runtime at the raw addresses bound to them, so wrong shapes, addresses,
+profiles or cache bindings give wrong tokens. Real-engine tests are marked trt and skip without TensorRT."""
+
+import json
+import shutil
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import TrtEngineSet
+from specrt.errors import BundleError, InvalidRequestError
+from tests import fake_tensorrt as fake
+
+TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity=256)
+
+
+@pytest.fixture
+def trt(monkeypatch):
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    return fake
+
+
+@pytest.fixture(scope="module")
+def trt_bundle(demo_bundle, tmp_path_factory):
+    """The demo bundle with fake-TensorRT plans, 2 slots; and what the builder was asked."""
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.trt import build_plans
+
+    fake.reset()
+    b = tmp_path_factory.mktemp("trt") / "b"
+    shutil.copytree(demo_bundle, b)
+    cfg = BuildConfig(bundle=b, backend="trt", slots=2, workspace_mib=512, version_compatible=True, **TABLE)
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(sys.modules, "tensorrt", fake)
+        engines = build_plans(fake, cfg, "cpu", progress=False)
+    return b, engines, list(fake.CALLS)
+
+
+def _pipeline(bundle, engines):
+    """A Pipeline on TrtBackends on the CPU (Pipeline.load refuses backend trt off CUDA, as it should)."""
+    from tokenizers import Tokenizer
+
+    from specrt.bundle.machine import Machine
+    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.runtime.backends.trt import TrtBackend
+    from specrt.runtime.pipeline import Pipeline
+
+    manifest = load_manifest(bundle)
+    models = [TrtBackend(model_entry(manifest, r), bundle, "cpu", engines) for r in ("target", "draft")]
+    tokenizer = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json"))
+    return Pipeline(bundle, manifest, tokenizer, *models, machine=Machine.here("trt", 1, "cpu"))
+
+
+def test_the_builder_gets_a_strongly_typed_network_a_profile_per_token_range_and_the_flags(trt_bundle):
+    b, engines, calls = trt_bundle
+    builds = [c for c in calls if c[0] == "build_serialized_network"]
+    assert len(builds) == 2  # target and draft
+    e = json.loads((b / "manifest.json").read_text())["models"]["target"]
+    hkv, d = e["num_kv_heads"], e["head_dim"]
+    _, flags, builder_flags, pools, hw, profiles = builds[0]
+    assert flags == 1 << int(fake.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    assert builder_flags == [fake.BuilderFlag.VERSION_COMPATIBLE]
+    assert pools == {fake.MemoryPoolType.WORKSPACE: 512 << 20}
+    assert hw == fake.HardwareCompatibilityLevel.NONE
+    assert len(profiles) == 2 * 5  # the table once per slot
+    assert profiles[:5] == profiles[5:]
+    lows = (1, 2, 5, 9, 17)
+    for p, (lo, hi) in enumerate(zip(lows, TABLE["token_profiles"])):
+        shapes = profiles[p]
+        assert shapes["input_ids"] == shapes["position_ids"] == ((1, lo), (1, hi), (4, hi))
+        assert shapes["attention_mask"] == ((1, lo, 1 + lo), (1, hi, 128 + hi), (4, hi, 256 + hi))
+        for layer in range(e["num_layers"]):
+            for name in (f"past_key.{layer}", f"past_value.{layer}"):
+                assert shapes[name] == ((1, hkv, 1, d), (1, hkv, 128, d), (4, hkv, 256, d))
+    assert [c[1].endswith(f"{r}.onnx") for c, r in zip([c for c in calls if c[0] == "parse_from_file"],
+                                                         ("target", "draft"))] == [True, True]
+
+
+def test_hardware_compatibility_reaches_the_builder_and_the_artifact_checks_the_gpu(trt, trt_bundle, tmp_path):
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.trt import compile_plan
+    from specrt.bundle.manifest import load_manifest, model_entry
+
+    b, engines, _ = trt_bundle
+    entry = model_entry(load_manifest(b), "draft")
+    for level in ("ampere_plus", "same_compute_capability"):
+        compile_plan(fake, b / entry.onnx, entry, BuildConfig(bundle=b, backend="trt", hardware_compatibility=level,
+                                                               **TABLE), progress=False)
+        assert fake.CALLS[-1][4] == getattr(fake.HardwareCompatibilityLevel, level.upper())
+    # an ampere_plus plan runs on any GPU of compute capability >= 8.0; off a GPU (no capability) it does not
+    c = tmp_path / "c"
+    shutil.copytree(b, c)
+    artifacts.save(c, replace(engines, hardware_compatibility="ampere_plus"))
+    with pytest.raises(BundleError, match="built with tensorrt 10.13.0 on the CPU, but this is tensorrt 10.13.0 on"):
+        artifacts.load(c, TrtEngineSet)
+
+
+def test_the_artifact_names_the_plans_and_what_they_depend_on(trt, trt_bundle):
+    b, engines, _ = trt_bundle
+    e = artifacts.load(b, TrtEngineSet)
+    assert e == engines
+    assert (e.kind, e.versions, e.device, e.slots, e.hardware_compatibility, e.version_compatible) == (
+        "trt", {"tensorrt": "10.13.0"}, "cpu", 2, "none", True)
+    assert e.profile_index(1) == 0 and e.profile_index(3) == 1 and e.profile_index(32) == 4
+    assert e.profile_index(3, slot=1) == 6
+    import hashlib
+
+    for role in ("target", "draft"):
+        data = (b / e.plans[role]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (e.plan_bytes[role], e.plan_sha256[role])
+        assert e.parity[role] < 1e-4  # checked at build: the engine's step == the eager step
+    assert sorted(p.name for p in (b / "trt").iterdir()) == sorted(p.split("/")[1] for p in e.plans.values())
+
+
+def test_lossless_methods_on_trt_engines_equal_autoregressive_and_switch_profiles(trt, trt_bundle, pipelines,
+                                                                                   humaneval):
+    b, engines, _ = trt_bundle
+    pipe = _pipeline(b, engines)
+    prompts = humaneval[:4]  # longer than the largest profile: prefill in 32-token chunks
+    ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=20)]
+    fake.CALLS.clear()
+    assert [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=20)] == ar
+    for kw in (dict(method="sd"), dict(method="tree"), dict(method="dynamic", num_draft_tokens=6)):
+        got = pipe.generate(prompts, max_new_tokens=20, batch_size=3, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+    # every step ran in the smallest profile that holds its token count, never re-selecting a profile
+    runs = [c for c in fake.CALLS if c[0] == "execute_async_v3"]
+    assert runs and all(p % 5 == engines.token_profiles.index(engines.for_tokens(s["input_ids"][1]))
+                        for _, _, p, s in runs)
+    assert {s["input_ids"][1] for *_, s in runs} >= {1, 32}
+    assert not [c for c in fake.CALLS if c[0] == "set_optimization_profile_async"]  # set once, at load
+
+
+def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, humaneval):
+    from concurrent.futures import ThreadPoolExecutor
+
+    b, engines, _ = trt_bundle
+    pipe = _pipeline(b, engines)  # 2 slots: each slot's contexts hold profiles of their own
+    assert len(pipe.target._slots) == 2
+    held = [set(c for c in (s.contexts)) for s in pipe.target._slots]
+    assert not held[0] & held[1]
+    alone = [pipe.generate(p, method="sd", max_new_tokens=12).token_ids for p in humaneval[:3]]
+    with ThreadPoolExecutor(3) as ex:  # 3 threads, 2 slots: a call waits for a slot
+        together = list(ex.map(lambda p: pipe.generate(p, method="sd", max_new_tokens=12).token_ids, humaneval[:3] * 2))
+    assert together == alone * 2
+    # a third set of contexts on the same plan cannot take profiles both slots hold (TensorRT's rule, kept by the fake)
+    ctx = pipe.target.engine.create_execution_context(fake.ExecutionContextAllocationStrategy.USER_MANAGED)
+    assert not ctx.set_optimization_profile_async(0, 0)
+
+
+def test_plans_for_another_tensorrt_or_gpu_are_refused_in_one_line(trt, trt_bundle, tmp_path):
+    b0, engines, _ = trt_bundle
+    b = tmp_path / "b"
+    shutil.copytree(b0, b)
+    fake.reset("10.14.1")  # version-compatible: a later 10.x runs it
+    assert artifacts.load(b, TrtEngineSet).versions == {"tensorrt": "10.13.0"}
+    fake.reset("11.0.0")
+    with pytest.raises(BundleError, match=r"trt-engines.json was built with tensorrt 10.13.0 on the CPU, but this is "
+                                          r"tensorrt 11.0.0 on the CPU \(the ONNX step graphs still run with --backend "
+                                          r"ort\): re-run `specrt build --bundle .* --backend trt` here"):
+        artifacts.load(b, TrtEngineSet)
+    fake.reset("10.13.0")
+    artifacts.save(b, replace(engines, version_compatible=False, stamp=engines.stamp))
+    fake.reset("10.14.1")
+    with pytest.raises(BundleError, match="built with tensorrt 10.13.0"):
+        artifacts.load(b, TrtEngineSet)
+    # the plan itself also refuses to load in another version (what TensorRT's runtime does)
+    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.runtime.backends.trt import TrtBackend
+
+    with pytest.raises(BundleError, match=r"TensorRT 10.14.1 cannot load .*target-.*\.plan \(the plan was built with "
+                                          r"TensorRT 10.13.0, this is 10.14.1\)"):
+        TrtBackend(model_entry(load_manifest(b), "target"), b, "cpu", replace(engines, version_compatible=False))
+    fake.reset("10.13.0")
+    (b / engines.plans["draft"]).write_bytes(b"truncated")
+    with pytest.raises(BundleError, match="draft-.*plan is missing or not the plan trt-engines.json describes"):
+        TrtBackend(model_entry(load_manifest(b), "draft"), b, "cpu", engines)
+
+
+def test_an_engine_refusing_a_shape_says_so(trt, trt_bundle):
+    b, engines, _ = trt_bundle
+    pipe = _pipeline(b, engines)
+    narrower = replace(engines, token_profiles=(1, 4, 8, 16, 64))  # the plan's last profile stops at 32 tokens
+    pipe.target.engines = narrower
+    with pytest.raises(Exception, match="refuses input_ids of shape \\(1, 40\\) in profile 4"):
+        pipe.target._run(pipe.target._slots.acquire(), np.zeros((1, 40), np.int64), np.zeros((1, 40), np.int64),
+                         np.ones((1, 40, 168), bool), _grown_cache(pipe.target))
+
+
+def _grown_cache(backend):
+    cache = backend._new_cache(None, 1, 128)
+    cache.reserve(1)
+    return cache
+
+
+def test_trt_without_tensorrt_is_one_line_and_status_2(demo_bundle, monkeypatch, capsys):
+    from specrt.cli import main
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
+    assert main(["build", "--bundle", str(demo_bundle), "--backend", "trt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specrt: error: TensorRT's Python package does not import here")
+    assert "--backend ort" in err[0]
+    assert not (demo_bundle / "trt-engines.json").exists()
+
+
+def test_old_tensorrt_and_cpu_devices_are_refused(trt, demo_bundle):
+    from specrt.runtime.backends import resolve_device
+    from specrt.runtime.backends.trt import TensorRTUnavailableError, import_tensorrt
+
+    fake.reset("8.6.1")
+    with pytest.raises(TensorRTUnavailableError, match="TensorRT 8.6.1 is older than 10.1"):
+        import_tensorrt()
+    with pytest.raises(InvalidRequestError, match="TensorRT engines run on a CUDA device, not the CPU"):
+        resolve_device("trt", "cpu")
+
+
+def test_a_bundle_without_onnx_cannot_be_built_for_tensorrt(trt, demo_bundle, tmp_path):
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.trt import build_plans
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    m = json.loads((b / "manifest.json").read_text())
+    for entry in m["models"].values():
+        entry["onnx"] = ""
+    (b / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="no ONNX step graphs .*--no-onnx"):
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", **TABLE), "cpu", progress=False)
+
+
+@pytest.mark.trt
+def test_real_tensorrt_engines_equal_autoregressive(demo_bundle, tmp_path, humaneval):
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pytest.skip("TensorRT is not installed here (its PyPI packages download from NVIDIA's index)")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: TensorRT needs one")
+    from specrt.engines.build import BuildConfig, build
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    build(BuildConfig(bundle=b, backend="trt", device="cuda", **TABLE), progress=False)
+    trt_pipe = Pipeline.load(b, backend="trt")
+    ref = Pipeline.load(b, backend="torch", device="cuda")
+    prompts = humaneval[:4]
+    ar = [o.token_ids for o in ref.generate(prompts, method="autoregressive", max_new_tokens=24)]
+    for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="dynamic", num_draft_tokens=6)):
+        assert [o.token_ids for o in trt_pipe.generate(prompts, max_new_tokens=24, **kw)] == ar, kw
