@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | calibrate profile tune | bench | soak | docs
+# specrt: make demo | test | models | export | inflate | build | calibrate profile tune | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build triton gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,8 +47,14 @@ inflate: $(STAMP)
 	$(BIN)/specrt export --target build/inflated/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out build/inflated/bundle
 
 # Static-shape engines for a bundle (OUT=...; CUDA graphs where CUDA is present): engines.json.
+# ENGINE=trt: TensorRT plans (TensorRT >= 10.1 and a GPU); the default, graphs: CUDA graphs (static steps on the CPU)
+ENGINE    ?= graphs
 build: $(STAMP)
-	$(BIN)/specrt build --bundle $(OUT)
+	$(BIN)/specrt build --bundle $(OUT) --backend $(ENGINE)
+
+# a Triton Inference Server model repository for the bundle (build/triton)
+triton: $(STAMP)
+	$(BIN)/specrt triton --bundle $(OUT) --out build/triton
 
 # Hardware-aware tree selection for a bundle (OUT=...): acceptance, latency, plan.
 calibrate: $(STAMP)

@@ -73,8 +73,9 @@ def save(bundle: Path, artifact: Artifact) -> Path:
     return path
 
 
-def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> Artifact:
-    """The bundle's artifact of this type, checked against the bundle and (if given) this machine."""
+def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None, here: bool = True) -> Artifact:
+    """The bundle's artifact of this type, checked against the bundle and (if given) this machine; and with
+    `here`, against this process's libraries and devices (Artifact.mismatch: engines built elsewhere)."""
     bundle = Path(bundle).resolve()
     path = bundle / cls.FILE
     redo = f"re-run `{cls.command(bundle, machine, 'stale')}`"
@@ -90,7 +91,7 @@ def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None) -> A
     for name, digest in stamp.inputs.items():
         if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
             raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
-    why = artifact.mismatch()
+    why = artifact.mismatch() if here else None
     if why:
         raise BundleError(f"{path} {why}: re-run `{cls.command(bundle, machine, 'machine')}` here")
     return artifact

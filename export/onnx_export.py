@@ -32,6 +32,9 @@ from specrt.model.checkpoint import DTYPES, check_pair, has_tokenizer, load_chec
 from specrt.version import __version__
 
 TMP_PREFIX = ".specrt-export-"
+EXPORTERS = ("auto", "dynamo", "torchscript")
+EXTERNAL_DATA = ("auto", "always", "never")
+EXTERNAL_DATA_BYTES = 1 << 30  # external_data="auto": weights above 1 GiB (a protobuf file holds at most 2 GiB)
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,17 @@ class ExportConfig(Config):
     draft: Path = option(DEMO_DIR / "draft", "draft checkpoint directory (default: the demo draft)")
     out: Path = option(Path("build/demo"), "bundle directory (created, or replaced if it holds a bundle)")
     tokenizer: Path | None = option(None, "tokenizer directory (default: the target's, else the demo's for the demo pair)")
-    opset: int = option(17, "ONNX opset", ge=14)
+    opset: int = option(18, "ONNX opset (the dynamo exporter needs >= 18)", ge=14)
+    exporter: str = option("auto", "auto = the dynamo exporter (torch.export), falling back to the TorchScript one "
+                                   "where it cannot export the step module; or either one", choices=EXPORTERS)
+    external_data: str = option("auto", "keep the weights in a <graph>.data file beside each step graph (ONNX "
+                                        "external data): auto = over 1 GiB of weights (one file holds at most 2 GiB)",
+                                choices=EXTERNAL_DATA)
     check: bool = option(True, "check each step graph against PyTorch after export", flag="parity-check")
     onnx: bool = option(True, "write the ONNX step graphs: the ort backend runs them; torch and graphs run the hf/ "
                               "copies, so a GPU bundle of a large model may go without (--no-onnx)")
-    dtype: str = option("float32", "weights, activations and K/V cache (float16 is meant for GPUs; logits stay float32)",
-                        choices=DTYPES)
+    dtype: str = option("float32", "weights, activations and K/V cache (float16 and bfloat16 are meant for GPUs; "
+                                   "logits stay float32)", choices=DTYPES)
 
     def tokenizer_dir(self) -> Path:
         if self.tokenizer:
@@ -55,19 +63,23 @@ class ExportConfig(Config):
         return self.target
 
 
-def export_step_graph(model, path: Path, opset: int = 17) -> None:
+def _example_inputs(step, dtype):
+    """Inputs of a shape no dimension is 0 or 1 on (the dynamo exporter would specialize it)."""
     import torch
 
-    from specrt.model.step import StepModule
-
-    step = StepModule(model).eval()
-    num_layers = step.num_layers
     batch, num_tokens, capacity = 2, 3, 5
     ids = torch.zeros((batch, num_tokens), dtype=torch.int64)
     pos = torch.arange(num_tokens).expand(batch, num_tokens).contiguous()
     mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
-    dtype = next(model.parameters()).dtype
-    past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype) for _ in range(2 * num_layers)]
+    past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype)
+            for _ in range(2 * step.num_layers)]
+    return ids, pos, mask, past
+
+
+def _export_torchscript(step, args, path: Path, opset: int) -> None:
+    import torch
+
+    num_layers = step.num_layers
     dyn = {contract.INPUT_IDS: {0: "batch", 1: "num_tokens"},
            contract.POSITION_IDS: {0: "batch", 1: "num_tokens"},
            contract.ATTENTION_MASK: {0: "batch", 1: "num_tokens", 2: "capacity_plus_tokens"},
@@ -77,13 +89,83 @@ def export_step_graph(model, path: Path, opset: int = 17) -> None:
             dyn[name] = {0: "batch", 2: "capacity"}
         for name in (contract.new_key(layer), contract.new_value(layer)):
             dyn[name] = {0: "batch", 2: "num_tokens"}
-    with torch.no_grad():
-        torch.onnx.export(
-            step, (ids, pos, mask, *past), str(path),
-            input_names=contract.input_names(num_layers),
-            output_names=contract.output_names(num_layers),
-            dynamic_axes=dyn, opset_version=opset, dynamo=False, do_constant_folding=True,
-        )
+    # over 2 GiB of weights the TorchScript exporter writes external data (a file per tensor) beside `path`
+    torch.onnx.export(step, args, str(path), input_names=contract.input_names(num_layers),
+                      output_names=contract.output_names(num_layers), dynamic_axes=dyn, opset_version=opset,
+                      dynamo=False, do_constant_folding=True)
+
+
+def _export_dynamo(step, args, path: Path, opset: int) -> None:
+    import logging
+    import warnings
+
+    import torch
+    from torch.export import Dim
+
+    batch, tokens, capacity = Dim("batch"), Dim("num_tokens"), Dim("capacity")
+    dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: Dim("capacity_plus_tokens")},
+           tuple({0: batch, 2: capacity} for _ in range(2 * step.num_layers)))
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and other notes on ops a step never uses
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(step, args, dynamo=True, dynamic_shapes=dyn, opset_version=opset,
+                                        input_names=contract.input_names(step.num_layers),
+                                        output_names=contract.output_names(step.num_layers), optimize=True,
+                                        verbose=False)
+    finally:
+        quiet.setLevel(level)
+    program.save(str(path), external_data=True)
+
+
+def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto",
+                      external_data: str = "auto") -> dict:
+    """Export the model's StepModule to `path` (and `path`.data when its weights go to external data), checked
+    and shape-inferred. exporter "auto" is the dynamo exporter (torch.export + onnxscript), falling back to the
+    TorchScript one where it fails. Returns what was done: {"exporter", "external_data", and "fallback": why}."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from specrt.graphs.passes import data_file, finalize_graph
+    from specrt.model.step import StepModule
+
+    if exporter not in EXPORTERS or external_data not in EXTERNAL_DATA:
+        raise SpecrtError(f"exporter must be one of {EXPORTERS} and external_data one of {EXTERNAL_DATA}")
+    step = StepModule(model).eval()
+    dtype = next(model.parameters()).dtype
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    external = external_data == "always" or (external_data == "auto" and weight_bytes > EXTERNAL_DATA_BYTES)
+    done = {"exporter": "torchscript" if exporter == "torchscript" else "dynamo", "external_data": external}
+    ids, pos, mask, past = _example_inputs(step, dtype)
+    raw_dir = Path(tempfile.mkdtemp(prefix=".raw-", dir=path.parent))  # the raw export and its external data
+    try:
+        raw = raw_dir / path.name
+        with torch.no_grad():
+            if done["exporter"] == "dynamo":
+                try:
+                    done["opset"] = max(opset, 18)
+                    _export_dynamo(step, (ids, pos, mask, *past), raw, done["opset"])
+                except Exception as e:  # noqa: BLE001 - any failure of torch.export/onnxscript: fall back
+                    if exporter == "dynamo":
+                        raise SpecrtError(f"the dynamo exporter cannot export the {model.config.model_type} step "
+                                          f"module: {str(e).strip().splitlines()[0]} (try --exporter torchscript)"
+                                          ) from None
+                    for f in raw_dir.iterdir():
+                        f.unlink()
+                    done.update(exporter="torchscript", fallback=str(e).strip().splitlines()[0][:300])
+            if done["exporter"] == "torchscript":
+                done["opset"] = opset
+                _export_torchscript(step, (ids, pos, mask, *past), raw, opset)
+        finalize_graph(raw, path, external)
+        if external:
+            os.chmod(data_file(path), 0o666 & ~UMASK)  # onnx creates it 0600; a plain file would get this
+    finally:
+        shutil.rmtree(raw_dir, ignore_errors=True)
+    return done
 
 
 def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str) -> ModelEntry:
@@ -140,6 +222,37 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
     return manifest
 
 
+def _check_graph(role: str, path: Path, model, dtype: str, external: bool) -> dict:
+    """Parity of the step graph in ONNX Runtime against the PyTorch step module on random trees and ragged
+    batches (graphs.parity). A bfloat16 graph is checked as its float32 copy (ONNX Runtime has no bfloat16
+    kernels on the CPU) against the module in float32 on the same bfloat16 weights: `model` is upcast in place."""
+    import onnxruntime
+
+    from specrt.graphs.parity import PARITY_TOL, check_parity
+    from specrt.graphs.passes import data_file, upcast_bfloat16
+    from specrt.model.step import StepModule
+
+    check_dtype = dtype
+    if dtype == "bfloat16":
+        upcast = path.with_name(f".{role}-float32.onnx")
+        upcast_bfloat16(path, upcast, external)
+        path, check_dtype = upcast, "float32"
+        model.float()
+    try:
+        sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        report = check_parity(sess, StepModule(model).eval())
+        del sess
+    finally:
+        if dtype == "bfloat16":
+            path.unlink(missing_ok=True)
+            data_file(path).unlink(missing_ok=True)
+    tol = PARITY_TOL[check_dtype]
+    if not report.ok(tol):
+        raise SpecrtError(f"{role} step graph does not match PyTorch: {report} (tolerance {tol})")
+    return {"cases": report.cases, "max_logit_err": report.max_logit_err, "max_kv_err": report.max_kv_err,
+            "computed_in": check_dtype}
+
+
 def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
     """Write a complete bundle into the (empty) directory `dest`."""
     import onnx
@@ -147,9 +260,7 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
     import torch
     import transformers
 
-    from specrt.graphs.parity import PARITY_TOL, check_parity
-    from specrt.graphs.passes import check_and_infer
-    from specrt.model.step import StepModule
+    from tqdm import tqdm
 
     tokenizer = load_tokenizer(cfg.tokenizer_dir())
     draft_tok = load_tokenizer(cfg.draft) if has_tokenizer(cfg.draft) else None
@@ -159,26 +270,26 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
     tokenizer.save_pretrained(dest / "tokenizer")
     models, export, parity = {}, {}, {}
     for role, model, src in (("target", target, cfg.target), ("draft", draft, cfg.draft)):
-        stages.set_postfix_str(f"{role}: onnx")
         onnx_rel, hf_rel = (f"{role}.onnx" if cfg.onnx else ""), f"hf/{role}"
         t0 = time.perf_counter()
+        how = {}
         if cfg.onnx:
-            export_step_graph(model, dest / onnx_rel, cfg.opset)
-            check_and_infer(dest / onnx_rel)
+            stages.set_postfix_str(f"{role}: step graph ({cfg.exporter} exporter)")
+            how = export_step_graph(model, dest / onnx_rel, cfg.opset, cfg.exporter, cfg.external_data)
+            if "fallback" in how:
+                tqdm.write(f"{role}: the dynamo exporter cannot export it ({how['fallback']}); exported with the "
+                           "TorchScript exporter")
         stages.update()
+        stages.set_postfix_str(f"{role}: checkpoint copy")
         model.save_pretrained(dest / hf_rel, safe_serialization=True)
         stages.update()
-        if cfg.check and cfg.onnx:
-            stages.set_postfix_str(f"{role}: parity")
-            sess = onnxruntime.InferenceSession(str(dest / onnx_rel), providers=["CPUExecutionProvider"])
-            report = check_parity(sess, StepModule(model).eval())
-            tol = PARITY_TOL[cfg.dtype]
-            if not report.ok(tol):
-                raise SpecrtError(f"{role} step graph does not match PyTorch: {report} (tolerance {tol})")
-            parity[role] = {"cases": report.cases, "max_logit_err": report.max_logit_err, "max_kv_err": report.max_kv_err}
-        stages.update()
         models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype).__dict__
-        export[role] = {"export_seconds": round(time.perf_counter() - t0, 2), "source": src.name}
+        if cfg.check and cfg.onnx:
+            stages.set_postfix_str(f"{role}: parity in ONNX Runtime")
+            parity[role] = _check_graph(role, dest / onnx_rel, model, cfg.dtype, how["external_data"])
+        stages.update()
+        export[role] = {"export_seconds": round(time.perf_counter() - t0, 2), "source": src.name, **how}
+    onnx_files = [f for role in contract.ROLES for f in (f"{role}.onnx", f"{role}.onnx.data") if (dest / f).is_file()]
     manifest = {
         "format": MANIFEST_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -192,7 +303,7 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
         "io": {"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
                "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
         "parity": parity,
-        "files": hash_tree(dest, ["tokenizer", "hf"] + (["target.onnx", "draft.onnx"] if cfg.onnx else [])),
+        "files": hash_tree(dest, ["tokenizer", "hf"] + onnx_files),
     }
     write_manifest(dest, manifest)
     return manifest

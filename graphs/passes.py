@@ -1,4 +1,10 @@
-"""Passes over step graphs: structural check and shape inference (in place)."""
+"""Passes over step graphs: structural check, shape inference and the file layout (in place or to a new file);
+a float32 copy of a bfloat16 graph for ONNX Runtime on the CPU.
+
+Graphs whose weights exceed what one protobuf file holds (2 GiB) keep them as ONNX external data: the graph
+file plus one `<graph>.data` file next to it holding every initializer. Every pass here goes through paths
+(onnx.checker and shape inference on the file), so it works on graphs of any size.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +13,73 @@ from pathlib import Path
 from specrt import contract
 from specrt.errors import SpecrtError
 
+EXTERNAL_THRESHOLD = 1024  # bytes: initializers at least this big go to the external data file
 
-def check_and_infer(path: Path) -> None:
-    """onnx.checker + shape inference, written back; the contract's inputs and outputs must be present."""
+
+def data_file(graph: Path) -> Path:
+    """Where a graph's external data lives (one file per graph)."""
+    return graph.with_name(graph.name + ".data")
+
+
+def _save(model, dest: Path, external: bool) -> None:
     import onnx
 
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model)
-    model = onnx.shape_inference.infer_shapes(model)
+    data = data_file(dest)
+    data.unlink(missing_ok=True)  # save_model appends to an existing data file
+    if external:
+        onnx.save_model(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data.name, size_threshold=EXTERNAL_THRESHOLD)
+    else:
+        onnx.save_model(model, str(dest))
+
+
+def finalize_graph(raw: Path, dest: Path, external: bool) -> None:
+    """Check the exported graph `raw` (with any external data next to it), infer its shapes, and write it to
+    `dest`: one file, or with `external` the graph and `dest.data` holding every initializer. The contract's
+    inputs and outputs must be present."""
+    import onnx
+
+    onnx.checker.check_model(str(raw))  # by path: also graphs over 2 GiB
+    onnx.shape_inference.infer_shapes_path(str(raw), str(raw))
+    model = onnx.load(str(raw))  # external data of the raw export is read from beside it
     inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     for name in (contract.INPUT_IDS, contract.POSITION_IDS, contract.ATTENTION_MASK):
         if name not in inputs:
-            raise SpecrtError(f"{path}: step graph has no input {name!r} (inputs: {sorted(inputs)})")
+            raise SpecrtError(f"{raw}: step graph has no input {name!r} (inputs: {sorted(inputs)})")
     if contract.LOGITS not in outputs:
-        raise SpecrtError(f"{path}: step graph has no output {contract.LOGITS!r} (outputs: {sorted(outputs)})")
-    onnx.save(model, str(path))
+        raise SpecrtError(f"{raw}: step graph has no output {contract.LOGITS!r} (outputs: {sorted(outputs)})")
+    _save(model, dest, external)
+
+
+def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
+    """A float32 copy of a bfloat16 step graph: every bfloat16 initializer, constant, cast and tensor type made
+    float32 (the values are the bfloat16 ones, exactly). ONNX Runtime has no bfloat16 kernels on the CPU, so
+    this is how the export checks a bfloat16 graph there: the copy must compute what the PyTorch module computes
+    in float32 from the same bfloat16 weights, which checks the graph's structure and every weight."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    bf16, f32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    model = onnx.load(str(src))
+
+    def upcast(t: TensorProto) -> TensorProto:
+        if t.data_type != bf16:
+            return t
+        return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+
+    g = model.graph
+    for i, t in enumerate(g.initializer):
+        g.initializer[i].CopyFrom(upcast(t))
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                a.t.CopyFrom(upcast(a.t))
+            elif a.name == "to" and node.op_type == "Cast" and a.i == bf16:
+                a.i = f32
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        if v.type.tensor_type.elem_type == bf16:
+            v.type.tensor_type.elem_type = f32
+    _save(model, dest, external)
+    onnx.checker.check_model(str(dest))

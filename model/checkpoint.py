@@ -10,7 +10,7 @@ from pathlib import Path
 from specrt.errors import SpecrtError, UnsupportedModelError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def load_config(path: Path):

@@ -7,30 +7,31 @@ import pytest
 from specrt.checkpoints import DEMO_DIR
 
 
-def _export(out, target="target", draft="draft", dtype="float32"):
+def _export(out, target="target", draft="draft", dtype="float32", exporter="auto"):
     from specrt.export.onnx_export import ExportConfig, export_bundle
 
     export_bundle(ExportConfig(target=DEMO_DIR / target, draft=DEMO_DIR / draft, out=out,
-                               tokenizer=DEMO_DIR / "tokenizer", dtype=dtype), progress=False)
+                               tokenizer=DEMO_DIR / "tokenizer", dtype=dtype, exporter=exporter), progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
 def demo_bundle(tmp_path_factory):
-    """The demo pair exported with parity checks on (the export raises if parity fails)."""
+    """The demo pair exported as a user would (the dynamo exporter), parity checks on (the export raises if parity
+    fails)."""
     return _export(tmp_path_factory.mktemp("bundle") / "demo")
 
 
 @pytest.fixture(scope="session")
 def self_draft_bundle(tmp_path_factory):
     """Target drafting for itself: every greedy draft is accepted, which stresses the bookkeeping."""
-    return _export(tmp_path_factory.mktemp("bundle") / "self", draft="target")
+    return _export(tmp_path_factory.mktemp("bundle") / "self", draft="target", exporter="torchscript")  # faster
 
 
 @pytest.fixture(scope="session")
 def fp16_bundle(tmp_path_factory):
     """The demo pair with float16 weights, activations and K/V (parity checked at export)."""
-    return _export(tmp_path_factory.mktemp("bundle") / "fp16", dtype="float16")
+    return _export(tmp_path_factory.mktemp("bundle") / "fp16", dtype="float16", exporter="torchscript")
 
 
 @pytest.fixture(scope="session")

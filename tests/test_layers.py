@@ -1,7 +1,8 @@
 """Dependencies point one way (DESIGN.md, "Layers"), and no module imports itself back through others.
 
     cli -> bench -> calibration -> runtime -> {model, bundle} -> {contract, errors, config, plotting}
-    export -> {model, bundle, graphs, checkpoints}; engines (builders) -> {runtime, graphs, model, bundle}
+    export -> {model, bundle, graphs, checkpoints}; engines (builders) -> {runtime, graphs, model, bundle};
+    serving -> {runtime, bundle}
 
 Every import statement counts, at module level or inside a function: a lazy import is still a dependency.
 """
@@ -15,13 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # source folder -> package (pyproject.toml's package-dir)
 FOLDERS = {"specrt": "specrt", "model": "specrt.model", "bundle": "specrt.bundle", "graphs": "specrt.graphs",
            "export": "specrt.export", "runtime": "specrt.runtime", "engines": "specrt.engines",
-           "calibration": "specrt.calibration", "bench": "specrt.bench"}
+           "calibration": "specrt.calibration", "bench": "specrt.bench", "serving": "specrt.serving"}
 # package prefix -> layer (the longest matching prefix wins)
 LAYER_OF = {"specrt.contract": "base", "specrt.errors": "base", "specrt.config": "base", "specrt.plotting": "base",
             "specrt.version": "base",
             "specrt.checkpoints": "checkpoints", "specrt.model": "model", "specrt.bundle": "bundle",
             "specrt.graphs": "graphs", "specrt.export": "export", "specrt.runtime": "runtime", "specrt.engines": "engines",
-            "specrt.calibration": "calibration", "specrt.bench": "bench", "specrt.cli": "cli",
+            "specrt.calibration": "calibration", "specrt.bench": "bench", "specrt.serving": "serving", "specrt.cli": "cli",
             "specrt.__main__": "cli", "specrt": "root"}
 BELOW = {
     "base": set(),
@@ -34,7 +35,9 @@ BELOW = {
     "engines": {"base", "model", "bundle", "graphs", "runtime"},  # builders: check what they build by running it
     "calibration": {"base", "model", "bundle", "runtime", "checkpoints"},
     "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "engines"},
-    "cli": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "bench", "graphs", "engines"},
+    "serving": {"base", "bundle", "runtime"},  # deployment: a model repository whose decode loop is the runtime's
+    "cli": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "bench", "graphs", "engines",
+            "serving"},
     "root": {"base", "runtime"},  # `from specrt import Pipeline`, lazily
 }
 

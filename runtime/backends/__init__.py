@@ -86,6 +86,9 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
         if not entry.onnx:
             raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): load it with backend "
                               "torch or graphs, or re-export it with the graphs")
+        if entry.dtype == "bfloat16":
+            raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
+                              "bfloat16 kernels): load it with backend torch, graphs or trt, or export in float32")
         return OrtBackend(entry, bundle / entry.onnx, threads=threads)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend

@@ -45,7 +45,7 @@ class InflateConfig(Config):
     num_layers: int | None = option(None, "layers", ge=1, flag="layers")
     num_heads: int | None = option(None, "attention heads", ge=1, flag="heads")
     dtype: str = option("float32", "weights' dtype (float16 halves a GPU model's memory; the function is kept up to "
-                                   "its rounding)", choices=("float32", "float16"))
+                                   "its rounding)", choices=("float32", "float16", "bfloat16"))
     device: str | None = option(None, "where to build it: cpu or cuda[:N] (default: CUDA where present; a 7B-class "
                                       "model in float32 needs 28 GB)")
     seed: int = option(0, "seed of the random weights of added capacity", ge=0)

@@ -7,6 +7,7 @@
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
+    specrt triton                      a Triton Inference Server model repository for a bundle
     specrt bench e2e|trees|ngram|mtad|soak|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
@@ -100,6 +101,16 @@ def cmd_build(args) -> None:
             print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; static vs eager step: max |logit err| "
                   f"{e.parity[role]:.2e}")
     print(f"wrote {cfg.bundle}/{e.FILE} (load it with --backend {e.kind})")
+
+
+def cmd_triton(args) -> None:
+    from specrt.serving.triton import TritonConfig, write_repository
+
+    cfg = config_from(TritonConfig, args)
+    info = write_repository(cfg)
+    print(f"wrote the Triton model repository {cfg.out}: {', '.join(info['models'])}")
+    print(f"serve it with `tritonserver --model-repository {Path(cfg.out).resolve()}` (Triton's Python backend needs "
+          "specrt installed in its environment)")
 
 
 def cmd_generate(args) -> None:
@@ -207,6 +218,7 @@ def build_parser() -> ArgumentParser:
     from specrt.runtime.methods import METHODS
     from specrt.runtime.pipeline import DecodeOptions
     from specrt.runtime.sampling import SamplingParams
+    from specrt.serving.triton import TritonConfig
 
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -242,7 +254,9 @@ def build_parser() -> ArgumentParser:
             ("demo", DemoConfig, cmd_demo, "export the demo pair if needed; compare our methods on HumanEval prompts"),
             ("calibrate", CalibrationConfig, cmd_calibrate, "acceptance statistics on held-out text -> acceptance.json"),
             ("profile", ProfileConfig, cmd_profile, "step latency L(n) of target and draft -> latency.json"),
-            ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json")):
+            ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json"),
+            ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
+                                                 "TensorRT plans) and specrt's decode loop, streaming")):
         p = sub.add_parser(verb, help=help_text)
         add_config(p, config)
         p.set_defaults(func=func)

@@ -56,7 +56,7 @@ def test_a_re_export_replaces_the_bundle_and_drops_stale_artifacts(demo_bundle, 
         (out / name).write_text("{}")
     stale = tmp_path / ".specrt-export-999999999-abc"  # left by a killed export whose process is gone
     stale.mkdir()
-    export_bundle(ExportConfig(out=out, check=False), progress=False)
+    export_bundle(ExportConfig(out=out, check=False, exporter="torchscript"), progress=False)
     assert not any((out / name).exists() for name in ("acceptance.json", "latency.json", "plan.json"))
     assert not stale.exists() and not list(tmp_path.glob(".specrt-export-*"))
     Pipeline.load(out)

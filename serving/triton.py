@@ -1,0 +1,183 @@
+"""`specrt triton --bundle B --out REPO`: a Triton Inference Server model repository for a bundle.
+
+    REPO/specrt_target/config.pbtxt, 1/model.onnx      each step graph as an onnxruntime_onnx model (the step
+    REPO/specrt_draft/...                              contract's tensors; its external data file beside it)
+    REPO/specrt_target_trt/config.pbtxt, 1/model.plan  where the bundle has TensorRT engines: tensorrt_plan
+    REPO/specrt_draft_trt/...                          models, one instance group per slot with its profiles
+    REPO/specrt/config.pbtxt, 1/model.py               specrt's decode loop (serving/triton_model.py), a
+                                                       decoupled Python-backend model streaming text
+
+The layout and configuration fields follow Triton's model repository and model configuration documentation.
+Triton itself does not install on these machines: the configs are checked by parsing them with
+tritonclient's model_config protobuf (tests), not by a running server.
+
+The repository is written next to REPO and swapped into place (bundle.files.replace_dir); a directory that is
+neither empty nor a repository specrt wrote is never replaced. Model files are hard links to the bundle's where
+the filesystem allows (copies elsewhere): the repository is cheap, and a re-export of the bundle does not change
+what an existing repository serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt import contract
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import TrtEngineSet
+from specrt.bundle.files import UMASK, replace_dir, write_atomic
+from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, manifest_sha256, model_entry
+from specrt.config import option
+from specrt.errors import SpecrtError
+from specrt.runtime.backends import BACKENDS
+
+MARKER = "specrt-triton.json"  # a file at the repository's top level (Triton looks only at directories there)
+DECODE_MODEL = "specrt"
+TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+
+
+@dataclass(frozen=True)
+class TritonConfig(BundleOptions):
+    out: Path = option(Path("build/triton"), "model repository directory (created, or replaced if specrt wrote it)")
+    backend: str = option("ort", "the backend the decode-loop model loads the bundle with", choices=BACKENDS)
+    device: str | None = option(None, "the decode-loop model's device, e.g. cuda:0 (default: the backend's)")
+    threads: int | None = option(None, "the decode-loop model's intra-op threads (default: every core)", ge=1)
+    method: str = option("sd", "the method a request that names none gets")
+    instances: int = option(1, "decode-loop model instances (requests served at once)", ge=1)
+    step_kind: str = option("cpu", "where Triton runs the ONNX step-graph models (onnxruntime_onnx)",
+                            choices=("cpu", "gpu"))
+
+
+# -- config.pbtxt (protobuf text format) --------------------------------------------------------------
+def _text(value, indent: int) -> str:
+    pad = "  " * indent
+    if isinstance(value, dict):
+        return "{\n" + "".join(f"{pad}  {k}{_field(v, indent + 1)}\n" for k, v in value.items()) + pad + "}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value[1:] if value.startswith("=") else json.dumps(value)  # "=X": an enum constant X
+    return str(value)
+
+
+def _field(value, indent: int) -> str:
+    if isinstance(value, list):
+        if value and isinstance(value[0], dict):
+            return ": [\n" + ",\n".join("  " * (indent + 1) + _text(v, indent + 1) for v in value) + "\n" + \
+                "  " * indent + "]"
+        return ": [ " + ", ".join(_text(v, indent) for v in value) + " ]"
+    return (" " if isinstance(value, dict) else ": ") + _text(value, indent)
+
+
+def pbtxt(config: dict) -> str:
+    """A model configuration as protobuf text (strings quoted; "=NAME" is the enum constant NAME)."""
+    return "".join(f"{k}{_field(v, 0)}\n" for k, v in config.items())
+
+
+# -- the models ---------------------------------------------------------------------------------------
+def _tensors(entry: ModelEntry) -> tuple[list[dict], list[dict]]:
+    kv = "=" + TRITON_DTYPES[entry.dtype]
+    h, d = entry.num_kv_heads, entry.head_dim
+    inputs = [{"name": contract.INPUT_IDS, "data_type": "=TYPE_INT64", "dims": [-1, -1]},
+              {"name": contract.POSITION_IDS, "data_type": "=TYPE_INT64", "dims": [-1, -1]},
+              {"name": contract.ATTENTION_MASK, "data_type": "=TYPE_BOOL", "dims": [-1, -1, -1]}]
+    outputs = [{"name": contract.LOGITS, "data_type": "=TYPE_FP32", "dims": [-1, -1, entry.vocab_size]}]
+    for layer in range(entry.num_layers):
+        inputs += [{"name": n, "data_type": kv, "dims": [-1, h, -1, d]}
+                   for n in (contract.past_key(layer), contract.past_value(layer))]
+        outputs += [{"name": n, "data_type": kv, "dims": [-1, h, -1, d]}
+                    for n in (contract.new_key(layer), contract.new_value(layer))]
+    return inputs, outputs
+
+
+def _link(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copyfile(src, dest)
+
+
+def _step_model(repo: Path, bundle: Path, entry: ModelEntry, kind: str) -> str:
+    name = f"specrt_{entry.role}"
+    inputs, outputs = _tensors(entry)
+    _link(bundle / entry.onnx, repo / name / "1" / "model.onnx")
+    data = bundle / f"{entry.onnx}.data"
+    if data.is_file():  # the graph names its external data file: it keeps that name, beside model.onnx
+        _link(data, repo / name / "1" / data.name)
+    config = {"name": name, "platform": "onnxruntime_onnx", "max_batch_size": 0, "input": inputs, "output": outputs,
+              "instance_group": [{"kind": "=KIND_" + kind.upper(), "count": 1}]}
+    write_atomic(repo / name / "config.pbtxt", pbtxt(config))
+    return name
+
+
+def _trt_model(repo: Path, bundle: Path, entry: ModelEntry, engines: TrtEngineSet) -> str:
+    name = f"specrt_{entry.role}_trt"
+    inputs, outputs = _tensors(entry)
+    _link(bundle / engines.plans[entry.role], repo / name / "1" / "model.plan")
+    per_slot = len(engines.token_profiles)
+    gpu = int(engines.device.split(":")[1]) if ":" in engines.device else 0
+    groups = [{"name": f"slot{s}", "kind": "=KIND_GPU", "count": 1, "gpus": [gpu],
+               "profile": [str(s * per_slot + t) for t in range(per_slot)]} for s in range(engines.slots)]
+    config = {"name": name, "platform": "tensorrt_plan", "max_batch_size": 0, "input": inputs, "output": outputs,
+              "instance_group": groups, "default_model_filename": "model.plan"}
+    write_atomic(repo / name / "config.pbtxt", pbtxt(config))
+    return name
+
+
+def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
+    src = Path(__file__).with_name("triton_model.py")
+    (repo / DECODE_MODEL / "1").mkdir(parents=True)
+    shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
+    params = {"bundle": str(bundle.resolve()), "backend": cfg.backend, "device": cfg.device or "",
+              "threads": str(cfg.threads or ""), "method": cfg.method}
+    config = {
+        "name": DECODE_MODEL, "backend": "python", "max_batch_size": 0,
+        "model_transaction_policy": {"decoupled": True},
+        "input": [{"name": "PROMPT", "data_type": "=TYPE_STRING", "dims": [1]}] + [
+            {"name": n, "data_type": t, "dims": [1], "optional": True}
+            for n, t in (("MAX_NEW_TOKENS", "=TYPE_INT32"), ("METHOD", "=TYPE_STRING"), ("TEMPERATURE", "=TYPE_FP32"),
+                         ("SEED", "=TYPE_INT64"))],
+        "output": [{"name": "TEXT", "data_type": "=TYPE_STRING", "dims": [1]}],
+        # the ort backend runs on host cores; the others place themselves on the device they are given
+        "instance_group": [{"kind": "=KIND_CPU" if cfg.backend == "ort" else "=KIND_MODEL", "count": cfg.instances}],
+        "parameters": [{"key": k, "value": {"string_value": v}} for k, v in params.items() if v],
+    }
+    write_atomic(repo / DECODE_MODEL / "config.pbtxt", pbtxt(config))
+    return DECODE_MODEL
+
+
+def write_repository(cfg: TritonConfig) -> dict:
+    """Write the repository; returns what it holds (also its MARKER file)."""
+    from specrt.runtime.methods import METHODS
+
+    if cfg.method not in METHODS:
+        raise SpecrtError(f"unknown method {cfg.method!r} (choose from {', '.join(METHODS)})")
+    bundle, out = Path(cfg.bundle), Path(cfg.out)
+    manifest = load_manifest(bundle)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
+        raise SpecrtError(f"{out} exists and is not a model repository specrt wrote: refusing to replace it (choose "
+                          "another --out, or empty it)")
+    entries = [model_entry(manifest, role) for role in contract.ROLES]
+    if not all(e.onnx for e in entries):
+        raise SpecrtError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
+    # the engines run where Triton runs, which need not be here: checked against the bundle, not this machine
+    engines = artifacts.load(bundle, TrtEngineSet, here=False) if (bundle / TrtEngineSet.FILE).is_file() else None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~UMASK)
+    try:
+        models = [_step_model(tmp, bundle, e, cfg.step_kind) for e in entries]
+        if engines is not None:
+            models += [_trt_model(tmp, bundle, e, engines) for e in entries]
+        models.append(_decode_model(tmp, bundle, cfg))
+        info = {"bundle": str(bundle.resolve()), "manifest_sha256": manifest_sha256(bundle), "models": models}
+        write_atomic(tmp / MARKER, json.dumps(info, indent=1) + "\n")
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return info
