@@ -1,4 +1,6 @@
-"""SlotPool: the fixed set of per-call resources an engine backend holds (static caches, execution contexts).
+"""SlotPool: the fixed set of per-call resources an engine backend holds (static caches, execution contexts);
+EngineBackend: what the engine backends (graphs, trt) share: torch buffers, a slot per runner, the engines'
+capacity as the context limit.
 
 A runner takes a slot for its lifetime (Runner.close gives it back); further callers wait for one. A caller
 that already holds every slot and asks for another (a model drafting for itself with one slot) is refused
@@ -10,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from specrt.errors import InvalidRequestError
+from specrt.runtime.backends.base import Backend
 
 
 class SlotPool:
@@ -43,3 +46,21 @@ class SlotPool:
         with self._free:
             self._holders[next(i for i, s in enumerate(self._slots) if s is slot)] = None
             self._free.notify()
+
+
+class EngineBackend(Backend):
+    """A backend over built engines (self.engines: an EngineSet), on torch buffers (self.torch, self.dtype,
+    self.device), whose runners each hold one of self._slots (a SlotPool) for their lifetime."""
+
+    @property
+    def max_context(self) -> int:
+        return self.engines.capacity
+
+    def allocate(self, shape):
+        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _new_binding(self):
+        return self._slots.acquire()
+
+    def _release(self, slot) -> None:
+        self._slots.release(slot)

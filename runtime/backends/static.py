@@ -23,8 +23,7 @@ import numpy as np
 from specrt.bundle.artifacts import EngineSet
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import InvalidRequestError
-from specrt.runtime.backends.base import Backend
-from specrt.runtime.backends.slots import SlotPool
+from specrt.runtime.backends.slots import EngineBackend, SlotPool
 from specrt.runtime.kv_cache import KVCache
 
 
@@ -76,7 +75,7 @@ class _Slot:
         self.shapes = {(b, t): _Shape(backend, self.kv, b, t) for b in eng.batch_buckets for t in eng.token_profiles}
 
 
-class StaticTorchBackend(Backend):
+class StaticTorchBackend(EngineBackend):
     name = "graphs"
 
     def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet):
@@ -107,19 +106,6 @@ class StaticTorchBackend(Backend):
                 for shape in slot.shapes.values():
                     shape.capture(stream, pool)
             torch.cuda.synchronize(self.device)
-
-    @property
-    def max_context(self) -> int:
-        return self.engines.capacity
-
-    def allocate(self, shape):
-        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    def _new_binding(self) -> _Slot:
-        return self._slots.acquire()
-
-    def _release(self, slot: _Slot) -> None:
-        self._slots.release(slot)
 
     def _new_cache(self, slot: _Slot, batch: int, bucket: int) -> KVCache:
         self.engines.for_batch(batch)  # refuse a batch no bucket holds, before any step

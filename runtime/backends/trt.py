@@ -26,8 +26,7 @@ from specrt import contract
 from specrt.bundle.artifacts import TrtEngineSet
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import BundleError, SpecrtError
-from specrt.runtime.backends.base import Backend
-from specrt.runtime.backends.slots import SlotPool
+from specrt.runtime.backends.slots import EngineBackend, SlotPool
 from specrt.runtime.kv_cache import KVCache
 
 MIN_TENSORRT = (10, 1)  # ICudaEngine.device_memory_size_v2, IExecutionContext.set_device_memory
@@ -103,7 +102,7 @@ def _view(flat, shape):
     return flat[: int(np.prod(shape))].view(shape)
 
 
-class TrtBackend(Backend):
+class TrtBackend(EngineBackend):
     name = "trt"
 
     def __init__(self, entry: ModelEntry, bundle: Path, device: str, engines: TrtEngineSet):
@@ -137,24 +136,11 @@ class TrtBackend(Backend):
                               f"{entry.max_positions}: re-run `{engines.command(bundle)}` with a smaller --capacity")
         self._slots = SlotPool([_Slot(self, i) for i in range(engines.slots)], entry.role, engines.command(bundle))
 
-    @property
-    def max_context(self) -> int:
-        return self.engines.capacity
-
     def stream(self) -> int:
         """The CUDA stream TensorRT runs on: the device's current torch stream (0 off CUDA)."""
         if self.device.type != "cuda":
             return 0
         return self.torch.cuda.current_stream(self.device).cuda_stream
-
-    def allocate(self, shape):
-        return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    def _new_binding(self) -> _Slot:
-        return self._slots.acquire()
-
-    def _release(self, slot: _Slot) -> None:
-        self._slots.release(slot)
 
     def _new_cache(self, slot: _Slot, batch: int, bucket: int) -> KVCache:
         self.engines.for_batch(batch)  # refuse a batch the profiles do not cover, before any step
