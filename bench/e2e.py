@@ -195,7 +195,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     prompts = humaneval_prompts(cfg.num_prompts)
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     runners, skipped = build_runners(cfg, pipe)
     results = {name: MethodResult(name) for name in runners}
     meter, joules = EnergyMeter(pipe.machine.device), {}

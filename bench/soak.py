@@ -81,7 +81,7 @@ def series(cfg: SoakConfig, batch_size: int) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     t0 = time.perf_counter()
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     stream = token_stream(pipe, 4 * cfg.max_prompt_tokens)
     rng = np.random.default_rng(cfg.seed + batch_size)
     lengths = [rng.integers(cfg.min_prompt_tokens, cfg.max_prompt_tokens + 1, size=batch_size) for _ in range(cfg.num_calls)]

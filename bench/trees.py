@@ -79,7 +79,7 @@ def run_trees(cfg: TreesConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     plan, acceptance = pipe.plan(), pipe.acceptance()
     if cfg.batch_size not in plan.choices:
         raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(map(str, plan.choices))}, not {cfg.batch_size}: "

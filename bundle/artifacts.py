@@ -5,6 +5,7 @@
     plan.json        Plan            `specrt tune`       the speculation chosen per batch size
     engines.json     EngineSet       `specrt build`      static-shape steps per token-count profile (CUDA graphs)
     trt-engines.json TrtEngineSet    `specrt build --backend trt`  TensorRT plans, a profile per token-count range
+    quant.json       QuantSet        `specrt quantize`   8-bit variants of the step graphs (ONNX Runtime)
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -414,5 +415,36 @@ class TrtEngineSet(EngineSet):
                 f"{_describe_env(here['versions'], here['device_name'], cc)} {fallback}")
 
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet)
+# -- quant.json -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuantVariant:
+    """One model's quantized step graph."""
+
+    file: str  # relative to the bundle
+    bytes: int  # of the graph and its external data
+    sha256: str  # of the graph file
+    source_sha256: str  # of the step graph it was made from (the manifest's)
+    source_bytes: int
+    quantized_nodes: int  # MatMul nodes with 8-bit weights
+    seconds: float
+    calibration: dict | None  # static schemes: held-out text (corpus hash, prompts, tokens, seed); None: dynamic
+
+
+@dataclass(frozen=True)
+class QuantSet(Artifact):
+    """Quantized variants of the bundle's step graphs (`specrt quantize`), run by the ort backend with --quant."""
+
+    FILE: ClassVar[str] = "quant.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt quantize --bundle {bundle}"
+
+    variants: dict[str, dict[str, QuantVariant]]  # scheme -> role -> variant
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        scheme = f" --scheme {machine.quant}" if machine and machine.quant else ""
+        return f"specrt quantize --bundle {bundle}{scheme}"
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet)
 ENGINE_SETS = {"graphs": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by

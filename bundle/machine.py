@@ -45,20 +45,23 @@ class Machine:
     threads: int  # intra-op threads, resolved
     device: str  # "cpu" or "cuda:N"
     gpu: str | None = None  # CUDA device name when device is a GPU
+    quant: str | None = None  # the quantized variant of the step graphs run (`specrt quantize`), None: as exported
 
     @staticmethod
-    def here(backend: str, threads: int, device: str = "cpu") -> "Machine":
+    def here(backend: str, threads: int, device: str = "cpu", quant: str | None = None) -> "Machine":
         gpu = None
         if device.startswith("cuda"):
             import torch
 
             gpu = torch.cuda.get_device_name(torch.device(device))
-        return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu)
+        return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu, quant)
 
     def describe(self) -> str:
         where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
-        return f"{self.cpu} ({self.cores} cores), backend {self.backend}, {self.threads} threads, {where}"
+        quant = f", {self.quant} step graphs" if self.quant else ""
+        return f"{self.cpu} ({self.cores} cores), backend {self.backend}{quant}, {self.threads} threads, {where}"
 
     def flags(self) -> str:
-        """The CLI flags that select this backend, thread count and device."""
-        return f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu" else "")
+        """The CLI flags that select this backend, variant, thread count and device."""
+        return (f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu"
+                                                                          else "") + (f" --quant {self.quant}" if self.quant else ""))

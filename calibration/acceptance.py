@@ -40,6 +40,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, MeasuredTree, Stamp, TreeEstimate
 from specrt.bundle.manifest import BundleOptions
+from specrt.checkpoints.corpus import validation_prompts
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
 from specrt.errors import SpecrtError
@@ -60,25 +61,6 @@ class CalibrationConfig(BundleOptions, BackendOptions):
                                             "dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
     merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
                                            "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
-
-
-def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
-    """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
-    from specrt.checkpoints.corpus import load_corpus
-
-    _, val = load_corpus()
-    rng = np.random.default_rng(seed)
-    prompts = []
-    for i in rng.permutation(num * 4):
-        f = val[int(i) % len(val)]
-        ids = encode(f.text)
-        if len(ids) < prompt_tokens + 8:
-            continue
-        start = int(rng.integers(0, len(ids) - prompt_tokens))
-        prompts.append(ids[start:start + prompt_tokens])
-        if len(prompts) == num:
-            return prompts
-    raise SpecrtError(f"only {len(prompts)} validation prompts of {prompt_tokens} tokens could be cut")
 
 
 TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0))  # draft_temperature's grid (1.0 exact)
@@ -184,7 +166,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     from specrt.runtime.pipeline import Pipeline
 
     t0 = time.perf_counter()
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
     rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):

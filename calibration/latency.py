@@ -20,7 +20,8 @@ import numpy as np
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile, Stamp
-from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees, validation_prompts
+from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees
+from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
@@ -66,7 +67,7 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
 
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     largest = pipe.target.max_step_tokens or max(cfg.num_tokens)  # static-shape engines: their largest profile
     points = [(role, b, c, n) for role in ("target", "draft") for b in cfg.batch_sizes for c in cfg.contexts
               for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step and n <= largest]

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan
+from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan, QuantSet
 from specrt.bundle.machine import Machine, resolve_threads
-from specrt.bundle.manifest import load_manifest, model_entry
+from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
 from specrt.config import Config, option
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend, load_backend, resolve_device
@@ -79,11 +79,13 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
-             verify: bool = True) -> "Pipeline":
+             verify: bool = True, quant: str | None = None) -> "Pipeline":
         """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
-        (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for)."""
+        (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for);
+        quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
+        models it has a variant for run it, the others their exported graph."""
         from tokenizers import Tokenizer
 
         if threads is not None and (not _is_token_id(threads) or threads < 1):
@@ -105,9 +107,10 @@ class Pipeline:
             tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines)
+        graphs = _quantized_graphs(bundle, backend, quant)
+        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role))
                   for role in ("target", "draft")]
-        return cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device))
+        return cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant))
 
     # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
     def plan(self) -> Plan:
@@ -268,3 +271,22 @@ class Pipeline:
     def _result(self, s: SeqState) -> Generation:
         ids = [int(t) for t in s.new_tokens]
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)
+
+
+def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
+    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one."""
+    if quant is None:
+        return {}
+    if backend != "ort":
+        raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) run on the ort backend, not {backend!r}")
+    variants = artifacts.load(bundle, QuantSet).variants
+    if quant not in variants:
+        raise BundleError(f"{bundle} has no {quant} variant (it has: {', '.join(sorted(variants)) or 'none'}): run "
+                          f"`specrt quantize --bundle {bundle} --scheme {quant}`")
+    graphs = {}
+    for role, v in variants[quant].items():
+        if not (bundle / v.file).is_file() or sha256_file(bundle / v.file) != v.sha256:
+            raise BundleError(f"{bundle / v.file} is missing or changed since `specrt quantize` wrote it: re-run "
+                              f"`specrt quantize --bundle {bundle} --scheme {quant}`")
+        graphs[role] = v.file
+    return graphs

@@ -32,7 +32,8 @@ BELOW = {
     "graphs": {"base"},
     "export": {"base", "model", "bundle", "graphs", "checkpoints"},
     "runtime": {"base", "model", "bundle"},
-    "engines": {"base", "model", "bundle", "graphs", "runtime"},  # builders: check what they build by running it
+    "engines": {"base", "model", "bundle", "graphs", "runtime", "checkpoints"},  # builders: check what they build by
+    # running it; quantization calibrates on the held-out corpus
     "calibration": {"base", "model", "bundle", "runtime", "checkpoints"},
     "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "engines"},
     "serving": {"base", "bundle", "runtime"},  # deployment: a model repository whose decode loop is the runtime's

@@ -31,8 +31,15 @@ class BackendOptions(ThreadOptions):
     """Which backend runs the step graphs, where: Pipeline.load's arguments, shared by every verb that runs one."""
 
     backend: str = option("ort", "ort = ONNX Runtime (CPU); torch = PyTorch, eager (CUDA where present); graphs = the "
-                                 "bundle's static-shape engines (`specrt build`; CUDA graphs on CUDA)", choices=BACKENDS)
+                                 "bundle's static-shape engines (`specrt build`; CUDA graphs on CUDA); trt = its TensorRT "
+                                 "engines (`specrt build --backend trt`)", choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
+    quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
+                                     "int8-weights, int4-weights or static-int8")
+
+    def pipeline_options(self) -> dict:
+        """Pipeline.load's keyword arguments for these options."""
+        return {"backend": self.backend, "threads": self.threads, "device": self.device, "quant": self.quant}
 
 
 def resolve_device(backend: str, device: str | None) -> str:
@@ -69,9 +76,11 @@ def resolve_device(backend: str, device: str | None) -> str:
     return f"cuda:{index}"
 
 
-def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None) -> Backend:
+def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None,
+                 graph: str | None = None) -> Backend:
     """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
-    EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"."""
+    EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the step graph to run
+    instead of the exported one (a quantized variant), relative to the bundle."""
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
@@ -89,7 +98,7 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                               "bfloat16 kernels): load it with backend torch, graphs or trt, or export in float32")
-        return OrtBackend(entry, bundle / entry.onnx, threads=threads)
+        return OrtBackend(entry, bundle / (graph or entry.onnx), threads=threads)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend
 

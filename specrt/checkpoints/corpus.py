@@ -57,3 +57,24 @@ def corpus_hash(files: list[CorpusFile]) -> str:
         h.update(b"\0")
         h.update(f.text.encode())
     return h.hexdigest()
+
+
+def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
+    """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
+    import numpy as np
+
+    from specrt.errors import SpecrtError
+
+    _, val = load_corpus()
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for i in rng.permutation(num * 4):
+        f = val[int(i) % len(val)]
+        ids = encode(f.text)
+        if len(ids) < prompt_tokens + 8:
+            continue
+        start = int(rng.integers(0, len(ids) - prompt_tokens))
+        prompts.append(ids[start:start + prompt_tokens])
+        if len(prompts) == num:
+            return prompts
+    raise SpecrtError(f"only {len(prompts)} validation prompts of {prompt_tokens} tokens could be cut")

@@ -6,6 +6,7 @@
     specrt generate                    run a method from a bundle
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
+    specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt bench e2e|trees|ngram|mtad|soak|docs   benchmarks and the results page
@@ -103,6 +104,18 @@ def cmd_build(args) -> None:
     print(f"wrote {cfg.bundle}/{e.FILE} (load it with --backend {e.kind})")
 
 
+def cmd_quantize(args) -> None:
+    from specrt.engines.quantize import QuantizeConfig, quantize
+
+    cfg = config_from(QuantizeConfig, args)
+    q = quantize(cfg)
+    for role, v in q.variants[cfg.scheme].items():
+        if role == cfg.model or cfg.model == "both":
+            print(f"{role}: {v.file}, {v.quantized_nodes} weight MatMuls quantized, {v.source_bytes / 2**20:.1f} -> "
+                  f"{v.bytes / 2**20:.1f} MiB in {v.seconds:.1f} s")
+    print(f"wrote {cfg.bundle}/quant.json (run it with --quant {cfg.scheme})")
+
+
 def cmd_triton(args) -> None:
     from specrt.serving.triton import TritonConfig, write_repository
 
@@ -116,7 +129,7 @@ def cmd_triton(args) -> None:
 def cmd_generate(args) -> None:
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device)
+    pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device, quant=args.quant)
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, **method_options(args))
     if args.stream:
@@ -180,7 +193,8 @@ def cmd_inspect(args) -> None:
     from specrt.runtime.backends import resolve_device
 
     manifest = load_manifest(args.bundle)
-    machine = Machine.here(args.backend, resolve_threads(args.threads), resolve_device(args.backend, args.device))
+    machine = Machine.here(args.backend, resolve_threads(args.threads), resolve_device(args.backend, args.device),
+                           args.quant)
     sizes = ", ".join(f"{role} {m['num_params'] / 1e6:.2f}M params" for role, m in manifest["models"].items())
     print(f"{args.bundle}: specrt bundle made {manifest['created']} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")
@@ -218,6 +232,7 @@ def build_parser() -> ArgumentParser:
     from specrt.runtime.methods import METHODS
     from specrt.runtime.pipeline import DecodeOptions
     from specrt.runtime.sampling import SamplingParams
+    from specrt.engines.quantize import QuantizeConfig
     from specrt.serving.triton import TritonConfig
 
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
@@ -255,6 +270,8 @@ def build_parser() -> ArgumentParser:
             ("calibrate", CalibrationConfig, cmd_calibrate, "acceptance statistics on held-out text -> acceptance.json"),
             ("profile", ProfileConfig, cmd_profile, "step latency L(n) of target and draft -> latency.json"),
             ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json"),
+            ("quantize", QuantizeConfig, cmd_quantize, "8-bit variants of the step graphs for ONNX Runtime on the CPU "
+                                                       "-> quant.json (run them with --quant)"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
                                                  "TensorRT plans) and specrt's decode loop, streaming")):
         p = sub.add_parser(verb, help=help_text)

@@ -1,0 +1,197 @@
+"""`specrt quantize`: 8-bit variants of a bundle's step graphs for ONNX Runtime on the CPU -> quant/<scheme>/,
+quant.json (QuantSet).
+
+On the CPU a memory-bound target is bound by the bytes of its weights, so 8-bit weights are the largest speed
+lever there. Schemes, all through onnxruntime.quantization (the library ONNX Runtime ships: already a
+dependency and the runtime that runs the result; Optimum's ORTQuantizer drives the same functions for Hugging
+Face models, and its current release pins transformers < 4.58):
+
+    int8-weights  weight-only: each weight MatMul becomes MatMulNBits with 8-bit weights in blocks of 32
+                  (symmetric, a scale per block); activations stay float (int8 compute inside the kernel,
+                  accuracy level 4, quantizes each row's blocks on its own). No calibration.
+    int4-weights  the same with 4-bit weights: half the bytes again, more rounding.
+    static-int8   QDQ: weights int8 per channel, the weight MatMuls' activations int8 with ranges calibrated
+                  on held-out text (the held-out stdlib files acceptance calibration reads; never HumanEval).
+
+Not offered: onnxruntime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger). It quantizes a step's
+activations with one scale over all its rows, so a token's logits depend on which other tokens share its step:
+a verify step of T tokens does not compute what T autoregressive steps compute, and no speculative method
+can be lossless on it (on the demo target one row's logits moved by up to 0.9 between a step of 1 token and
+of 6; `sd` diverged from autoregressive). Every scheme here computes each row on its own (tested).
+
+Quantized: the MatMuls that multiply by a weight (projections, MLP, LM head). Kept in float: attention's
+Q·K and P·V (no weights), the rotary embedding's rotate-half product (a signed permutation matrix: 8-bit
+activations would only add error to every position), norms, and the KV cache, which stays in the graph's
+float dtype, so the step contract is unchanged. A quantized target is a different model: lossless methods
+are token-identical to greedy autoregressive decoding of the same quantized target (tested).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from specrt import contract
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
+from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, model_entry, sha256_file
+from specrt.config import option
+from specrt.errors import BundleError, SpecrtError
+
+SCHEMES = ("int8-weights", "int4-weights", "static-int8")
+BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
+QUANT_DIR = "quant"
+
+
+@dataclass(frozen=True)
+class QuantizeConfig(BundleOptions):
+    model: str = option("both", "which step graphs: target, draft or both", choices=("target", "draft", "both"))
+    scheme: str = option("int8-weights", "int8-weights / int4-weights (weight-only, activations float) or "
+                                         "static-int8 (QDQ, activation ranges calibrated on held-out text)",
+                         choices=SCHEMES)
+    calibration_prompts: int = option(16, "static-int8: held-out prompts the activation ranges are measured on", ge=1)
+    prompt_tokens: int = option(128, "static-int8: tokens per calibration prompt", ge=16)
+    seed: int = option(0, "static-int8: seed of the held-out prompts' offsets", ge=0)
+
+
+def _graph_bytes(path: Path) -> int:
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def weight_matmuls(model) -> tuple[list[str], list[str]]:
+    """(names of the MatMul nodes that multiply by a weight initializer, names of those left in float: the
+    rotary rotate-half products, whose weight is a signed permutation matrix)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    quantize, keep = [], []
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        w = numpy_helper.to_array(inits[node.input[1]])
+        permutation = (w.ndim == 2 and w.shape[0] == w.shape[1] and np.isin(w, (-1, 0, 1)).all()
+                       and (np.abs(w).sum(axis=1) == 1).all())
+        (keep if permutation else quantize).append(node.name)
+    return quantize, keep
+
+
+class _CalibrationReader:
+    """Step-graph feeds from held-out text for onnxruntime's calibrator: each prompt's first half as a prefill
+    (empty cache), then its second half against the first half's K/V (what decode steps see)."""
+
+    def __init__(self, session, entry: ModelEntry, prompts: list[list[int]]):
+        self._feeds = []
+        for ids in prompts:
+            half = len(ids) // 2
+            first, past = self._step(session, entry, ids[:half], None)
+            self._feeds.append(first)
+            self._feeds.append(self._step(session, entry, ids[half:], past)[0])
+        self._iter = iter(self._feeds)
+
+    @staticmethod
+    def _step(session, entry: ModelEntry, ids: list[int], past):
+        t, s = len(ids), 0 if past is None else past[0].shape[2]
+        dtype = np.dtype(entry.dtype)
+        feeds = {contract.INPUT_IDS: np.asarray([ids], dtype=np.int64),
+                 contract.POSITION_IDS: np.arange(s, s + t, dtype=np.int64)[None],
+                 contract.ATTENTION_MASK: np.concatenate([np.ones((t, s), bool), np.tril(np.ones((t, t), bool))], 1)[None]}
+        for layer in range(entry.num_layers):
+            for k, name in enumerate((contract.past_key(layer), contract.past_value(layer))):
+                empty = np.zeros((1, entry.num_kv_heads, 0, entry.head_dim), dtype)
+                feeds[name] = empty if past is None else past[2 * layer + k]
+        out = session.run(None, feeds)
+        return feeds, out[1:]
+
+    def get_next(self):
+        return next(self._iter, None)
+
+    def rewind(self):
+        self._iter = iter(self._feeds)
+
+
+def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig, encode=None) -> QuantVariant:
+    """Write the `cfg.scheme` variant of the step graph `src` to `dest`."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    t0 = time.perf_counter()
+    external = src.with_name(src.name + ".data").is_file()
+    model = onnx.load(str(src), load_external_data=True)
+    quantize, keep = weight_matmuls(model)
+    if not quantize:
+        raise SpecrtError(f"{src} has no MatMul with a weight initializer to quantize")
+    calibration = None
+    if cfg.scheme in ("int8-weights", "int4-weights"):
+        q = MatMulNBitsQuantizer(model, bits=8 if cfg.scheme == "int8-weights" else 4, block_size=BLOCK,
+                                 is_symmetric=True, accuracy_level=4, nodes_to_exclude=keep,
+                                 op_types_to_quantize=("MatMul",))
+        q.process()
+        q.model.save_model_to_file(str(dest), external)
+    else:
+        from specrt.checkpoints.corpus import corpus_hash, load_corpus, validation_prompts
+
+        prompts = validation_prompts(encode, cfg.calibration_prompts, cfg.prompt_tokens, cfg.seed)
+        session = onnxruntime.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+        reader = _CalibrationReader(session, entry, prompts)
+        del session
+        quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": True}, per_channel=True,
+                        nodes_to_quantize=quantize, nodes_to_exclude=keep, op_types_to_quantize=["MatMul"],
+                        use_external_data_format=external)
+        calibration = {"corpus_sha256": corpus_hash(load_corpus()[1]), "prompts": cfg.calibration_prompts,
+                       "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed}
+    return QuantVariant(file="", bytes=_graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
+                        source_bytes=_graph_bytes(src), quantized_nodes=len(quantize),
+                        seconds=round(time.perf_counter() - t0, 2), calibration=calibration)
+
+
+def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:
+    """Quantize the chosen step graphs of cfg.bundle; returns quant.json's content (earlier schemes kept)."""
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
+
+    bundle = Path(cfg.bundle)
+    manifest = load_manifest(bundle)
+    roles = contract.ROLES if cfg.model == "both" else (cfg.model,)
+    entries = {role: model_entry(manifest, role) for role in roles}
+    for e in entries.values():
+        if not e.onnx:
+            raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
+        if e.dtype != "float32":
+            raise SpecrtError(f"the {e.role} was exported in {e.dtype}: quantize a float32 export (ONNX Runtime's CPU "
+                              "8-bit kernels take float32 activations)")
+    tok = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json"))
+    encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    previous = {}
+    if (bundle / QuantSet.FILE).is_file():
+        try:
+            previous = artifacts.load(bundle, QuantSet).variants
+        except BundleError:
+            previous = {}  # made for another export: its variants are stale
+    scheme_dir = bundle / QUANT_DIR / cfg.scheme
+    staging = bundle / QUANT_DIR / f".{cfg.scheme}-{int(time.time() * 1e6)}"
+    staging.mkdir(parents=True)
+    made = {}
+    try:
+        for role in tqdm(roles, desc=f"quantize ({cfg.scheme})", unit="model", disable=not progress):
+            e = entries[role]
+            made[role] = quantize_graph(bundle / e.onnx, staging / f"{role}.onnx", e, cfg, encode)
+        scheme_dir.mkdir(parents=True, exist_ok=True)
+        for role, v in made.items():  # the scheme's other models stay as they were
+            for f in staging.glob(f"{role}.onnx*"):
+                f.replace(scheme_dir / f.name)
+            made[role] = replace(v, file=f"{QUANT_DIR}/{cfg.scheme}/{role}.onnx")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    variants = {k: dict(v) for k, v in previous.items()}
+    variants.setdefault(cfg.scheme, {}).update(made)
+    result = QuantSet(stamp=Stamp.make(bundle), variants=variants)
+    artifacts.save(bundle, result)
+    return result

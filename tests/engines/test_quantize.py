@@ -1,0 +1,104 @@
+"""`specrt quantize`: 8-bit (and 4-bit) variants of the step graphs for ONNX Runtime, run with quant=...
+A quantized target is a different model: lossless methods must be token-identical to greedy autoregressive
+decoding of the same quantized target, which needs every row of a step computed on its own."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import QuantSet
+from specrt.errors import BundleError, InvalidRequestError, SpecrtError
+
+SCHEMES = ("int8-weights", "int4-weights", "static-int8")
+
+
+@pytest.fixture(scope="module")
+def quant_bundle(demo_bundle, tmp_path_factory):
+    from specrt.engines.quantize import QuantizeConfig, quantize
+
+    b = tmp_path_factory.mktemp("quant") / "b"
+    shutil.copytree(demo_bundle, b)
+    for scheme in SCHEMES:
+        quantize(QuantizeConfig(bundle=b, scheme=scheme, calibration_prompts=4, prompt_tokens=64), progress=False)
+    return b
+
+
+def test_every_scheme_is_recorded_with_what_it_was_made_from(quant_bundle):
+    from specrt.bundle.manifest import sha256_file
+
+    q = artifacts.load(quant_bundle, QuantSet)
+    assert sorted(q.variants) == sorted(SCHEMES)  # a later scheme keeps the earlier ones
+    m = json.loads((quant_bundle / "manifest.json").read_text())
+    for scheme, roles in q.variants.items():
+        for role, v in roles.items():
+            assert v.file == f"quant/{scheme}/{role}.onnx" and sha256_file(quant_bundle / v.file) == v.sha256
+            assert v.source_sha256 == m["files"][f"{role}.onnx"]
+            assert v.bytes < v.source_bytes
+            # the projections, MLP and head: 7 per layer + 1; the rotary products stay float
+            assert v.quantized_nodes == 7 * m["models"][role]["num_layers"] + 1
+            assert (v.calibration is not None) == (scheme == "static-int8")
+    assert q.variants["static-int8"]["target"].calibration["prompts"] == 4
+    assert q.variants["int4-weights"]["target"].bytes < q.variants["int8-weights"]["target"].bytes
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_row_of_a_quantized_step_is_computed_on_its_own(quant_bundle, scheme):
+    """What losslessness needs: a token's logits do not depend on the other tokens of its step."""
+    import onnxruntime as ort
+
+    from specrt.graphs.parity import random_feeds
+
+    m = json.loads((quant_bundle / "manifest.json").read_text())["models"]["target"]
+    s = ort.InferenceSession(str(quant_bundle / f"quant/{scheme}/target.onnx"), providers=["CPUExecutionProvider"])
+    feeds = random_feeds(np.random.default_rng(0), m["num_layers"], m["num_kv_heads"], m["head_dim"],
+                         m["vocab_size"], 1, 6, 20)
+    full = s.run(None, feeds)[0]
+    one = dict(feeds, input_ids=feeds["input_ids"][:, :1], position_ids=feeds["position_ids"][:, :1],
+               attention_mask=feeds["attention_mask"][:, :1, :21])
+    assert np.abs(s.run(None, one)[0][0, 0] - full[0, 0]).max() < 1e-4
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_lossless_methods_on_a_quantized_pair_equal_its_autoregressive(quant_bundle, scheme, humaneval, pipelines):
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(quant_bundle, threads=2, quant=scheme)
+    assert pipe.machine.quant == scheme and "--quant " + scheme in pipe.machine.flags()
+    prompts = humaneval[:6]
+    ar = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=24)]
+    fp32 = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=24)]
+    assert ar != fp32  # it is another model
+    for kw in (dict(method="sd"), dict(method="tree"), dict(method="dynamic", num_draft_tokens=6),
+               dict(method="anpd"), dict(method="sd", ngram_tokens=5)):
+        got = pipe.generate(prompts, max_new_tokens=24, batch_size=3, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+
+
+def test_quantized_variants_are_refused_where_they_cannot_run(quant_bundle, fp16_bundle, tmp_path):
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.runtime.pipeline import Pipeline
+
+    with pytest.raises(InvalidRequestError, match="run on the ort backend, not 'torch'"):
+        Pipeline.load(quant_bundle, backend="torch", device="cpu", quant="int8-weights")
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    q = artifacts.load(b, QuantSet)
+    artifacts.save(b, QuantSet(stamp=q.stamp, variants={"int8-weights": q.variants["int8-weights"]}))
+    with pytest.raises(BundleError, match="has no static-int8 variant \\(it has: int8-weights\\): run `specrt quantize "
+                                          "--bundle .* --scheme static-int8`"):
+        Pipeline.load(b, quant="static-int8")
+    (b / "quant/int8-weights/draft.onnx").write_bytes(b"changed")
+    with pytest.raises(BundleError, match="draft.onnx is missing or changed since `specrt quantize` wrote it"):
+        Pipeline.load(b, quant="int8-weights")
+    with pytest.raises(SpecrtError, match="exported in float16: quantize a float32 export"):
+        quantize(QuantizeConfig(bundle=fp16_bundle), progress=False)
+
+
+def test_a_latency_profile_of_a_quantized_pair_is_not_one_of_the_exported_pair(quant_bundle):
+    from specrt.bundle.machine import Machine
+
+    fp32, q = Machine.here("ort", 2), Machine.here("ort", 2, quant="int8-weights")
+    assert fp32 != q and "int8-weights step graphs" in q.describe()
