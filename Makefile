@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | calibrate profile tune | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build triton gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,11 @@ inflate: $(STAMP)
 ENGINE    ?= graphs
 build: $(STAMP)
 	$(BIN)/specrt build --bundle $(OUT) --backend $(ENGINE)
+
+# 8-bit variants of the bundle's step graphs (SCHEME=int8-weights | int4-weights | static-int8); run with --quant
+SCHEME    ?= int8-weights
+quantize: $(STAMP)
+	$(BIN)/specrt quantize --bundle $(OUT) --scheme $(SCHEME)
 
 # a Triton Inference Server model repository for the bundle (build/triton)
 triton: $(STAMP)
