@@ -82,7 +82,7 @@ class MethodResult:
         return self.tokens / self.median_s
 
 
-class _Ours:
+class OurRunner:
     def __init__(self, pipe, method: str, cfg: E2EConfig, **options):
         from specrt.runtime.methods import make_method
         from specrt.runtime.sampling import SamplingParams
@@ -153,10 +153,10 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
     for m in cfg.methods:
         if m == "sd":
             for g in cfg.num_draft_tokens:
-                runners[m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"] = _Ours(pipe, m, cfg, num_draft_tokens=g)
+                runners[m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"] = OurRunner(pipe, m, cfg, num_draft_tokens=g)
             continue
         method, options = VARIANTS.get(m, (m, {}))
-        runners[m] = _Ours(pipe, method, cfg, **options)
+        runners[m] = OurRunner(pipe, method, cfg, **options)
     skipped = {}
     why = {"optimum": optimum_missing() if "optimum" in cfg.baselines else None,
            "hf-compile": None if device.startswith("cuda") else "static cache + torch.compile is a GPU baseline"}

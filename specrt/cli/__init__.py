@@ -9,7 +9,7 @@
     specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
-    specrt bench e2e|trees|ngram|mtad|soak|docs   benchmarks and the results page
+    specrt bench e2e|trees|ngram|mtad|soak|quant|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
 user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
@@ -215,6 +215,8 @@ BENCH_VERBS = {
     "ngram": ("ngram", "NgramConfig", "run_ngram", "ANPD ablation over n-gram order N and draft length K"),
     "mtad": ("mtad", "MtadConfig", "run_mtad", "MTAD/MJSD speed and perplexity vs sd, tau and beam ablations"),
     "soak": ("soak", "SoakConfig", "run_soak", "resident memory over many calls with random prompt lengths"),
+    "quant": ("quant", "QuantBenchConfig", "run_quant", "quantized variants: bytes, tokens/s, tokens per call, "
+                                                        "perplexity and greedy agreement against the exported pair"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page, generated from bench/results/*.json"),
 }
 

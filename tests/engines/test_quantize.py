@@ -102,3 +102,24 @@ def test_a_latency_profile_of_a_quantized_pair_is_not_one_of_the_exported_pair(q
 
     fp32, q = Machine.here("ort", 2), Machine.here("ort", 2, quant="int8-weights")
     assert fp32 != q and "int8-weights step graphs" in q.describe()
+
+
+def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundle, tmp_path):
+    from specrt.bench.docs import render
+    from specrt.bench.quant import QuantBenchConfig, run_quant
+
+    cfg = QuantBenchConfig(bundle=quant_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=16, runs=1,
+                           quality_prompts=2, quality_tokens=16, threads=2, schemes=("int8-weights", "int4-weights"))
+    data = run_quant(cfg)
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == ["exported", "int8-weights", "int4-weights"]
+    exported = rows["exported"]
+    assert exported["perplexity_delta"] == 0 and exported["greedy_agreement"] == 1.0
+    assert exported["methods"]["autoregressive"]["vs_exported_ar"] == 1.0
+    assert rows["int4-weights"]["target_mb"] < rows["int8-weights"]["target_mb"] < exported["target_mb"]
+    for r in rows.values():
+        assert r["best"] in cfg.methods and r["methods"]["sd"]["tokens_per_target_call"] > 1
+        assert 0 <= r["greedy_agreement"] <= 1 and r["perplexity"] > 1
+    assert {(d["draft"], d["method"]) for d in data["drafts"]} == {(s, m) for s in cfg.schemes
+                                                                  for m in ("sd", "dynamic-ngram")}
+    assert "| int4-weights |" in render(tmp_path / "quant-t.json", tmp_path)
