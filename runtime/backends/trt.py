@@ -43,7 +43,7 @@ def import_tensorrt():
     try:
         import tensorrt
     except (ImportError, OSError) as e:
-        raise TensorRTUnavailableError(f"TensorRT's Python package does not import here ({e}): install TensorRT 10 or "
+        raise TensorRTUnavailableError(f"TensorRT's Python package does not import here ({e}): install TensorRT 10.1 or "
                                        f"newer (e.g. `pip install tensorrt-cu12` from NVIDIA's index); {elsewhere}"
                                        ) from None
     version = getattr(tensorrt, "__version__", "0")
