@@ -5,9 +5,9 @@ Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: mode
 our rows (autoregressive and the lossless methods asked for; timed runs interleaved across every variant
 and row, medians) and the ratio to the float pair's autoregressive; tokens per target call. Quality against
 the float target, on held-out text (never HumanEval): the target's perplexity (teacher-forced) and the share
-of greedy tokens identical to the float target's at each position. And per variant, a float target with the
-quantized draft: tokens per target call against the float pair's (does a quantized draft still guess as
-well?). Outputs JSON, Markdown and a PNG.
+of positions where both targets' greedy choice agrees (teacher-forced, and over free-running greedy
+continuations). And per variant, a float target with the quantized draft: tokens per target call against the
+float pair's (does a quantized draft still guess as well?). Outputs JSON, Markdown and a PNG.
 """
 
 from __future__ import annotations
@@ -44,18 +44,30 @@ def _bytes(bundle: Path, rel: str) -> int:
     return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
-def _quality(pipe, reference: list[list[int]] | None, prompts: list[list[int]], cfg: QuantBenchConfig):
-    """(perplexity of the held-out continuations under pipe's target, greedy outputs, share agreeing with
-    `reference` position by position)."""
-    from specrt.bench.quality import token_logprobs
+def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantBenchConfig) -> dict:
+    """Quality of pipe's target on held-out text against `reference` (the exported target's, or None when this is
+    it): perplexity of the text (teacher-forced); the share of positions of the text where both targets' greedy
+    choice is the same (teacher-forced top-1 agreement); and free-running greedy continuations of each prompt's
+    first half, compared position by position (one early flip changes the rest of a continuation)."""
+    from specrt.runtime.sampling import log_softmax
+    from specrt.runtime.step_inputs import sequence_logits
 
-    logps = np.concatenate([token_logprobs(pipe, p[:1], p[1:]) for p in prompts])
+    logps, top1 = [], []
+    with pipe.target.runner() as runner:
+        for p in prompts:
+            logits = sequence_logits(runner, np.asarray(p[:-1], dtype=np.int64))  # [T - 1, V]
+            logps.append(log_softmax(logits)[np.arange(len(p) - 1), np.asarray(p[1:])])
+            top1.append(logits.argmax(-1))
     half = [p[: len(p) // 2] for p in prompts]
     outs = [o.token_ids for o in pipe.generate(half, method="autoregressive", max_new_tokens=cfg.quality_tokens)]
-    agree = None
+    out = {"perplexity": float(np.exp(-np.concatenate(logps).mean())), "top1": top1, "greedy": outs}
     if reference is not None:
-        agree = sum(a == b for r, o in zip(reference, outs) for a, b in zip(r, o)) / sum(map(len, reference))
-    return float(np.exp(-logps.mean())), outs, agree
+        out["top1_agreement"] = float(np.mean(np.concatenate([a == b for a, b in zip(top1, reference["top1"])])))
+        out["greedy_agreement"] = (sum(a == b for r, o in zip(reference["greedy"], outs) for a, b in zip(r, o))
+                                   / sum(map(len, reference["greedy"])))
+    else:
+        out["top1_agreement"] = out["greedy_agreement"] = 1.0
+    return out
 
 
 def run_quant(cfg: QuantBenchConfig) -> dict:
@@ -80,18 +92,20 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
                                f"bench quant {cfg.label}")
     base = pipes[FLOAT]
     held_out = validation_prompts(base.encode, cfg.quality_prompts, 2 * cfg.quality_tokens, seed=1)
-    ppl0, ref, _ = _quality(base, None, held_out, cfg)
+    ref = _quality(base, None, held_out, cfg)
     rows = []
     ar0 = None
     for variant, pipe in pipes.items():
-        ppl, _, agree = _quality(pipe, ref, held_out, cfg) if variant != FLOAT else (ppl0, ref, 1.0)
+        q = _quality(pipe, ref, held_out, cfg) if variant != FLOAT else ref
         files = {r: (quant[variant][r].file if variant in quant and r in quant[variant] else
                      pipe.manifest["models"][r]["onnx"]) for r in ("target", "draft")}
         row = {"variant": variant, "target_mb": round(_bytes(cfg.bundle, files["target"]) / 2**20, 1),
                "draft_mb": round(_bytes(cfg.bundle, files["draft"]) / 2**20, 1),
                "quantize_s": round(sum(v.seconds for v in quant.get(variant, {}).values()), 1),
-               "perplexity": round(ppl, 4), "perplexity_delta": round(ppl / ppl0 - 1, 4),
-               "greedy_agreement": round(agree, 4), "methods": {}}
+               "perplexity": round(q["perplexity"], 4),
+               "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),
+               "top1_agreement": round(q["top1_agreement"], 4), "greedy_agreement": round(q["greedy_agreement"], 4),
+               "methods": {}}
         for m in cfg.methods:
             outs, calls, _ = last[(variant, m)]
             tps = sum(map(len, outs)) / statistics.median(seconds[(variant, m)])
@@ -133,15 +147,16 @@ def markdown(data: dict) -> str:
              f"{c['quality_prompts']} held-out prompts x {c['quality_tokens']} tokens ({data['date']})", "",
              "| variant | target MB | draft MB | " + " | ".join(f"{m} tok/s (vs exported AR)" for m in methods)
              + " | tokens/call (" + ", ".join(m for m in methods if m != "autoregressive") + ") | perplexity (delta) "
-             "| greedy tokens as exported | quantize s |",
-             "|---|---:|---:|" + "---:|" * len(methods) + "---:|---:|---:|---:|"]
+             "| top-1 as exported, teacher-forced | greedy continuation as exported | quantize s |",
+             "|---|---:|---:|" + "---:|" * len(methods) + "---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         ms = r["methods"]
         speed = " | ".join(f"{ms[m]['tokens_per_s']:.1f} ({ms[m]['vs_exported_ar']:.2f}x)" for m in methods)
+        top1 = f"{r['top1_agreement']:.1%}" if "top1_agreement" in r else "-"  # results before it was measured
         calls = ", ".join(f"{ms[m]['tokens_per_target_call']:.2f}" for m in methods
                           if m != "autoregressive" and ms[m]["tokens_per_target_call"])
         lines.append(f"| {r['variant']} | {r['target_mb']:.1f} | {r['draft_mb']:.1f} | {speed} | {calls} | "
-                     f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {r['greedy_agreement']:.1%} | "
+                     f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {top1} | {r['greedy_agreement']:.1%} | "
                      f"{r['quantize_s']:.1f} |")
     if data.get("drafts"):
         lines += ["", "Exported target with a quantized draft: tokens per target call (vs the exported draft's)", "",

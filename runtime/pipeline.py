@@ -123,13 +123,25 @@ class Pipeline:
         return artifacts.load(self.bundle, LatencyProfile, self.machine)
 
     def acceptance(self) -> Acceptance:
-        return artifacts.load(self.bundle, Acceptance)
+        """acceptance.json, refused if it was measured on another variant of the step graphs (a quantized target
+        accepts other drafts than the exported one)."""
+        acc = artifacts.load(self.bundle, Acceptance)
+        measured = acc.config.get("quant")
+        if measured != self.machine.quant:
+            what = f"the {measured} variant" if measured else "the exported step graphs"
+            here = f"the {self.machine.quant} variant" if self.machine.quant else "the exported step graphs"
+            flag = f" --quant {self.machine.quant}" if self.machine.quant else ""
+            raise BundleError(f"{self.bundle / Acceptance.FILE} was measured on {what}, this pipeline runs {here}: "
+                              f"re-run `specrt calibrate --bundle {self.bundle}{flag}`")
+        return acc
 
     def draft_temperature(self) -> float:
-        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated."""
+        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated. Taken
+        from an acceptance.json of any variant of the step graphs (it scales the draft's scores; `specrt calibrate
+        --quant S` fits it to a quantized target)."""
         if not (self.bundle / Acceptance.FILE).is_file():
             return 1.0
-        return self.acceptance().draft_temperature
+        return artifacts.load(self.bundle, Acceptance).draft_temperature
 
     def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
         """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step

@@ -4,6 +4,7 @@ decoding of the same quantized target, which needs every row of a step computed 
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -123,3 +124,17 @@ def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundl
     assert {(d["draft"], d["method"]) for d in data["drafts"]} == {(s, m) for s in cfg.schemes
                                                                   for m in ("sd", "dynamic-ngram")}
     assert "| int4-weights |" in render(tmp_path / "quant-t.json", tmp_path)
+
+
+def test_an_acceptance_measured_on_one_variant_is_refused_by_another(quant_bundle, tmp_path):
+    from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import write_acceptance
+
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    acc = write_acceptance(b, [[0.5, 0.2]])
+    artifacts.save(b, replace(acc, config={"quant": "int4-weights"}))
+    assert Pipeline.load(b, threads=2, quant="int4-weights").acceptance().config["quant"] == "int4-weights"
+    with pytest.raises(BundleError, match="measured on the int4-weights variant, this pipeline runs the exported step "
+                                          "graphs: re-run `specrt calibrate --bundle .*`"):
+        Pipeline.load(b, threads=2).acceptance()
