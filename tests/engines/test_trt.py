@@ -13,7 +13,7 @@ import pytest
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import TrtEngineSet
-from specrt.errors import BundleError, InvalidRequestError
+from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 from tests import fake_tensorrt as fake
 
 TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity=256)
@@ -143,8 +143,8 @@ def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, h
     b, engines, _ = trt_bundle
     pipe = _pipeline(b, engines)  # 2 slots: each slot's contexts hold profiles of their own
     assert len(pipe.target._slots) == 2
-    held = [set(c for c in (s.contexts)) for s in pipe.target._slots]
-    assert not held[0] & held[1]
+    held = [[c.profile for c in s.contexts] for s in pipe.target._slots]  # the profile each context holds
+    assert held == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # one per token range, and no profile in two slots
     alone = [pipe.generate(p, method="sd", max_new_tokens=12).token_ids for p in humaneval[:3]]
     with ThreadPoolExecutor(3) as ex:  # 3 threads, 2 slots: a call waits for a slot
         together = list(ex.map(lambda p: pipe.generate(p, method="sd", max_new_tokens=12).token_ids, humaneval[:3] * 2))
@@ -188,9 +188,13 @@ def test_an_engine_refusing_a_shape_says_so(trt, trt_bundle):
     pipe = _pipeline(b, engines)
     narrower = replace(engines, token_profiles=(1, 4, 8, 16, 64))  # the plan's last profile stops at 32 tokens
     pipe.target.engines = narrower
-    with pytest.raises(Exception, match="refuses input_ids of shape \\(1, 40\\) in profile 4"):
-        pipe.target._run(pipe.target._slots.acquire(), np.zeros((1, 40), np.int64), np.zeros((1, 40), np.int64),
-                         np.ones((1, 40, 168), bool), _grown_cache(pipe.target))
+    slot = pipe.target._slots.acquire()
+    try:
+        with pytest.raises(SpecrtError, match="refuses input_ids of shape \\(1, 40\\) in profile 4"):
+            pipe.target._run(slot, np.zeros((1, 40), np.int64), np.zeros((1, 40), np.int64),
+                             np.ones((1, 40, 168), bool), _grown_cache(pipe.target))
+    finally:
+        pipe.target._slots.release(slot)
 
 
 def _grown_cache(backend):
