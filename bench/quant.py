@@ -23,6 +23,7 @@ from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
+from specrt.engines.quantize import graph_bytes
 from specrt.plotting import pyplot, save_figure
 
 FLOAT = "exported"  # the row of the pair as exported (float weights)
@@ -36,12 +37,6 @@ class QuantBenchConfig(BenchConfig):
     methods: tuple[str, ...] = option(("autoregressive", "sd", "dynamic-ngram"), "our rows: methods or e2e variants")
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
-
-
-def _bytes(bundle: Path, rel: str) -> int:
-    path = bundle / rel
-    data = path.with_name(path.name + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantBenchConfig) -> dict:
@@ -99,8 +94,8 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
         q = _quality(pipe, ref, held_out, cfg) if variant != FLOAT else ref
         files = {r: (quant[variant][r].file if variant in quant and r in quant[variant] else
                      pipe.manifest["models"][r]["onnx"]) for r in ("target", "draft")}
-        row = {"variant": variant, "target_mb": round(_bytes(cfg.bundle, files["target"]) / 2**20, 1),
-               "draft_mb": round(_bytes(cfg.bundle, files["draft"]) / 2**20, 1),
+        row = {"variant": variant, "target_mb": round(graph_bytes(cfg.bundle / files["target"]) / 2**20, 1),
+               "draft_mb": round(graph_bytes(cfg.bundle / files["draft"]) / 2**20, 1),
                "quantize_s": round(sum(v.seconds for v in quant.get(variant, {}).values()), 1),
                "perplexity": round(q["perplexity"], 4),
                "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),

@@ -12,8 +12,8 @@ Face models, and its current release pins transformers < 4.58):
     int4-weights  the same with 4-bit weights: half the bytes again, more rounding.
     static-int8   QDQ: weights int8 per channel, the weight MatMuls' activations uint8 with ranges calibrated
                   on held-out text (the held-out stdlib files acceptance calibration reads; never HumanEval).
-                  uint8 activations because ONNX Runtime's x86 8-bit GEMM multiplies uint8 by int8: with int8
-                  activations the graph ran unfused, about 30x slower per step (observed ad hoc, inflated target).
+                  uint8 activations because ONNX Runtime's x86 8-bit GEMM multiplies uint8 by int8 (with int8
+                  activations the inflated target's steps were far slower in an ad-hoc timing; not a bench figure).
 
 Not offered: onnxruntime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger). It quantizes a step's
 activations with one scale over all its rows, so a token's logits depend on which other tokens share its step:
@@ -43,6 +43,7 @@ from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
 from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
+from specrt.graphs.passes import data_file
 
 SCHEMES = ("int8-weights", "int4-weights", "static-int8")
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
@@ -60,8 +61,9 @@ class QuantizeConfig(BundleOptions):
     seed: int = option(0, "static-int8: seed of the held-out prompts' offsets", ge=0)
 
 
-def _graph_bytes(path: Path) -> int:
-    data = path.with_name(path.name + ".data")
+def graph_bytes(path: Path) -> int:
+    """Bytes of a step graph and of its external data file, if it has one."""
+    data = data_file(path)
     return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
@@ -124,7 +126,7 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     t0 = time.perf_counter()
-    external = src.with_name(src.name + ".data").is_file()
+    external = data_file(src).is_file()
     model = onnx.load(str(src), load_external_data=True)
     quantize, keep = weight_matmuls(model)
     if not quantize:
@@ -149,8 +151,8 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
                         use_external_data_format=external)
         calibration = {"corpus_sha256": corpus_hash(load_corpus()[1]), "prompts": cfg.calibration_prompts,
                        "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed}
-    return QuantVariant(file="", bytes=_graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
-                        source_bytes=_graph_bytes(src), quantized_nodes=len(quantize),
+    return QuantVariant(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
+                        source_bytes=graph_bytes(src), quantized_nodes=len(quantize),
                         seconds=round(time.perf_counter() - t0, 2), calibration=calibration)
 
 
