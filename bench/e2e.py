@@ -190,7 +190,8 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
 
 
 def run_e2e(cfg: E2EConfig) -> dict:
-    from specrt.bench.hardware import EnergyMeter, copy_bandwidth
+    from specrt.bench.hardware import EnergyMeter
+    from specrt.calibration.latency import copy_bandwidth
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))

@@ -1,45 +1,10 @@
-"""What the hardware allows, measured where the bench runs: copy bandwidth (for the roofline) and energy (NVML).
+"""Energy per token, measured where the bench runs (copy bandwidth, for the roofline: calibration.latency).
 
-Roofline: decoding one token must read every weight of the target once, so a batch-1 decoder can emit
-at most bandwidth / weight bytes tokens per second. Bandwidth is a measured device copy: bytes read plus
-bytes written per second, the best of a few copies of a buffer far larger than any cache.
 Energy: NVML's total-energy counter of the GPU (millijoules since driver load; Volta and newer), read
 around each timed run; nothing on the CPU (no counter that covers only this process).
 """
 
 from __future__ import annotations
-
-import time
-
-
-def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
-    """Bytes per second (read + write) of copying a size_mb buffer on `device` ("cpu" or "cuda:N")."""
-    import numpy as np
-
-    n = size_mb * 2**20
-    if device.startswith("cuda"):
-        import torch
-
-        src = torch.empty(n, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        best = float("inf")
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
-        return 2 * n / best
-    src = np.ones(n, dtype=np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n / best
 
 
 class EnergyMeter:

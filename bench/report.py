@@ -67,8 +67,11 @@ def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, jou
 
 
 def header(verb: str, cfg) -> dict:
-    """The fields every bench JSON starts with: label, date, the command that re-makes it, config, machine."""
+    """The fields every bench JSON starts with: label, date, the command that re-makes it, config, machine, and
+    the sha256 of the bundle's manifest (how `specrt report` finds the runs made on a bundle's export)."""
+    from specrt.bundle.manifest import MANIFEST, manifest_sha256
     from specrt.config import config_dict, to_flags
 
+    made_from = manifest_sha256(cfg.bundle) if (Path(cfg.bundle) / MANIFEST).is_file() else None
     return {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "command": f"specrt bench {verb} {to_flags(cfg)}".strip(),
-            "config": config_dict(cfg), "machine": machine_summary()}
+            "config": config_dict(cfg), "machine": machine_summary(), "bundle_manifest_sha256": made_from}

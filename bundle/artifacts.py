@@ -98,6 +98,19 @@ def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None, here
     return artifact
 
 
+def read(bundle: Path, cls: type[Artifact]) -> tuple[Artifact | None, str]:
+    """The bundle's artifact of this type for reading about it (a report), and "ok" or why `load` would refuse
+    it (not counting this process's devices); the artifact is None only when it is missing or unreadable."""
+    try:
+        return load(bundle, cls, here=False), "ok"
+    except SpecrtError as e:
+        why = str(e)
+    try:
+        return _parse(cls, Path(bundle).resolve() / cls.FILE, ""), why
+    except (OSError, SpecrtError):
+        return None, why
+
+
 _PARSED: dict = {}  # (class, path) -> (file signature, artifact): a file read again only when it changed
 
 
@@ -194,6 +207,12 @@ class LatencyProfile(Artifact):
     config: dict  # the ProfileConfig it was made with
     models: dict[str, dict[int, dict[int, dict[int, float]]]]  # role -> batch -> context -> new tokens -> ms
     host_ms: dict[str, dict[int, float]]  # kind (HOST_KINDS) -> tree nodes -> host ms per round, batch 1
+    # the device's measured copy bandwidth, bytes read + written per second (None: profiled before it was measured)
+    copy_bandwidth: float | None = None
+
+    def roofline_ms(self, weight_bytes: int) -> float | None:
+        """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""
+        return 1e3 * weight_bytes / self.copy_bandwidth if self.copy_bandwidth else None
 
     def batch_sizes(self, role: str = "target") -> list[int]:
         return sorted(self.models[role])

@@ -5,8 +5,10 @@ Each point is the median of `repeats` timed steps after `warmup` untimed ones, o
 are skipped (CPU time). It also measures the runtime's own host work per decode round (masks, drafting
 bookkeeping, verification, cache commits: everything outside model calls) for static and dynamic trees
 of several sizes at batch 1, since on small models that is a real part of a round (a dynamic tree's beam
-search is host work at every depth). Writes latency.json (a LatencyProfile, stamped with this machine,
-backend, threads and device) into the bundle and latency.png beside it.
+search is host work at every depth), and the device's copy bandwidth, for the roofline: a step must read
+every weight once, so no step is faster than weight bytes / bandwidth. Writes latency.json (a
+LatencyProfile, stamped with this machine, backend, threads and device) into the bundle and latency.png
+beside it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,35 @@ class ProfileConfig(BundleOptions, BackendOptions):
     repeats: int = option(5, "timed steps per point (the median is kept)", ge=1)
     warmup: int = option(2, "untimed steps per point", ge=0)
     max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
+
+
+def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
+    """Bytes per second (read + write) of copying a size_mb buffer on `device` ("cpu" or "cuda:N"): the best
+    of `repeats` copies of a buffer far larger than any cache."""
+    n = size_mb * 2**20
+    if device.startswith("cuda"):
+        import torch
+
+        src = torch.empty(n, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best = float("inf")
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return 2 * n / best
+    src = np.ones(n, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n / best
 
 
 def time_step(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int) -> float:
@@ -83,7 +114,8 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
             ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
             models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
     data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
-                          host_ms={kind: host_per_round(pipe, kind) for kind in ("tree", "dynamic", "merged")})
+                          host_ms={kind: host_per_round(pipe, kind) for kind in ("tree", "dynamic", "merged")},
+                          copy_bandwidth=round(copy_bandwidth(pipe.machine.device)))
     artifacts.save(cfg.bundle, data)
     plot_latency(data, cfg.bundle / "latency.png")
     return data

@@ -87,16 +87,19 @@ def tune(cfg: TuneConfig) -> Plan:
     return plan
 
 
+def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
+    """A candidate in words: "dynamic tree of 8 nodes + up to 7 n-gram drafts", "no speculation"."""
+    if kind == "autoregressive":
+        return "no speculation (drafting does not pay here)"
+    what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} nodes"
+    return what + (f" + up to {ngram_tokens} n-gram drafts" if ngram_tokens else "")
+
+
 def describe_plan(plan: Plan) -> str:
     lines = []
     for batch, c in plan.choices.items():
         best = c.best
-        if c.method == "autoregressive":
-            what = "no speculation (drafting does not pay here)"
-        else:
-            what = f"{'dynamic tree' if best.kind in ('dynamic', 'merged') else best.kind} of {best.num_nodes} nodes"
-            if best.ngram_tokens:
-                what += f" + up to {best.ngram_tokens} n-gram drafts"
+        what = describe_point(best.kind, best.num_nodes, best.ngram_tokens)
         lines.append(f"batch {batch}: {what}: predicted {best.predicted_tokens_per_s:.1f} tokens/s, "
                      f"{c.predicted_speedup:.2f}x autoregressive")
     return "\n".join(lines)
