@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | report | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune report bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,11 @@ profile: $(STAMP)
 
 tune: $(STAMP)
 	$(BIN)/specrt tune --bundle $(OUT)
+
+# One page for a bundle (OUT=...): machine, engines, L(n) with the roofline, acceptance, plan, and the bench runs
+# in RESULTS made on it -> build/report/report.html (+ .md, .json); VS=another bundle or report to compare with
+report: $(STAMP)
+	$(BIN)/specrt report --bundle $(OUT) --bench $(RESULTS) --out build/report $(if $(VS),--vs $(VS),)
 
 bench: bench-tiny bench-inflated
 
@@ -127,7 +132,7 @@ gpu-bench:
 	$(PY) -m specrt bench e2e --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager --num-prompts 5 \
 		--runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_OUT)/results
 
-# docs/results.md from every committed result in bench/results.
+# docs/results.md and the README's results table from every committed result in bench/results.
 docs: $(STAMP)
 	$(BIN)/specrt bench docs
 

@@ -9,6 +9,7 @@
     specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
+    specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
     specrt bench e2e|trees|ngram|mtad|soak|quant|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
@@ -202,6 +203,12 @@ def cmd_inspect(args) -> None:
         print(f"  {name:<16} {state}")
 
 
+def cmd_report(args) -> None:
+    from specrt.bench.reporting import ReportConfig, run_report
+
+    run_report(config_from(ReportConfig, args))
+
+
 def cmd_bench(args) -> None:
     module, cls, run, _ = BENCH_VERBS[args.bench_cmd]
     mod = importlib.import_module(f"specrt.bench.{module}")
@@ -217,12 +224,14 @@ BENCH_VERBS = {
     "soak": ("soak", "SoakConfig", "run_soak", "resident memory over many calls with random prompt lengths"),
     "quant": ("quant", "QuantBenchConfig", "run_quant", "quantized variants: bytes, tokens/s, tokens per call, "
                                                         "perplexity and greedy agreement against the exported pair"),
-    "docs": ("docs", "DocsConfig", "run_docs", "the full results page, generated from bench/results/*.json"),
+    "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
+                                               "from bench/results/*.json"),
 }
 
 
 def build_parser() -> ArgumentParser:
     from specrt.bench.demo import DemoConfig
+    from specrt.bench.reporting import ReportConfig
     from specrt.bundle.manifest import BundleOptions
     from specrt.calibration.acceptance import CalibrationConfig
     from specrt.calibration.latency import ProfileConfig
@@ -274,6 +283,8 @@ def build_parser() -> ArgumentParser:
             ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json"),
             ("quantize", QuantizeConfig, cmd_quantize, "8-bit variants of the step graphs for ONNX Runtime on the CPU "
                                                        "-> quant.json (run them with --quant)"),
+            ("report", ReportConfig, cmd_report, "one page (HTML and Markdown) tying a bundle's latency profile, "
+                                                 "acceptance, plan, engines and bench runs together; --vs compares two"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
                                                  "TensorRT plans) and specrt's decode loop, streaming")):
         p = sub.add_parser(verb, help=help_text)
