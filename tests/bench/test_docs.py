@@ -1,9 +1,13 @@
 """`bench docs` renders every committed result with its verb's own Markdown and the command that re-makes it."""
 
 import json
+from pathlib import Path
 
-from specrt.bench.docs import DocsConfig, run_docs
+import pytest
+
+from specrt.bench.docs import BEGIN, END, DocsConfig, page, readme_table, run_docs
 from specrt.bench.e2e import E2EConfig, MethodResult, report
+from specrt.errors import SpecrtError
 
 
 def test_results_page_from_json(tmp_path):
@@ -15,8 +19,25 @@ def test_results_page_from_json(tmp_path):
     old = json.loads((results / "e2e-t.json").read_text())
     del old["command"]  # results from before commands were recorded: the command is rebuilt from the config
     (results / "e2e-old.json").write_text(json.dumps({**old, "label": "old"}))
-    page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md"))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
+    page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
     assert page == (tmp_path / "docs" / "results.md").read_text()
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
     assert page.count("Command: `specrt bench e2e --bundle") == 2 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "| stale |" not in text
+    assert "| [`e2e-t`](docs/results.md#end-to-end) | best lossless `sd` **2.00x** our AR (200.0 vs 100.0 tok/s) |" in text
+    readme.write_text("no markers")
+    with pytest.raises(SpecrtError, match="has no results markers"):
+        run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
+
+
+def test_the_committed_page_and_readme_table_are_what_the_generator_writes(monkeypatch):
+    """docs/results.md and the README's results table are regenerated, never edited: `specrt bench docs`."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    results, out, readme = Path("bench/results"), Path("docs/results.md"), Path("README.md")
+    assert page(results, out) == out.read_text(), "docs/results.md is stale: run `specrt bench docs`"
+    assert readme_table(results, readme, out) == readme.read_text(), "README's results table is stale: run `specrt bench docs`"

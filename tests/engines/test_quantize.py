@@ -106,7 +106,7 @@ def test_a_latency_profile_of_a_quantized_pair_is_not_one_of_the_exported_pair(q
 
 
 def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundle, tmp_path):
-    from specrt.bench.docs import render
+    from specrt.bench.reporting import bench_results, bench_section, headline
     from specrt.bench.quant import QuantBenchConfig, run_quant
 
     cfg = QuantBenchConfig(bundle=quant_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=16, runs=1,
@@ -123,7 +123,8 @@ def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundl
         assert 0 <= r["greedy_agreement"] <= 1 and r["perplexity"] > 1
     assert {(d["draft"], d["method"]) for d in data["drafts"]} == {(s, m) for s in cfg.schemes
                                                                   for m in ("sd", "dynamic-ngram")}
-    assert "| int4-weights |" in render(tmp_path / "quant-t.json", tmp_path)
+    assert "| int4-weights |" in "\n".join(bench_section(bench_results(tmp_path)[0], tmp_path))
+    assert "`int4-weights`: AR " in headline("quant", data)
 
 
 def test_an_acceptance_measured_on_one_variant_is_refused_by_another(quant_bundle, tmp_path):
