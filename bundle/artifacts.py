@@ -6,6 +6,7 @@
     engines.json     EngineSet       `specrt build`      static-shape steps per token-count profile (CUDA graphs)
     trt-engines.json TrtEngineSet    `specrt build --backend trt`  TensorRT plans, a profile per token-count range
     quant.json       QuantSet        `specrt quantize`   8-bit variants of the step graphs (ONNX Runtime)
+    ppd.json         PromptTokens    `specrt ppd train`  PPD's trained prompt tokens, their graph and sparse trees
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -465,5 +466,55 @@ class QuantSet(Artifact):
         return f"specrt quantize --bundle {bundle}{scheme}"
 
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet)
+# -- ppd.json -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PpdTree:
+    """A PPD sparse tree for one budget (static pruning, PPD section 4.2.1): candidate tokens by child ranks (the
+    top-k of the prompt token at that depth) and how many prompt tokens the root and each candidate carry."""
+
+    budget: int  # step rows beyond the root allowed
+    paths: tuple[tuple[int, ...], ...]  # candidates, as TreeSpec paths
+    prompts: tuple[int, ...]  # [1 + len(paths)] prompt tokens carried by the root, then by each candidate (0..k)
+    rows: int  # step rows beyond the root when every candidate is in play (<= budget)
+    expected_rows: float  # the same, averaged over the steady state (fewer candidates after a short acceptance)
+    expected_accepted: float  # candidates accepted per round in the steady state (R(T), PPD appendix A)
+
+
+@dataclass(frozen=True)
+class PromptTokens(Artifact):
+    """PPD's prompt tokens (`specrt ppd train`): k prompt tokens x e ensemble prompt tokens (EPTs), extra rows of the
+    target's input embedding table with ids V + (d - 1) * e + j (distance d = 1..k, EPT j = 0..e-1); a copy of the
+    target's step graph holding them (ort); accuracy by distance on held-out text; sparse trees per budget."""
+
+    FILE: ClassVar[str] = "ppd.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt ppd train --bundle {bundle}"
+
+    num_prompt_tokens: int  # k: prompt token d guesses the token d + 1 after the last accepted one
+    num_ensemble: int  # e
+    vocab_size: int  # V
+    hidden_size: int
+    embeddings: str  # .npy [k * e, hidden], relative to the bundle
+    embeddings_sha256: str
+    graph: str | None  # the target step graph with the prompt tokens (None: a bundle without ONNX graphs)
+    graph_sha256: str | None
+    parity: float | None  # max |logit| difference of that graph against the exported one on ordinary ids
+    training: dict  # config, steps, loss curve, seconds, seed, corpus hash (or the bundle the tokens came from)
+    accuracy: tuple[tuple[float, ...], ...]  # [k][K] P(rank r of prompt token d's guess is the true token)
+    baseline_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same from the last position's own logits
+    initial_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same with the untrained (initial) prompt tokens
+    trees: tuple[PpdTree, ...]  # one per budget, ascending
+
+    def prompt_id(self, distance: int, ept: int) -> int:
+        return self.vocab_size + (distance - 1) * self.num_ensemble + ept
+
+    def tree(self, budget: int | None = None) -> PpdTree:
+        """The sparse tree of the largest budget <= `budget` (None: the largest built)."""
+        fit = [t for t in self.trees if budget is None or t.budget <= budget]
+        if not fit:
+            raise InvalidRequestError(f"no PPD tree within {budget} rows (built: {', '.join(str(t.budget) for t in self.trees)})")
+        return fit[-1]
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens)
 ENGINE_SETS = {"graphs": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by

@@ -83,3 +83,36 @@ def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
             v.type.tensor_type.elem_type = f32
     _save(model, dest, external)
     onnx.checker.check_model(str(dest))
+
+
+def add_prompt_embeddings(src: Path, dest: Path, prompt_embeddings) -> None:
+    """`dest`: the step graph `src` with extra rows appended to its input embedding table (PPD's prompt tokens,
+    ids V .. V + P - 1); the head and every other weight unchanged. `dest` must sit in `src`'s directory: the
+    graph is edited without loading external data, so its other weights stay references into `src`'s data
+    file (a large model's prompt-token graph costs the new table, not a second copy of the weights)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    src, dest = Path(src), Path(dest)
+    if src.parent.resolve() != dest.parent.resolve():
+        raise SpecrtError(f"{dest} must be in the directory of {src} (it shares {src.name}'s external data)")
+    model = onnx.load(str(src), load_external_data=False)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    gathers = [n for n in g.node if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == contract.INPUT_IDS
+               and n.input[0] in inits]
+    if len(gathers) != 1:
+        raise SpecrtError(f"{src}: expected one Gather of the embedding table by {contract.INPUT_IDS!r}, found {len(gathers)}")
+    table = inits[gathers[0].input[0]]
+    weights = numpy_helper.to_array(table, base_dir=str(src.parent))  # external data read, not moved
+    extra = np.asarray(prompt_embeddings, dtype=weights.dtype)
+    if extra.ndim != 2 or extra.shape[1] != weights.shape[1]:
+        raise SpecrtError(f"prompt embeddings of shape {extra.shape} do not fit the embedding table {weights.shape}")
+    name = "ppd.embed_tokens_with_prompts"
+    g.initializer.append(numpy_helper.from_array(np.concatenate([weights, extra]), name))
+    gathers[0].input[0] = name  # the original table stays for whatever else reads it (a tied head)
+    if not any(table.name in n.input for n in g.node):
+        g.initializer.remove(next(t for t in g.initializer if t.name == table.name))
+    onnx.save_model(model, str(dest))
+    onnx.checker.check_model(str(dest))

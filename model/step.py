@@ -6,6 +6,10 @@ and replaces only the attention core, so that the mask is the caller's general b
 and so that only the K/V of the T new tokens comes out. The same module is exported to ONNX and run by
 TorchBackend, so both backends compute the same function.
 
+Prompt tokens (PPD): `prompt_embeddings` [P, hidden] are extra rows of the input embedding table, looked up by
+ids V .. V + P - 1; the head still scores the first V tokens only (logits [B, T, V]). The step contract does
+not change: a prompt token is an input id like any other.
+
 Invariants: a row whose mask is all False produces finite garbage (never NaN), and is never read.
 """
 
@@ -43,7 +47,7 @@ def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
 class StepModule(nn.Module):
     """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer."""
 
-    def __init__(self, hf_model):
+    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None):
         super().__init__()
         config = hf_model.config
         check_supported(config)
@@ -54,13 +58,23 @@ class StepModule(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype = next(hf_model.parameters()).dtype
         self.register_buffer("rotate_half", _rotate_half_matrix(self.head_dim).to(dtype), persistent=False)
+        # PPD's prompt tokens: a parameter (trained by `specrt ppd train`, everything else frozen) or None
+        self.prompt_embeddings = None if prompt_embeddings is None else nn.Parameter(
+            prompt_embeddings.to(dtype=dtype, device=next(hf_model.parameters()).device), requires_grad=False)
+
+    def embed(self, input_ids):
+        """[B, T, hidden] embeddings of token ids and (ids >= V) prompt tokens."""
+        table = self.hf.model.embed_tokens
+        if self.prompt_embeddings is None:
+            return table(input_ids)
+        return nn.functional.embedding(input_ids, torch.cat([table.weight, self.prompt_embeddings]))
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
         # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]
         inner = self.hf.model
         batch, num_tokens = input_ids.shape
-        x = inner.embed_tokens(input_ids)  # [B, T, hidden]
+        x = self.embed(input_ids)  # [B, T, hidden]
         cos, sin = inner.rotary_emb(x, position_ids)  # [B, T, D]
         cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, T, D]
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)

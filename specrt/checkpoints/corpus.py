@@ -59,22 +59,28 @@ def corpus_hash(files: list[CorpusFile]) -> str:
     return h.hexdigest()
 
 
-def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
-    """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
+def corpus_windows(encode, num: int, length: int, seed: int, split: str = "validation") -> list[list[int]]:
+    """`num` windows of `length` tokens cut at seeded offsets from the corpus's "train" or "validation" files."""
     import numpy as np
 
     from specrt.errors import SpecrtError
 
-    _, val = load_corpus()
+    train, val = load_corpus()
+    files = val if split == "validation" else train
     rng = np.random.default_rng(seed)
-    prompts = []
-    for i in rng.permutation(num * 4):
-        f = val[int(i) % len(val)]
+    windows = []
+    for i in rng.permutation(max(num * 4, len(files) if split == "train" else 0))[: num * 4]:
+        f = files[int(i) % len(files)]
         ids = encode(f.text)
-        if len(ids) < prompt_tokens + 8:
+        if len(ids) < length + 8:
             continue
-        start = int(rng.integers(0, len(ids) - prompt_tokens))
-        prompts.append(ids[start:start + prompt_tokens])
-        if len(prompts) == num:
-            return prompts
-    raise SpecrtError(f"only {len(prompts)} validation prompts of {prompt_tokens} tokens could be cut")
+        start = int(rng.integers(0, len(ids) - length))
+        windows.append(ids[start:start + length])
+        if len(windows) == num:
+            return windows
+    raise SpecrtError(f"only {len(windows)} {split} windows of {length} tokens could be cut")
+
+
+def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
+    """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
+    return corpus_windows(encode, num, prompt_tokens, seed, "validation")

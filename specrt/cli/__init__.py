@@ -7,6 +7,7 @@
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
     specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
+    specrt ppd train                   PPD's prompt tokens, their target graph and sparse trees -> ppd.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
@@ -203,6 +204,13 @@ def cmd_inspect(args) -> None:
         print(f"  {name:<16} {state}")
 
 
+def cmd_ppd(args) -> None:
+    from specrt.engines.ppd import PpdConfig, describe, train_prompt_tokens
+
+    tokens = train_prompt_tokens(config_from(PpdConfig, args))
+    print(describe(tokens))
+
+
 def cmd_report(args) -> None:
     from specrt.bench.reporting import ReportConfig, run_report
 
@@ -290,6 +298,14 @@ def build_parser() -> ArgumentParser:
         p = sub.add_parser(verb, help=help_text)
         add_config(p, config)
         p.set_defaults(func=func)
+
+    from specrt.engines.ppd import PpdConfig
+
+    ppd = sub.add_parser("ppd", help="PPD: prompt tokens that make the target guess further tokens itself")
+    psub = ppd.add_subparsers(dest="ppd_cmd", required=True)
+    add_config(psub.add_parser("train", help="train the prompt tokens (only their embeddings) by distillation from the "
+                                             "target; write their graph and sparse trees -> ppd.json"), PpdConfig)
+    ppd.set_defaults(func=cmd_ppd)
 
     ins = sub.add_parser("inspect", help="a bundle's files and artifacts: valid here, or why not")
     add_config(ins, BundleOptions)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, QuantSet, TrtEngineSet
+from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, PromptTokens, QuantSet, TrtEngineSet
 from specrt.bundle.files import replace_dir, write_atomic
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError
@@ -80,7 +80,9 @@ def test_status_lists_every_artifact(bundle):
     status = dict(artifacts.status(bundle, HERE))
     assert status["acceptance.json"] == "ok" and status["latency.json"].startswith("no latency.json")
     assert "specrt calibrate" in status["plan.json"] and "specrt tune" in status["plan.json"]
-    assert set(status) == {cls.FILE for cls in (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet)}
+    assert set(status) == {cls.FILE for cls in (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet,
+                                                PromptTokens)}
+    assert status["ppd.json"].startswith("no ppd.json") and "specrt ppd train" in status["ppd.json"]
     assert status["engines.json"].startswith("no engines.json") and "specrt build" in status["engines.json"]
 
 

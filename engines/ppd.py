@@ -1,0 +1,415 @@
+"""`specrt ppd train`: PPD's prompt tokens (Chen et al., "Hardware-aware parallel prompt decoding", sections 3-4
+and appendix A), trained for a bundle's target; their step graph; sparse trees per budget.
+
+Prompt tokens: k prompt tokens x e ensemble prompt tokens (EPTs), extra rows of the target's input embedding
+table (ids V + (d - 1) * e + j). Placed after a token at position i, prompt token d (at position i + d, seeing
+the prefix and its EPT's prompt tokens 1..d-1) guesses the token at i + d + 1; the guess of distance d is
+the average of its EPTs' logits. Nothing of the target changes; logits stay over its V tokens.
+
+Training (section 3.3): only the prompt embeddings train (Adam), by distillation against the target's own
+next-token distributions: windows of the demo pair's training text, prompt blocks inserted after random
+positions (random insertion), loss sum_d alpha^(d-1) KL(target at i + d || prompt token d), averaged. The
+target's rows and the prompt rows are one forward pass: window rows never see prompt rows, so the teacher
+is the same model in the same pass, detached. Initialised from the embeddings of random ordinary tokens.
+
+Sparse trees (section 4.2.1, appendix A): from the accuracy of each distance's top-r guess on held-out
+text, for a budget of n step rows: for every split of n into candidates and prompt rows, the candidate
+tree maximising the expected accepted length (the greedy Medusa/Sequoia construction), k prompt tokens
+attached to the root and every candidate, then prompt tokens removed one at a time where the loss
+dF = P(the round ends at c) * (f(T_m) - f(T_m-1)) is least, until the budget holds. A tree is scored by its
+steady state: after a round ending at candidate c, the next round's tree is cut to the depth c's prompt
+tokens allow, so rounds form a Markov chain over depth limits, and R(T) = sum_s pi_s f(T_s) is what one
+round accepts on average. Hardware-aware selection (section 4.2.2) picks among these trees at run time from
+the bundle's latency profile: the budget maximising (R + 1) / L(rows + 1).
+
+Prompt tokens trained on a target serve any copy of the same function: `--prompts-from` takes them from
+another bundle (e.g. the demo target, for its inflated versions), zero-padded to this hidden size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import PpdTree, PromptTokens, Stamp
+from specrt.bundle.files import write_atomic
+from specrt.bundle.manifest import BundleOptions, load_manifest, model_entry, sha256_file
+from specrt.config import config_dict, option
+from specrt.errors import SpecrtError
+
+EMBEDDINGS = "ppd/prompt_tokens.npy"
+GRAPH = "target-ppd.onnx"  # beside target.onnx: it shares that graph's external data file, if any
+BUDGETS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class PpdConfig(BundleOptions):
+    num_prompt_tokens: int = option(3, "prompt tokens k: guesses at distances 2 .. k + 1", ge=1, le=8)
+    num_ensemble: int = option(1, "ensemble prompt tokens (EPTs) per prompt token", ge=1, le=16)
+    steps: int = option(1000, "training steps", ge=0)
+    batch_size: int = option(8, "training windows per step", ge=1)
+    window: int = option(128, "tokens per training window", ge=16)
+    insertions: int = option(12, "prompt blocks inserted after random positions of each window", ge=1)
+    lr: float = option(0.003, "Adam learning rate of the prompt embeddings", gt=0)
+    decay: float = option(0.8, "loss weight alpha^(d-1) of distance d", gt=0, le=1)
+    val_windows: int = option(32, "held-out windows the accuracy (and so the trees) is measured on", ge=1)
+    max_rank: int = option(8, "guesses per distance ranked (top-k)", ge=1)
+    budgets: tuple[int, ...] = option(BUDGETS, "tree sizes (step rows beyond the root) to build sparse trees for")
+    seed: int = option(0, "seed of initialisation, windows and insertion points", ge=0)
+    prompts_from: Path | None = option(None, "a bundle whose target computes the same function (the demo target this "
+                                             "one inflates): take its trained prompt tokens (zero-padded to this hidden "
+                                             "size) instead of training")
+
+
+# -- batches: windows with prompt blocks ------------------------------------------------------------
+def prompt_block(window: int, points: np.ndarray, k: int, e: int, vocab: int) -> tuple[np.ndarray, ...]:
+    """Rows after a window of `window` tokens: for each insertion point i (the block follows token i) and EPT j,
+    prompt tokens d = 1..k at positions i + d. Returns (ids [P], positions [P], mask [W + P, W + P] bool,
+    rows [len(points), k, e]: the row of (point, distance, EPT))."""
+    m = len(points)
+    n = window + m * e * k
+    mask = np.zeros((n, n), dtype=bool)
+    mask[:window, :window] = np.tri(window, dtype=bool)
+    ids, pos = np.empty(m * e * k, np.int64), np.empty(m * e * k, np.int64)
+    rows = np.empty((m, k, e), np.int64)
+    r = window
+    for a, i in enumerate(points):
+        for j in range(e):
+            first = r
+            for d in range(1, k + 1):
+                ids[r - window], pos[r - window], rows[a, d - 1, j] = vocab + (d - 1) * e + j, i + d, r
+                mask[r, : i + 1] = True  # the prefix through token i
+                mask[r, first: r + 1] = True  # its EPT's prompt tokens 1..d
+                r += 1
+    return ids, pos, mask, rows
+
+
+def _forward(module, windows: np.ndarray, points: np.ndarray, k: int, e: int, vocab: int):
+    """One step over windows [B, W] with prompt blocks after `points` [B, M]: (window logits [B, W, V], prompt
+    logits [B, M, k, V] averaged over EPTs)."""
+    import torch
+
+    batch, width = windows.shape
+    parts = [prompt_block(width, p, k, e, vocab) for p in points]
+    ids = torch.from_numpy(np.stack([np.concatenate([w, p[0]]) for w, p in zip(windows, parts)]))
+    pos = torch.from_numpy(np.stack([np.concatenate([np.arange(width), p[1]]) for p in parts]))
+    mask = torch.from_numpy(np.stack([p[2] for p in parts]))
+    device = module.rotate_half.device
+    past = [torch.zeros(batch, module.num_kv_heads, 0, module.head_dim, dtype=module.rotate_half.dtype, device=device)
+            for _ in range(2 * module.num_layers)]
+    logits = module(ids.to(device), pos.to(device), mask.to(device), *past)[0]  # [B, W + P, V]
+    rows = torch.from_numpy(np.stack([p[3] for p in parts])).to(device)  # [B, M, k, e]
+    prompt = torch.stack([logits[b, rows[b]] for b in range(batch)]).mean(dim=3)  # [B, M, k, V]
+    return logits[:, :width], prompt
+
+
+def _points(rng: np.random.Generator, batch: int, width: int, k: int, count: int) -> np.ndarray:
+    """Insertion points i in [4, W - k - 2]: the target's distribution at i + k (the teacher) must exist, and the
+    true token at i + k + 1."""
+    high = width - k - 1
+    count = min(count, high - 4)
+    return np.stack([np.sort(rng.choice(np.arange(4, high), count, replace=False)) for _ in range(batch)])
+
+
+def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress: bool = True) -> dict:
+    """Train module.prompt_embeddings in place; returns the training record (loss per step)."""
+    import torch
+    from tqdm import tqdm
+
+    k, e = cfg.num_prompt_tokens, cfg.num_ensemble
+    for p in module.parameters():
+        p.requires_grad_(False)
+    module.prompt_embeddings.requires_grad_(True)
+    opt = torch.optim.Adam([module.prompt_embeddings], lr=cfg.lr)
+    weights = torch.tensor([cfg.decay ** d for d in range(k)])
+    rng = np.random.default_rng(cfg.seed + 1)
+    data = np.array(windows, dtype=np.int64)
+    losses, t0 = [], time.perf_counter()
+    with tqdm(range(cfg.steps), desc="ppd train", unit="step", disable=not progress) as bar:
+        for _ in bar:
+            batch = data[rng.choice(len(data), cfg.batch_size, replace=len(data) < cfg.batch_size)]
+            points = _points(rng, cfg.batch_size, data.shape[1], k, cfg.insertions)
+            window_logits, prompt = _forward(module, batch, points, k, e, vocab)
+            idx = torch.from_numpy(points[:, :, None] + np.arange(1, k + 1))  # [B, M, k]: teacher row i + d
+            teacher = torch.stack([window_logits[b, idx[b]] for b in range(len(batch))]).detach()
+            log_t, log_s = torch.log_softmax(teacher, -1), torch.log_softmax(prompt, -1)
+            kl = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, M, k]
+            loss = (kl.mean(dim=(0, 1)) * weights).sum() / weights.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(round(float(loss.detach()), 5))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    module.prompt_embeddings.requires_grad_(False)
+    return {"steps": cfg.steps, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "losses": losses[:: max(1, len(losses) // 100)], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def accuracy(module, windows: list[list[int]], cfg: PpdConfig, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """[k][K] P(rank r of prompt token d's guess is the true token d + 1 after the insertion point), and the same
+    for the baseline that guesses every distance from the insertion point's own logits (no prompt tokens)."""
+    import torch
+
+    k, e, top = cfg.num_prompt_tokens, cfg.num_ensemble, cfg.max_rank
+    rng = np.random.default_rng(cfg.seed + 2)
+    data = np.array(windows, dtype=np.int64)
+    hits, base, total = np.zeros((k, top)), np.zeros((k, top)), 0
+    with torch.no_grad():
+        for start in range(0, len(data), 8):
+            batch = data[start:start + 8]
+            points = _points(rng, len(batch), data.shape[1], k, cfg.insertions)
+            window_logits, prompt = _forward(module, batch, points, k, e, vocab)
+            truth = np.stack([batch[b][points[b][:, None] + np.arange(2, k + 2)] for b in range(len(batch))])  # [B, M, k]
+            guess = prompt.topk(top, dim=-1).indices.cpu().numpy()  # [B, M, k, K]
+            own = window_logits.topk(top, dim=-1).indices.cpu().numpy()  # [B, W, K]
+            own = np.stack([own[b][points[b]] for b in range(len(batch))])[:, :, None, :]  # [B, M, 1, K]
+            hits += (guess == truth[..., None]).sum(axis=(0, 1))
+            base += (own == truth[..., None]).sum(axis=(0, 1))
+            total += truth.shape[0] * truth.shape[1]
+    return hits / total, base / total
+
+
+# -- sparse trees ----------------------------------------------------------------------------------
+def _candidates(p: np.ndarray, count: int) -> list[tuple[int, ...]]:
+    """The candidate tree of `count` nodes (depth <= len(p)) maximising sum of path probabilities: greedily the
+    child of a node in the tree with the highest path probability (ranks at a depth are ordered, so the best
+    expansion of a node is its next unused rank)."""
+    paths, prob = [], {(): 1.0}
+    frontier = {(0,): p[0][0]} if count else {}
+    while len(paths) < count and frontier:
+        best = max(frontier, key=lambda q: (frontier[q], [-r for r in q]))
+        prob[best] = frontier.pop(best)
+        paths.append(best)
+        d, r = len(best), best[-1]
+        if r + 1 < p.shape[1]:
+            frontier[best[:-1] + (r + 1,)] = prob[best[:-1]] * p[d - 1][r + 1]
+        if d < len(p):
+            frontier[best + (0,)] = prob[best] * p[d][0]
+    return paths
+
+
+def _path_prob(p: np.ndarray, path: tuple[int, ...]) -> float:
+    return float(np.prod([p[d][r] for d, r in enumerate(path)]))
+
+
+def score(p: np.ndarray, paths: list[tuple[int, ...]], prompts: list[int], e: int) -> tuple[float, float]:
+    """(R, expected rows) of a sparse tree in its steady state: state s = the depth limit the last round's
+    accepted node left (its prompt tokens); in state s the candidates of depth <= s are verified."""
+    k = int(np.max(prompts)) if len(prompts) else 0
+    nodes = [()] + list(paths)
+    pp = np.array([_path_prob(p, q) for q in nodes])
+    depth = np.array([len(q) for q in nodes])
+    parent = np.array([-1] + [nodes.index(q[:-1]) for q in paths])
+    states = k + 1
+    trans, f, rows = np.zeros((states, states)), np.zeros(states), np.zeros(states)
+    for s in range(states):
+        live = depth <= s
+        f[s] = pp[1:][live[1:]].sum()
+        rows[s] = live[1:].sum() + e * np.asarray(prompts)[live].sum()
+        end = pp * live  # P(round ends at c) = P(c accepted) - P(some child of c accepted)
+        for c in np.flatnonzero(live)[1:]:
+            end[parent[c]] -= pp[c]
+        for c in np.flatnonzero(live):
+            trans[s, prompts[c]] += max(end[c], 0.0)
+    trans /= trans.sum(axis=1, keepdims=True)
+    pi = np.full(states, 1.0 / states)
+    for _ in range(500):  # power iteration: the chain is small and mixes fast
+        pi = pi @ trans
+    return float(pi @ f), float(pi @ rows)
+
+
+def sparse_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
+    """The best sparse tree of at most `budget` step rows beyond the root (section 4.2.1, appendix A)."""
+    k = len(p)
+    best = None
+    for count in range(0, budget):
+        paths = _candidates(p, count)
+        if len(paths) < count:
+            break
+        prompts = [k] * (len(paths) + 1)
+        nodes = [()] + paths
+        pp = [_path_prob(p, q) for q in nodes]
+        f = [sum(pq for q, pq in zip(nodes[1:], pp[1:]) if len(q) <= m) for m in range(k + 1)]
+        children = {i: [j for j, q in enumerate(nodes) if j and q[:-1] == nodes[i]] for i in range(len(nodes))}
+        end = [pp[i] - sum(pp[j] for j in children[i]) for i in range(len(nodes))]
+        while count + e * sum(prompts) > budget:
+            # the root keeps one: a round that accepts nothing must still leave guesses for the next
+            i = min((i for i in range(len(nodes)) if prompts[i] > (1 if i == 0 else 0)),
+                    key=lambda i: (end[i] * (f[prompts[i]] - f[prompts[i] - 1]), -len(nodes[i]), -i), default=None)
+            if i is None:
+                break
+            prompts[i] -= 1
+        if count + e * sum(prompts) > budget:
+            continue
+        r, rows = score(p, paths, prompts, e)
+        if best is None or r > best.expected_accepted + 1e-12:
+            best = PpdTree(budget, tuple(paths), tuple(prompts), count + e * sum(prompts), round(rows, 4), round(r, 6))
+    if best is None:
+        raise SpecrtError(f"no PPD tree fits {budget} rows with {e} EPT(s) per prompt token")
+    return best
+
+
+def naive_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
+    """The ablation without prompt-token pruning: the best candidate tree whose every node (root included) carries
+    all k prompt tokens, within the budget."""
+    k = len(p)
+    if e * k > budget:
+        raise SpecrtError(f"no naive PPD tree fits {budget} rows: the root alone carries {e * k}")
+    paths = _candidates(p, (budget - e * k) // (1 + e * k))
+    prompts = [k] * (len(paths) + 1)
+    r, rows = score(p, paths, prompts, e)
+    return PpdTree(budget, tuple(paths), tuple(prompts), len(paths) + e * sum(prompts), round(rows, 4), round(r, 6))
+
+
+def random_tree(p: np.ndarray, tree: PpdTree, e: int, seed: int = 0) -> PpdTree:
+    """The ablation with the same candidates and as many prompt tokens as `tree`, placed at random (the root keeps
+    at least one)."""
+    k = len(p)
+    rng = np.random.default_rng(seed)
+    prompts = [1] + [0] * len(tree.paths)
+    for _ in range(sum(tree.prompts) - 1):
+        room = [i for i, m in enumerate(prompts) if m < k]
+        prompts[int(rng.choice(room))] += 1
+    r, rows = score(p, list(tree.paths), prompts, e)
+    return PpdTree(tree.budget, tree.paths, tuple(prompts), tree.rows, round(rows, 4), round(r, 6))
+
+
+# -- the verb ------------------------------------------------------------------------------------------
+def _initial(module, k: int, e: int, seed: int):
+    """Prompt embeddings initialised from the embeddings of random ordinary tokens."""
+    import torch
+
+    table = module.hf.model.embed_tokens.weight
+    ids = np.random.default_rng(seed).choice(table.shape[0], k * e, replace=False)
+    return table[torch.from_numpy(ids)].detach().clone()
+
+
+def _from_other(cfg: PpdConfig, hidden: int, vocab: int) -> tuple[np.ndarray, dict]:
+    other = artifacts.load(cfg.prompts_from, PromptTokens)
+    if other.vocab_size != vocab or other.hidden_size > hidden:
+        raise SpecrtError(f"{cfg.prompts_from}'s prompt tokens are for vocabulary {other.vocab_size} and hidden size "
+                          f"{other.hidden_size}; this target has {vocab} and {hidden}")
+    if (other.num_prompt_tokens, other.num_ensemble) != (cfg.num_prompt_tokens, cfg.num_ensemble):
+        raise SpecrtError(f"{cfg.prompts_from} has {other.num_prompt_tokens} prompt tokens x {other.num_ensemble} EPTs: "
+                          f"pass --num-prompt-tokens {other.num_prompt_tokens} --num-ensemble {other.num_ensemble}")
+    path = Path(cfg.prompts_from) / other.embeddings
+    if sha256_file(path) != other.embeddings_sha256:
+        raise SpecrtError(f"{path} changed since `specrt ppd train` wrote it: re-run it for {cfg.prompts_from}")
+    small = np.load(path)
+    padded = np.zeros((small.shape[0], hidden), dtype=small.dtype)
+    padded[:, : small.shape[1]] = small  # an inflated target's added hidden dims are zero in every embedding
+    return padded, {"from": str(cfg.prompts_from), "from_sha256": other.embeddings_sha256, "source": other.training}
+
+
+def _graph(bundle: Path, onnx_name: str, prompts: np.ndarray, vocab: int, threads: int = 2) -> float:
+    """Write the target graph with the prompt tokens atomically; returns its max |logit| difference from the
+    exported graph on ordinary ids (the same weights: it must be ~0)."""
+    import onnxruntime as ort
+
+    from specrt.graphs.passes import add_prompt_embeddings
+
+    tmp = bundle / f".{GRAPH}.tmp"
+    add_prompt_embeddings(bundle / onnx_name, tmp, prompts)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    a, b = (ort.InferenceSession(str(g), opts, providers=["CPUExecutionProvider"]) for g in (bundle / onnx_name, tmp))
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for i in a.get_inputs():
+        if i.name == "input_ids":
+            feeds[i.name] = rng.integers(0, vocab, (1, 5)).astype(np.int64)
+        elif i.name == "position_ids":
+            feeds[i.name] = np.arange(5, dtype=np.int64)[None]
+        elif i.name == "attention_mask":
+            feeds[i.name] = np.tri(5, dtype=bool)[None]
+        else:
+            heads, dim = i.shape[1], i.shape[3]
+            feeds[i.name] = np.zeros((1, heads, 0, dim), dtype=np.float16 if "16" in i.type else np.float32)
+    diff = float(np.abs(a.run(["logits"], feeds)[0] - b.run(["logits"], feeds)[0]).max())
+    tmp.replace(bundle / GRAPH)
+    return diff
+
+
+def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
+    import torch
+    from tokenizers import Tokenizer
+
+    from specrt.checkpoints.corpus import corpus_hash, corpus_windows, load_corpus
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+
+    bundle = Path(cfg.bundle)
+    manifest = load_manifest(bundle)
+    entry = model_entry(manifest, "target")
+    if entry.dtype != "float32":
+        raise SpecrtError(f"{bundle}'s target is {entry.dtype}: train PPD's prompt tokens on a float32 export")
+    budgets = sorted(set(cfg.budgets))
+    if not budgets or budgets[0] < 1:
+        raise SpecrtError("--budgets must be tree sizes >= 1")
+    torch.manual_seed(cfg.seed)
+    module = StepModule(load_checkpoint(bundle / entry.hf_dir, "float32", "cpu")).eval()
+    vocab, hidden = entry.vocab_size, module.hf.config.hidden_size
+    k, e = cfg.num_prompt_tokens, cfg.num_ensemble
+    encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
+    ids = (lambda text: encode(text).ids)
+    val = corpus_windows(ids, cfg.val_windows, cfg.window, cfg.seed, "validation")
+    if cfg.prompts_from is not None:
+        prompts, record = _from_other(cfg, hidden, vocab)
+        module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts), requires_grad=False)
+        initial = accuracy_of(module, _initial(module, k, e, cfg.seed), val, cfg, vocab)
+    else:
+        module.prompt_embeddings = torch.nn.Parameter(_initial(module, k, e, cfg.seed), requires_grad=False)
+        initial = accuracy(module, val, cfg, vocab)[0]
+        windows = corpus_windows(ids, max(64, cfg.batch_size * 8), cfg.window, cfg.seed, "train")
+        record = train(module, windows, cfg, vocab, progress)
+        train_files, _ = load_corpus()
+        record["corpus_sha256"] = corpus_hash(train_files)
+    record.update(config=config_dict(cfg), seed=cfg.seed)
+    acc, base = accuracy(module, val, cfg, vocab)
+    prompts = module.prompt_embeddings.detach().cpu().numpy().astype(np.float32)
+    (bundle / EMBEDDINGS).parent.mkdir(exist_ok=True)
+    buf = io.BytesIO()
+    np.save(buf, prompts)
+    write_atomic(bundle / EMBEDDINGS, buf.getvalue())
+    parity = _graph(bundle, entry.onnx, prompts, vocab) if entry.onnx else None
+    trees = tuple(sparse_tree(acc, b, e) for b in budgets if b >= 1)
+    result = PromptTokens(
+        stamp=Stamp.make(bundle), num_prompt_tokens=k, num_ensemble=e, vocab_size=vocab, hidden_size=hidden,
+        embeddings=EMBEDDINGS, embeddings_sha256=hashlib.sha256((bundle / EMBEDDINGS).read_bytes()).hexdigest(),
+        graph=GRAPH if entry.onnx else None, graph_sha256=sha256_file(bundle / GRAPH) if entry.onnx else None,
+        parity=parity, training=record, accuracy=_rounded(acc), baseline_accuracy=_rounded(base),
+        initial_accuracy=_rounded(initial), trees=trees)
+    artifacts.save(bundle, result)
+    return result
+
+
+def accuracy_of(module, embeddings, windows, cfg: PpdConfig, vocab: int) -> np.ndarray:
+    """accuracy() with other prompt embeddings in place (restored after)."""
+    saved = module.prompt_embeddings.data.clone()
+    module.prompt_embeddings.data = embeddings.to(saved.dtype)
+    try:
+        return accuracy(module, windows, cfg, vocab)[0]
+    finally:
+        module.prompt_embeddings.data = saved
+
+
+def _rounded(a: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(round(float(x), 6) for x in row) for row in a)
+
+
+def describe(t: PromptTokens) -> str:
+    lines = [f"{t.num_prompt_tokens} prompt tokens x {t.num_ensemble} EPT(s): {t.num_prompt_tokens * t.num_ensemble * t.hidden_size} "
+             f"parameters; graph parity {t.parity}"]
+    for d, (a, b, i) in enumerate(zip(t.accuracy, t.baseline_accuracy, t.initial_accuracy), start=1):
+        lines.append(f"distance {d + 1}: top-1 {a[0]:.3f} (no prompt tokens {b[0]:.3f}, untrained {i[0]:.3f}), "
+                     f"top-{len(a)} {sum(a):.3f}")
+    for tree in t.trees:
+        lines.append(f"budget {tree.budget}: {len(tree.paths)} candidates, prompt tokens {list(tree.prompts)}, rows {tree.rows}"
+                     f" (steady state {tree.expected_rows}), accepted per round {tree.expected_accepted:.3f}")
+    return "\n".join(lines)
