@@ -13,16 +13,18 @@ acceptance and latency files it was made from.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, Stamp
+from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens, Stamp
 from specrt.calibration.acceptance import chain_expectation
 from specrt.calibration.cost import measured_round_cost_ms, round_cost_ms
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
+from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd
 from specrt.runtime.tree import TreeSpec
 
 
@@ -43,8 +45,10 @@ def candidates(acceptance: Acceptance) -> list[CurvePoint]:
     return out
 
 
-def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int) -> list[CurvePoint]:
-    """Candidates with their predicted cost and speed at one batch size; autoregressive first."""
+def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
+          prompt_tokens: PromptTokens | None = None) -> list[CurvePoint]:
+    """Candidates with their predicted cost and speed at one batch size; autoregressive first. With PPD's
+    prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows)."""
     measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
     target_1 = latency.step_ms("target", batch, 1)
     rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + latency.host(0)), target_1, latency.host(0))]
@@ -59,11 +63,27 @@ def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int) -> list[C
         speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + draft_ms)
         rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
                             draft_ms=round(draft_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
+    for tree in prompt_tokens.trees if prompt_tokens is not None else ():
+        try:
+            target_ms, host_ms = round_cost_ms_ppd(latency, batch, tree)
+        except SpecrtError:
+            continue  # beyond the profiled token counts for this batch size
+        speed = batch * 1e3 * (tree.expected_accepted + 1) / (target_ms + host_ms)
+        rows.append(CurvePoint("ppd", tree.budget, round(tree.expected_accepted, 6), round(speed, 4), round(target_ms, 4),
+                               round(host_ms, 4), paths=tree.paths))
     return rows
 
 
+def usable_prompt_tokens(bundle, latency: LatencyProfile) -> PromptTokens | None:
+    """PPD's prompt tokens, where the bundle has valid ones and the profiled machine can run them (not a quantized
+    variant: the prompt tokens are rows of the exported target graph)."""
+    if not (bundle / PromptTokens.FILE).is_file() or (latency.stamp.machine and latency.stamp.machine.quant):
+        return None
+    return artifacts.load(bundle, PromptTokens)
+
+
 METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "tree", "dynamic": "dynamic",
-                  "merged": "dynamic"}
+                  "merged": "dynamic", "ppd": "ppd"}
 
 
 def tune(cfg: TuneConfig) -> Plan:
@@ -73,16 +93,17 @@ def tune(cfg: TuneConfig) -> Plan:
     if missing:
         raise SpecrtError(f"batch size(s) {', '.join(map(str, missing))} were not profiled (profiled: "
                           f"{', '.join(map(str, latency.batch_sizes()))}): re-run `specrt profile` with --batch-sizes")
+    prompt_tokens = usable_prompt_tokens(Path(cfg.bundle), latency)
     choices, curves = {}, {}
     for batch in cfg.batch_sizes:
-        rows = weigh(acceptance, latency, batch)
+        rows = weigh(acceptance, latency, batch, prompt_tokens)
         best = max(rows, key=lambda r: r.predicted_tokens_per_s)
         best_static = max((r for r in rows if r.kind in ("tree", "chain")), key=lambda r: r.predicted_tokens_per_s)
         choices[batch] = PlanChoice(METHOD_OF_KIND[best.kind], best, best_static,
                                     round(best.predicted_tokens_per_s / rows[0].predicted_tokens_per_s, 3))
         curves[batch] = tuple(rows)
-    plan = Plan(stamp=Stamp.make(cfg.bundle, latency.stamp.machine, inputs=(Acceptance.FILE, LatencyProfile.FILE)),
-                choices=choices, curves=curves)
+    inputs = (Acceptance.FILE, LatencyProfile.FILE) + ((PromptTokens.FILE,) if prompt_tokens else ())
+    plan = Plan(stamp=Stamp.make(cfg.bundle, latency.stamp.machine, inputs=inputs), choices=choices, curves=curves)
     artifacts.save(cfg.bundle, plan)
     return plan
 
@@ -91,7 +112,9 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
     """A candidate in words: "dynamic tree of 8 nodes + up to 7 n-gram drafts", "no speculation"."""
     if kind == "autoregressive":
         return "no speculation (drafting does not pay here)"
-    what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} nodes"
+    if kind == "ppd":
+        return f"PPD sparse tree of {num_nodes} rows (no draft model)"
+    what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} node{'' if num_nodes == 1 else 's'}"
     return what + (f" + up to {ngram_tokens} n-gram drafts" if ngram_tokens else "")
 
 

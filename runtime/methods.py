@@ -11,6 +11,8 @@
 | + ngram_tokens | sd / tree / dynamic's drafter merged | exact match / one-hot rejection           |
 |                | with an NgramDrafter (MergedDrafter) |                                           |
 | mtad           | BeamDrafter (best beam or top beams) | JointLikelihoodVerifier (not lossless)    |
+| ppd            | PromptTokenDrafter: the target's own | exact match / one-hot rejection           |
+|                | prompt-token guesses, sparse tree    |                                           |
 
 Each method is a frozen dataclass of its own options, their defaults, bounds and help declared once next
 to its builder, registered by name in METHODS. `make_method(name, options)` refuses, by name, an option
@@ -23,8 +25,9 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from specrt.config import Config, option
-from specrt.errors import InvalidRequestError
-from specrt.runtime.drafters import BeamDrafter, DraftModelDrafter, Drafter, DynamicTreeDrafter, MergedDrafter, NgramDrafter
+from specrt.errors import BundleError, InvalidRequestError
+from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, Drafter, DynamicTreeDrafter, MergedDrafter,
+                                     NgramDrafter, PromptTokenDrafter)
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
@@ -251,6 +254,54 @@ class Mtad(Method):
 
 @register
 @dataclass(frozen=True)
+class Ppd(Method):
+    name: ClassVar[str] = "ppd"
+    summary: ClassVar[str] = ("the target guesses for itself through trained prompt tokens (PPD, `specrt ppd train`), "
+                              "verified as a sparse tree; no draft model")
+
+    ppd_budget: int | None = option(None, "step rows per round beyond the root, candidates + prompt tokens (default: "
+                                          "the size that maximises predicted speed on this machine's latency profile, "
+                                          "else 16)", ge=1)
+    ppd_tree: object = option(None, "a sparse tree of your own instead: {\"paths\": [[0], [1], [0, 0]], \"prompts\": "
+                                    "[3, 1, 0, 0]} (candidates as child ranks; prompt tokens of the root, then of each "
+                                    "candidate)", metavar="JSON")
+
+    def _validate(self):
+        if self.ppd_tree is None:
+            return
+        if self.ppd_budget is not None:
+            raise InvalidRequestError("give ppd_budget or ppd_tree, not both")
+        tree = self.ppd_tree
+        if not isinstance(tree, dict) or set(tree) != {"paths", "prompts"}:
+            raise InvalidRequestError("ppd_tree must be {\"paths\": [...], \"prompts\": [...]}")
+        try:
+            TreeSpec.from_paths(tree["paths"]) if tree["paths"] else None
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"invalid ppd_tree paths: {e}") from None
+        prompts = tree["prompts"]
+        if (not isinstance(prompts, (list, tuple)) or len(prompts) != len(tree["paths"]) + 1
+                or not all(isinstance(m, int) and m >= 0 for m in prompts) or prompts[0] < 1):
+            raise InvalidRequestError("ppd_tree prompts must be one count >= 0 per candidate after the root's (>= 1)")
+
+    def build(self, pipe, params, batch_size):
+        tokens = pipe.prompt_tokens
+        if tokens is None:
+            raise BundleError(pipe.prompt_tokens_refused)
+        if self.ppd_tree is not None:
+            paths, prompts = [tuple(p) for p in self.ppd_tree["paths"]], list(self.ppd_tree["prompts"])
+            k = tokens.num_prompt_tokens
+            if max(prompts) > k or any(len(p) > k for p in paths):
+                raise InvalidRequestError(f"ppd_tree: the bundle has {k} prompt tokens: no candidate deeper, no "
+                                          "node with more")
+        else:
+            tree = tokens.tree(self.ppd_budget) if self.ppd_budget is not None else pipe.ppd_tree(batch_size)
+            paths, prompts = tree.paths, tree.prompts
+        drafter = PromptTokenDrafter(paths, prompts, tokens.vocab_size, tokens.num_prompt_tokens, tokens.num_ensemble)
+        return Built(drafter, make_verifier(params), len(paths) + tokens.num_ensemble * sum(prompts) + 1)
+
+
+@register
+@dataclass(frozen=True)
 class Auto(Method):
     name: ClassVar[str] = "auto"
     summary: ClassVar[str] = "what the bundle's plan.json chose for the batch size (static or dynamic tree, or none)"
@@ -266,6 +317,8 @@ class Auto(Method):
             return Dynamic(num_draft_tokens=best.num_nodes, num_beams=best.width, tree_depth=best.depth, **merge)
         if choice.method == "tree":
             return Tree(tree=best.paths)
+        if choice.method == "ppd":
+            return Ppd(ppd_budget=best.num_nodes)
         return Autoregressive()
 
     def build(self, pipe, params, batch_size):

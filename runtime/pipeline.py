@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan, QuantSet
+from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan, PromptTokens, QuantSet
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
 from specrt.config import Config, option
@@ -76,6 +76,8 @@ class Pipeline:
         self.eos_id = manifest.get("eos_token_id")
         self.bucket = bucket
         self.max_context = min(target.max_context, draft.max_context)
+        self.prompt_tokens = None  # PPD's PromptTokens when the target backend holds them (`specrt ppd train`)
+        self.prompt_tokens_refused = f"{self.bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {self.bundle}`"
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
@@ -108,9 +110,15 @@ class Pipeline:
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
         graphs = _quantized_graphs(bundle, backend, quant)
-        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role))
+        prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
+        if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
+            graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
+        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role),
+                               embeddings if role == "target" else None)
                   for role in ("target", "draft")]
-        return cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant))
+        pipe = cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant))
+        pipe.prompt_tokens, pipe.prompt_tokens_refused = prompt_tokens, refused
+        return pipe
 
     # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
     def plan(self) -> Plan:
@@ -153,6 +161,17 @@ class Pipeline:
         batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
         largest = min(max(curve) for curve in latency.models["target"][batch].values())
         return [latency.step_ms("target", batch, n + 1) + latency.host(n) for n in range(min(num_draft_tokens, largest - 1) + 1)]
+
+    def ppd_tree(self, batch_size: int):
+        """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the
+        default size where this machine is not profiled)."""
+        from specrt.runtime.drafters.ppd import choose_tree
+
+        try:
+            latency = self.latency()
+        except BundleError:
+            latency = None
+        return choose_tree(self.prompt_tokens, latency, batch_size)
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -283,6 +302,33 @@ class Pipeline:
     def _result(self, s: SeqState) -> Generation:
         ids = [int(t) for t in s.new_tokens]
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)
+
+
+def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
+    """(PromptTokens or None, why not, prompt embeddings for the torch backends or None). A bundle without
+    usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing."""
+    if not (bundle / PromptTokens.FILE).is_file():
+        return None, f"{bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {bundle}`", None
+    try:
+        tokens = artifacts.load(bundle, PromptTokens)
+    except BundleError as e:
+        return None, str(e), None
+    redo = f"re-run `specrt ppd train --bundle {bundle}`"
+    if quant is not None:
+        return None, (f"PPD's prompt tokens are rows of the exported target graph, not of the {quant} variant: load "
+                      "without quant"), None
+    if backend == "trt":
+        return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or graphs", None
+    if backend == "ort":
+        if tokens.graph is None:
+            return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
+        if not (bundle / tokens.graph).is_file() or (verify and sha256_file(bundle / tokens.graph) != tokens.graph_sha256):
+            return None, f"{bundle / tokens.graph} is missing or changed since `specrt ppd train` wrote it: {redo}", None
+        return tokens, None, None
+    path = bundle / tokens.embeddings
+    if not path.is_file() or sha256_file(path) != tokens.embeddings_sha256:
+        return None, f"{path} is missing or changed since `specrt ppd train` wrote it: {redo}", None
+    return tokens, None, np.load(path)
 
 
 def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:

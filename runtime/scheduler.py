@@ -113,6 +113,7 @@ class Scheduler:
                 for b, v in enumerate(verdicts):
                     cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
             if self.drafter is not None:
+                self.drafter.target_logits(logits)
                 self.drafter.commit(live, verdicts)
             appended = []
             for s, t, v in zip(live, trees, verdicts):

@@ -46,3 +46,16 @@ def pipelines(demo_bundle):
     from specrt.runtime.pipeline import Pipeline
 
     return {b: Pipeline.load(demo_bundle, backend=b, threads=2) for b in ("ort", "torch")}
+
+
+@pytest.fixture(scope="session")
+def ppd_bundle(demo_bundle, tmp_path_factory):
+    """The demo bundle with PPD's prompt tokens, briefly trained (30 steps: enough for some guesses to be right)."""
+    import shutil
+
+    from specrt.engines.ppd import PpdConfig, train_prompt_tokens
+
+    b = tmp_path_factory.mktemp("ppd") / "b"
+    shutil.copytree(demo_bundle, b)
+    train_prompt_tokens(PpdConfig(bundle=b, steps=30, lr=0.01, val_windows=8, budgets=(2, 4, 8, 16)), progress=False)
+    return b

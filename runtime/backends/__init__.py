@@ -77,14 +77,16 @@ def resolve_device(backend: str, device: str | None) -> str:
 
 
 def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None,
-                 graph: str | None = None) -> Backend:
+                 graph: str | None = None, prompt_embeddings=None) -> Backend:
     """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
     EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the step graph to run
-    instead of the exported one (a quantized variant), relative to the bundle."""
+    instead of the exported one (a quantized variant, or the target with PPD's prompt tokens), relative to the
+    bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden]."""
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
-        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads, engines=engines)
+        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads, engines=engines,
+                                  prompt_embeddings=prompt_embeddings)
     if kind == "trt":
         from specrt.runtime.backends.trt import TrtBackend
 
@@ -102,5 +104,6 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend
 
-        return TorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads)
+        return TorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads,
+                            prompt_embeddings=prompt_embeddings)
     raise InvalidRequestError(f"unknown backend {kind!r} (choose from {', '.join(BACKENDS)})")

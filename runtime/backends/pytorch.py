@@ -13,7 +13,7 @@ from specrt.runtime.backends.base import Backend
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int):
+    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, prompt_embeddings=None):
         import torch
 
         from specrt.model.checkpoint import load_checkpoint
@@ -24,7 +24,8 @@ class TorchBackend(Backend):
         self.torch = torch
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
-        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device)).eval()
+        prompts = None if prompt_embeddings is None else torch.from_numpy(prompt_embeddings)
+        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device), prompts).eval()
 
     def allocate(self, shape):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)

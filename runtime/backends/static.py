@@ -78,7 +78,8 @@ class _Slot:
 class StaticTorchBackend(EngineBackend):
     name = "graphs"
 
-    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet):
+    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet,
+                 prompt_embeddings=None):
         import torch
 
         from specrt.model.checkpoint import load_checkpoint
@@ -89,7 +90,8 @@ class StaticTorchBackend(EngineBackend):
         self.torch, self.engines = torch, engines
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
-        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device)).eval()
+        prompts = None if prompt_embeddings is None else torch.from_numpy(prompt_embeddings)
+        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device), prompts).eval()
         self.max_step_tokens = engines.token_profiles[-1]
         if entry.max_positions < engines.capacity:
             raise InvalidRequestError(f"the engines' capacity {engines.capacity} exceeds the {entry.role}'s maximum "

@@ -5,6 +5,7 @@
     DynamicTreeDrafter  the likeliest nodes of the draft's beam search (EAGLE-2)       dynamic.py
     NgramDrafter        multi-level n-gram memory of the prompt and output (ANPD)      ngram.py
     MergedDrafter       several drafters' trees merged by token path (SpecInfer)       merge.py
+    PromptTokenDrafter  the target's own prompt-token guesses (PPD)                    ppd.py
 """
 
 from specrt.runtime.drafters.base import Drafter, ModelDrafter
@@ -13,6 +14,7 @@ from specrt.runtime.drafters.draft_model import DraftModelDrafter
 from specrt.runtime.drafters.dynamic import DynamicTreeDrafter
 from specrt.runtime.drafters.merge import MergedDrafter
 from specrt.runtime.drafters.ngram import NgramDrafter
+from specrt.runtime.drafters.ppd import PromptTokenDrafter
 
 __all__ = ["BeamDrafter", "DraftModelDrafter", "Drafter", "DynamicTreeDrafter", "MergedDrafter", "ModelDrafter",
-           "NgramDrafter"]
+           "NgramDrafter", "PromptTokenDrafter"]

@@ -3,6 +3,8 @@
 Protocol (the Scheduler calls these, in order, on the live sequences `seqs`):
     start(seqs)                      once, after the prompts are known
     propose(seqs, params, rng)       -> one DraftTree per sequence
+    target_logits(logits)            the target step's logits [B, rows, V] (drafters that draft from the target's
+                                     own outputs read them here: PPD's prompt tokens)
     commit(seqs, verdicts)           after verification, before the emitted tokens are appended
     keep(rows)                       sequences at other rows finished and left the batch
 
@@ -52,6 +54,9 @@ class Drafter(ABC):
     @abstractmethod
     def _propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
         ...
+
+    def target_logits(self, logits) -> None:
+        pass
 
     def commit(self, seqs, verdicts) -> None:
         pass

@@ -1,0 +1,135 @@
+"""PromptTokenDrafter: PPD, the target drafting for itself through trained prompt tokens (no draft model).
+
+Each round's step holds the root, the candidate (guess) tokens of a sparse tree and, hanging off the root and
+each candidate, chains of prompt tokens: prompt token d of EPT j (id V + (d - 1) * e + j) sits at depth d
+below its owner and sees the owner's path and its own chain, so the tree mask is the ensemble mask.
+The target's logits at a candidate verify the next candidate (exact match, or lossless one-hot rejection
+when sampling: prompt ids are >= V, so no prompt row is ever accepted and their K/V never enter the cache).
+The logits at the prompt tokens of the round's last accepted node (averaged over its EPTs) are the next
+round's guesses: distance d's top ranks fill the candidates of depth d. A candidate carrying m prompt
+tokens leaves the next round a tree cut to depth m (state m); the first round, with no guesses yet, is
+the root and its prompt tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.runtime.drafters.base import Drafter
+from specrt.runtime.tree import DraftTree, TreeSpec
+
+PROMPT_RANK = 1 << 20  # prompt token j of a chain is child rank PROMPT_RANK + j in TreeSpec paths
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The static step tree of one state (depth limit s): where each candidate and prompt token sits."""
+
+    spec: TreeSpec | None  # None: nothing to verify (no candidates and no prompt tokens)
+    tokens: np.ndarray  # [N] prompt ids filled in, candidates 0
+    candidates: np.ndarray  # [C, 3] (node, depth, rank) of each candidate
+    owners: dict[int, np.ndarray]  # owner node (-1 = root) -> [m, e] nodes of its prompt tokens (distance, EPT)
+
+
+def build_layout(paths, prompts, state: int, vocab: int, num_ensemble: int) -> Layout:
+    """`paths`: candidate paths of the sparse tree; `prompts`: prompt tokens of the root, then of each candidate."""
+    live = [(i, tuple(p)) for i, p in enumerate(paths) if len(p) <= state]
+    owners = [((), prompts[0])] + [(p, prompts[i + 1]) for i, p in live]
+    # chains[owner][d - 1][j]: the path of prompt token d of EPT j below its owner
+    chains = {base: [[base + (PROMPT_RANK + j,) * d for j in range(num_ensemble)] for d in range(1, m + 1)]
+              for base, m in owners}
+    every = [p for _, p in live] + [q for rows in chains.values() for row in rows for q in row]
+    if not every:
+        return Layout(None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64), {})
+    spec = TreeSpec.from_paths(every)
+    index = {p: i for i, p in enumerate(spec.paths)}
+    tokens = np.zeros(len(spec), np.int64)
+    nodes = {}
+    for base, rows in chains.items():
+        if rows:
+            nodes[index[base] if base else -1] = np.array([[index[q] for q in row] for row in rows], np.int64)
+            for d, row in enumerate(rows, start=1):
+                for j, q in enumerate(row):
+                    tokens[index[q]] = vocab + (d - 1) * num_ensemble + j
+    tokens.flags.writeable = False
+    candidates = np.array([(index[p], len(p), p[-1]) for _, p in live], np.int64).reshape(-1, 3)
+    return Layout(spec, tokens, candidates, nodes)
+
+
+DEFAULT_BUDGET = 16  # step rows beyond the root, where no latency profile says better
+
+
+def round_cost_ms(latency, batch: int, tree) -> tuple[float, float]:
+    """Predicted (target ms, host ms) of a PPD round at a profiled batch size: the target step of the tree's rows
+    (their steady-state average) and the host work of a tree that size; there is no draft model."""
+    return latency.step_ms("target", batch, tree.expected_rows + 1), latency.host(tree.expected_rows)
+
+
+def choose_tree(tokens, latency, batch_size: int):
+    """PPD's hardware-aware stage (section 4.2.2): the sparse tree maximising accepted tokens per round + 1 over the
+    round's profiled cost; `latency` None: the tree of DEFAULT_BUDGET rows."""
+    if latency is None:
+        return tokens.tree(DEFAULT_BUDGET)
+    sizes = latency.batch_sizes()
+    batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
+    largest = min(max(curve) for curve in latency.models["target"][batch].values())
+    fits = [t for t in tokens.trees if t.rows + 1 <= largest]
+    if not fits:
+        return tokens.trees[0]
+    return max(fits, key=lambda t: (t.expected_accepted + 1) / sum(round_cost_ms(latency, batch, t)))
+
+
+class PromptTokenDrafter(Drafter):
+    def __init__(self, paths, prompts, vocab: int, num_prompt_tokens: int, num_ensemble: int):
+        self.vocab, self.e = vocab, num_ensemble
+        self.layouts = [build_layout(paths, prompts, s, vocab, num_ensemble) for s in range(num_prompt_tokens + 1)]
+        self.top = 1 + max((p[-1] for p in paths), default=0)  # ranks a depth's candidates use
+        self._state: list[int] = []
+        self._guesses: list[np.ndarray | None] = []  # per sequence: [state, top] ranked guesses by depth
+        self._logits = None
+        self._layout_of: list[Layout] = []
+
+    def _start(self, seqs) -> None:
+        self._state = [0] * len(seqs)
+        self._guesses = [None] * len(seqs)
+
+    def _propose(self, seqs, params, rng) -> list[DraftTree]:
+        trees = []
+        self._layout_of = []
+        for b in range(len(seqs)):
+            layout = self.layouts[self._state[b]]
+            self._layout_of.append(layout)
+            if layout.spec is None:
+                trees.append(DraftTree.empty())
+                continue
+            tokens = layout.tokens.copy()
+            if len(layout.candidates):
+                node, depth, rank = layout.candidates.T
+                tokens[node] = self._guesses[b][depth - 1, rank]
+            trees.append(DraftTree(tokens, layout.spec.parents, is_chain=False, spec=layout.spec))
+        return trees
+
+    def target_logits(self, logits) -> None:
+        self._logits = logits
+
+    def commit(self, seqs, verdicts) -> None:
+        for b, verdict in enumerate(verdicts):
+            layout = self._layout_of[b]
+            owner = verdict.path[-1] if verdict.path else -1
+            chain = layout.owners.get(owner)
+            if chain is None:  # the round ended where no prompt token was attached: no guesses next round
+                self._state[b], self._guesses[b] = 0, None
+                continue
+            rows = self._logits[b, chain + 1]  # [m, e, V]: node i is step row i + 1
+            guess = rows.mean(axis=1)[:, : self.vocab]
+            top = min(self.top, guess.shape[-1])
+            ranked = np.argpartition(-guess, top - 1, axis=-1)[:, :top]
+            order = np.take_along_axis(guess, ranked, axis=-1).argsort(axis=-1)[:, ::-1]
+            self._guesses[b] = np.take_along_axis(ranked, order, axis=-1)
+            self._state[b] = len(chain)
+
+    def keep(self, rows) -> None:
+        self._state = [self._state[r] for r in rows]
+        self._guesses = [self._guesses[r] for r in rows]

@@ -1,0 +1,186 @@
+"""PPD: prompt tokens in the step graph, their training, the sparse trees and the lossless method."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import PromptTokens
+from specrt.engines.ppd import PpdConfig, score, sparse_tree, train_prompt_tokens
+from specrt.errors import BundleError, SpecrtError
+from specrt.runtime.drafters.ppd import PROMPT_RANK, build_layout
+
+
+def test_training_writes_the_tokens_their_graph_and_a_record(ppd_bundle):
+    t = artifacts.load(ppd_bundle, PromptTokens)
+    assert (t.num_prompt_tokens, t.num_ensemble, t.vocab_size) == (3, 1, 4096)
+    emb = np.load(ppd_bundle / t.embeddings)
+    assert emb.shape == (3, t.hidden_size) and np.isfinite(emb).all()
+    assert t.parity is not None and t.parity < 1e-5  # ordinary ids: the exported graph's logits
+    rec = t.training
+    assert rec["steps"] == 30 and len(rec["losses"]) == 30 and rec["loss_last"] < rec["loss_first"]
+    assert rec["corpus_sha256"] and rec["seed"] == 0 and rec["seconds"] > 0
+    assert [tree.budget for tree in t.trees] == [2, 4, 8, 16]
+    for tree in t.trees:
+        assert tree.rows <= tree.budget and tree.prompts[0] >= 1 and len(tree.prompts) == len(tree.paths) + 1
+    acc = np.array(t.accuracy)
+    assert acc.shape == (3, 8) and (acc >= 0).all() and acc.sum(axis=1).max() <= 1
+    # trained prompt tokens guess distance 2 better than the last position's own logits do
+    assert acc[0, 0] > np.array(t.baseline_accuracy)[0, 0]
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_greedy_ppd_is_token_identical_to_autoregressive(ppd_bundle, humaneval, backend):
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(ppd_bundle, backend=backend, threads=2)
+    prompts = humaneval[:20]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    for batch_size, budget in ((1, 8), (4, 16)):  # batch 4: ragged prompts, sequences in different states
+        out = pipe.generate(prompts, method="ppd", max_new_tokens=24, batch_size=batch_size, ppd_budget=budget)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ar], (batch_size, budget)
+    calls = sum(g.stats.target_calls for g in out)
+    assert calls < sum(g.stats.target_calls for g in ar)  # some guesses were accepted: fewer target steps
+
+
+def test_sampling_ppd_uses_the_lossless_one_hot_verifier(ppd_bundle):
+    from specrt.runtime.methods import Ppd
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.verify import RejectionVerifier
+
+    pipe = Pipeline.load(ppd_bundle, threads=2)
+    built = Ppd(ppd_budget=4).build(pipe, SamplingParams(temperature=0.8), 1)
+    assert isinstance(built.verifier, RejectionVerifier) and built.slack == pipe.prompt_tokens.tree(4).rows + 1
+    a, b = (pipe.generate("def f(x):", method="ppd", max_new_tokens=16, temperature=0.8, seed=3, ppd_budget=4)
+            for _ in range(2))
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 16 and max(a.token_ids) < 4096
+
+
+def test_both_backends_compute_the_same_prompt_token_logits(ppd_bundle):
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.step_inputs import pack_step
+
+    outs = []
+    for backend in ("ort", "torch"):
+        pipe = Pipeline.load(ppd_bundle, backend=backend, threads=2)
+        with pipe.target.runner() as r:
+            cache = r.new_cache(1)
+            ids, pos, mask = pack_step(cache, [np.array([5, 17, 4096, 4097, 4098])], [np.arange(5)])
+            outs.append(r.step(ids, pos, mask, cache)[0])
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0] - outs[1]).max() < 1e-3
+
+
+def test_layout_is_the_ensemble_mask_and_prompt_ids_by_distance_and_ept():
+    # root carries 2 prompt tokens, candidate (0,) 1, candidate (1,) none; 2 EPTs; state 1 (depth-1 candidates)
+    layout = build_layout([(0,), (1,)], [2, 1, 0], state=1, vocab=100, num_ensemble=2)
+    spec = layout.spec
+    assert len(spec) == 2 + 2 * 2 + 1 * 2  # candidates + root's 2 x 2 EPTs + (0,)'s 1 x 2 EPTs
+    root_chain = layout.owners[-1]  # [distance, EPT]
+    assert root_chain.shape == (2, 2) and layout.tokens[root_chain].tolist() == [[100, 101], [102, 103]]
+    mask = spec.row_mask
+    d2_e0, d1_e0, d1_e1 = root_chain[1, 0] + 1, root_chain[0, 0] + 1, root_chain[0, 1] + 1
+    assert mask[d2_e0, d1_e0] and not mask[d2_e0, d1_e1]  # EPT 0 of distance 2 sees EPT 0 of distance 1 only
+    cand0 = next(int(n) for n, d, r in layout.candidates if r == 0)
+    own = layout.owners[cand0]
+    assert mask[own[0, 1] + 1, cand0 + 1] and not mask[own[0, 1] + 1, d1_e0]  # below its candidate, not the root's chain
+    assert spec.row_depths[own[0, 0] + 1] == 2 and spec.paths[own[0, 1]] == (0, PROMPT_RANK + 1)
+    # state 0: no candidates, only the root's prompt tokens
+    assert len(build_layout([(0,), (1,)], [2, 1, 0], state=0, vocab=100, num_ensemble=2).candidates) == 0
+
+
+def test_steady_state_score_by_hand():
+    # one candidate accepted half the time; both carry one prompt token: every round is in state 1
+    r, rows = score(np.array([[0.5]]), [(0,)], [1, 1], e=1)
+    assert r == pytest.approx(0.5) and rows == pytest.approx(3.0)
+    # the candidate carries none: after accepting it, the next round has no candidates (state 0), then state 1
+    # again; pi = (1/3, 2/3), R = 2/3 * 0.5
+    r, rows = score(np.array([[0.5]]), [(0,)], [1, 0], e=1)
+    assert r == pytest.approx(1 / 3) and rows == pytest.approx(1 / 3 * 1 + 2 / 3 * 2)
+
+
+def test_sparse_trees_hold_their_budget_and_grow_with_it():
+    p = np.array([[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]])
+    trees = [sparse_tree(p, b, e=1) for b in (2, 4, 8, 16, 32)]
+    assert all(t.rows <= t.budget for t in trees)
+    values = [t.expected_accepted for t in trees]
+    assert values == sorted(values) and values[-1] > values[0]
+    # two EPTs cost two rows per prompt token: less fits the same budget
+    assert sparse_tree(p, 8, e=2).expected_accepted <= trees[2].expected_accepted
+    with pytest.raises(SpecrtError, match="no PPD tree fits"):
+        sparse_tree(p, 1, e=2)
+
+
+def test_prompt_tokens_serve_an_inflated_target_zero_padded(ppd_bundle, tmp_path):
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.checkpoints.inflate import InflateConfig, inflate
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    inflate(InflateConfig(src=DEMO_DIR / "target", out=tmp_path / "t", hidden_size=384, intermediate_size=1024,
+                          num_layers=3, num_heads=6, device="cpu"))
+    big = tmp_path / "big"
+    export_bundle(ExportConfig(target=tmp_path / "t", draft=DEMO_DIR / "draft", out=big, tokenizer=DEMO_DIR / "tokenizer",
+                               exporter="torchscript"), progress=False)
+    t = train_prompt_tokens(PpdConfig(bundle=big, prompts_from=ppd_bundle, val_windows=8, budgets=(4, 8)), progress=False)
+    small = artifacts.load(ppd_bundle, PromptTokens)
+    emb = np.load(big / t.embeddings)
+    assert emb.shape == (3, 384) and not emb[:, small.hidden_size:].any()
+    assert t.training["from_sha256"] == small.embeddings_sha256
+    np.testing.assert_allclose(t.accuracy, small.accuracy, atol=0.02)  # the same function guesses the same
+    pipe, ref = Pipeline.load(big, threads=2), Pipeline.load(ppd_bundle, threads=2)
+    prompt = "def fib(n):"
+    a = pipe.generate(prompt, method="ppd", max_new_tokens=24, ppd_budget=8)
+    assert a.token_ids == ref.generate(prompt, method="ppd", max_new_tokens=24, ppd_budget=8).token_ids
+    assert a.stats.target_calls == ref.generate(prompt, method="ppd", max_new_tokens=24, ppd_budget=8).stats.target_calls
+
+
+def test_ppd_refuses_with_the_command_that_makes_what_is_missing(demo_bundle, ppd_bundle, tmp_path):
+    from specrt.runtime.pipeline import Pipeline
+
+    with pytest.raises(BundleError, match="has no PPD prompt tokens: run `specrt ppd train --bundle"):
+        Pipeline.load(demo_bundle, threads=2).generate("x", method="ppd", max_new_tokens=2)
+    b = tmp_path / "b"
+    shutil.copytree(ppd_bundle, b)
+    t = artifacts.load(b, PromptTokens)
+    (b / t.graph).write_bytes((b / t.graph).read_bytes() + b"x")
+    pipe = Pipeline.load(b, threads=2)  # other methods still load and run
+    assert pipe.generate("x", method="autoregressive", max_new_tokens=2).token_ids
+    with pytest.raises(BundleError, match="changed since `specrt ppd train` wrote it"):
+        pipe.generate("x", method="ppd", max_new_tokens=2)
+    artifacts.save(b, replace(t, num_ensemble=2))
+    with pytest.raises(SpecrtError, match="has 3 prompt tokens x 2 EPTs: pass --num-prompt-tokens 3 --num-ensemble 2"):
+        train_prompt_tokens(PpdConfig(bundle=demo_bundle, prompts_from=b), progress=False)
+
+
+def test_tune_weighs_ppd_and_auto_runs_it_where_it_pays(ppd_bundle, tmp_path, humaneval):
+    from specrt.calibration.tune import TuneConfig, tune
+    from specrt.runtime.methods import Auto, Ppd
+    from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import write_acceptance, write_latency
+
+    b = tmp_path / "b"
+    shutil.copytree(ppd_bundle, b)
+    tokens = artifacts.load(b, PromptTokens)
+    # a step costs the same for any token count, the draft model as much as the target, and the draft is never
+    # right: drafting never pays, PPD's free guesses do
+    write_latency(b, lambda n: 10.0, lambda n: 10.0, max_tokens=32)
+    write_acceptance(b, [[0.01, 0.01]] * 4)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    best = plan.choices[1].best
+    assert plan.choices[1].method == "ppd" and best.kind == "ppd" and "ppd.json" in plan.stamp.inputs
+    # among the PPD trees, the flat latency makes the one accepting the most per round the fastest
+    assert best.num_nodes == max(tokens.trees, key=lambda t: t.expected_accepted).budget
+    pipe = Pipeline.load(b, threads=2)
+    assert Auto().resolve(pipe, 1) == Ppd(ppd_budget=best.num_nodes)
+    assert pipe.ppd_tree(1).budget == best.num_nodes  # method="ppd" without a budget: the same choice
+    ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=16)
+    assert [g.token_ids for g in pipe.generate(humaneval[:3], method="auto", max_new_tokens=16)] == [g.token_ids for g in ar]
+    # the plan is refused once the prompt tokens it weighed change
+    artifacts.save(b, replace(tokens, trees=tokens.trees[:1]))
+    with pytest.raises(BundleError, match="made from an earlier ppd.json"):
+        pipe.plan()
