@@ -24,7 +24,7 @@ import numpy as np
 
 from specrt.bench import svg
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, QuantSet, TrtEngineSet
+from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, PromptTokens, QuantSet, TrtEngineSet
 from specrt.bundle.files import write_atomic, write_json_atomic
 from specrt.bundle.manifest import MANIFEST, BundleOptions, load_manifest, manifest_sha256
 from specrt.config import option, to_flags
@@ -33,7 +33,8 @@ from specrt.errors import SpecrtError
 FORMAT = 1
 VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: measured vs predicted"),
          "ngram": ("NgramConfig", "ANPD ablation"), "mtad": ("MtadConfig", "MJSD / MTAD"),
-         "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs")}
+         "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
+         "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding")}
 SHOWN_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)  # L(n) columns of the latency table, where profiled
 
 
@@ -98,6 +99,9 @@ def speed_rows(verb: str, data: dict) -> list[dict]:
                  "tokens_per_call": r["tokens_per_target_call"], "predicted": r["predicted_tokens_per_s"],
                  "decode_tokens_per_s": r["decode_tokens_per_s"], "prediction_error": r["prediction_error"],
                  "lossless": bool(r["same_tokens_as_autoregressive"])} for r in rows]
+    if verb == "ppd":
+        return [{"name": r["name"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
+                 "tokens_per_call": r["tokens_per_target_call"], "lossless": r["same_tokens_as_ar"]} for r in rows]
     if verb == "ngram":
         return [{"name": " ".join(str(r[k]) for k in ("method", "n", "k") if r.get(k) is not None),
                  "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
@@ -116,7 +120,7 @@ def _x(v: float | None) -> str:
 def headline(verb: str, data: dict) -> str:
     """One line a README reader can take away from a bench run, computed from its rows."""
     rows = speed_rows(verb, data)
-    if verb in ("e2e", "trees", "ngram"):
+    if verb in ("e2e", "trees", "ngram", "ppd"):
         ar = next((r for r in rows if r["name"] == "autoregressive"), None)
         ours = [r for r in rows if r["speedup"] is not None and r["name"] != "autoregressive"
                 and not r["name"].startswith("hf") and r["lossless"]]
@@ -130,6 +134,10 @@ def headline(verb: str, data: dict) -> str:
                 text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x HF `generate`" if hf.get("speedup_vs_ours_ar") else ""
             if any(r.get("roofline_fraction") for r in rows):
                 text += f"; {best['roofline_fraction']:.1%} of the batch-1 roofline"
+        if verb == "ppd":
+            picked = next(r for r in rows if r["name"].startswith("ppd (picked"))
+            text = (f"PPD (picked size) **{_x(picked['speedup'])}** our AR, {picked['tokens_per_call']:.2f} tokens per "
+                    f"target call, no draft model; " + text)
         if verb == "trees":
             s = data["summary"]
             errors = [r["prediction_error"] for r in rows if r["prediction_error"] is not None]
@@ -257,6 +265,12 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "choices": _plain(plan.choices), "curves": _plain(plan.curves),
         "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"}
     facts["engines"] = {cls.FILE: _plain(read[cls]) for cls in (EngineSet, TrtEngineSet, QuantSet) if read[cls]}
+    ppd = read[PromptTokens]
+    facts["ppd"] = None if ppd is None else {
+        "prompt_tokens": ppd.num_prompt_tokens, "ensemble": ppd.num_ensemble,
+        "parameters": ppd.num_prompt_tokens * ppd.num_ensemble * ppd.hidden_size,
+        "top1_by_distance": [row[0] for row in ppd.accuracy], "baseline_top1": [row[0] for row in ppd.baseline_accuracy],
+        "budgets": [t.budget for t in ppd.trees]}
     facts["bench"], facts["bench_elsewhere"] = [], 0
     if bench is not None:
         if not Path(bench).is_dir():
@@ -392,6 +406,13 @@ def machine_section(facts: dict) -> list[str]:
     lines += ["", "| artifact | state | made | command |", "|---|---|---|---|"]
     for name, a in facts["artifacts"].items():
         lines.append(f"| `{name}` | {a['state'].replace('|', '/')} | {a['created'] or '-'} | `{a['command']}` |")
+    p = facts.get("ppd")
+    if p:
+        lines += ["", f"PPD prompt tokens (`ppd.json`): {p['prompt_tokens']} x {p['ensemble']} EPT(s), {p['parameters']} parameters; "
+                      "top-1 guess accuracy by distance " + ", ".join(
+                          f"{d + 2}: {a:.1%} (no prompt tokens {b:.1%})"
+                          for d, (a, b) in enumerate(zip(p["top1_by_distance"], p["baseline_top1"])))
+                  + f"; sparse trees of {', '.join(map(str, p['budgets']))} rows"]
     for name, e in facts["engines"].items():
         if name == QuantSet.FILE:
             lines += ["", f"Quantized variants (`{name}`): " + "; ".join(
@@ -469,19 +490,20 @@ def plan_section(facts: dict, plots: dict) -> list[str]:
     lines += ["Every candidate the tuner weighed at each batch size: predicted tokens/s (acceptance x latency) by "
               "the number of drafted nodes; where a trees bench ran at that batch size, its measured decode tokens/s "
               "are drawn beside the predictions.", ""]
+    kinds = ("chain", "tree", "dynamic", "merged", "ppd")
     for b, points in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
         series = []
-        for kind in ("chain", "tree", "dynamic", "merged"):
+        for kind, color in zip(kinds, svg.COLORS):
             pts = sorted((p["num_nodes"], p["predicted_tokens_per_s"]) for p in points if p["kind"] == kind)
             if pts:
-                series.append(svg.Series(f"{kind}: predicted", *map(tuple, zip(*pts)), marker=False))
+                series.append(svg.Series(f"{kind}: predicted", *map(tuple, zip(*pts)), marker=False, color=color))
         run, _ = _measured_for(facts, int(b), {"kind": "autoregressive", "num_nodes": 0})
-        if run is not None:
-            for kind in ("chain", "tree", "dynamic", "merged"):
+        if run is not None:  # the same colour per kind, dashed with points: measured
+            for kind, color in zip(kinds, svg.COLORS):
                 pts = sorted((int(r["name"].split()[1]), r["decode_tokens_per_s"]) for r in run["rows"]
                              if r["name"].split()[0] == kind)
                 if pts:
-                    series.append(svg.Series(f"{kind}: measured", *map(tuple, zip(*pts)), dashed=True))
+                    series.append(svg.Series(f"{kind}: measured", *map(tuple, zip(*pts)), dashed=True, color=color))
         ar = next(p for p in points if p["kind"] == "autoregressive")
         name = f"plots/plan-batch{b}.svg"
         plots[name] = svg.line_chart(f"batch {b}: predicted tokens/s per candidate", "drafted nodes per round",

@@ -25,6 +25,7 @@ class Series:
     ys: tuple[float, ...]
     dashed: bool = False
     marker: bool = True
+    color: str | None = None  # default: the palette, by the series' place
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
-    if abs(v) >= 1000 or abs(v) < 0.01:
+    if abs(v) >= 1000:
+        return f"{v:.0f}"
+    if abs(v) < 0.01:
         return f"{v:.3g}"
     return f"{v:.4g}"
 
@@ -143,7 +146,7 @@ def line_chart(title: str, xlabel: str, ylabel: str, series: list[Series], rules
     rule_parts, legend = _rules(f, list(rules))
     parts += rule_parts
     for i, s in enumerate(drawn):
-        color = COLORS[i % len(COLORS)]
+        color = s.color or COLORS[i % len(COLORS)]
         pts = sorted(zip(s.xs, s.ys))
         d = " ".join(f"{'M' if j == 0 else 'L'}{f.px(x):.1f},{f.py(y):.1f}" for j, (x, y) in enumerate(pts))
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
