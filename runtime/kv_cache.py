@@ -54,6 +54,35 @@ class KVCache:
     def batch(self) -> int:
         return len(self.lengths)
 
+    @property
+    def is_static(self) -> bool:
+        return self._static is not None
+
+    def add_rows(self, count: int) -> None:
+        """Add `count` empty sequences after the current ones (continuous batching admits requests here)."""
+        batch = self.batch + count
+        if self._static is not None:
+            if batch > self._static.shape[2]:
+                raise InvalidRequestError(f"a batch of {batch} exceeds the static cache's {self._static.shape[2]} sequences")
+            self.buffer = self._static[:, :, :batch]
+        else:
+            grown = self._allocate((self.num_layers, 2, batch, self.num_kv_heads, self.capacity, self.head_dim))
+            grown[:, :, :self.batch] = self.buffer
+            self.buffer = grown
+        self.lengths = np.concatenate([self.lengths, np.zeros(count, dtype=np.int64)])
+
+    def extend(self, other: "KVCache") -> None:
+        """Append `other`'s sequences (a dynamic cache the new ones were prefilled in) after the current ones."""
+        if self._static is not None or other._static is not None:
+            raise ValueError("extend joins dynamic caches; a static cache admits with add_rows")
+        capacity = max(self.capacity, other.capacity)
+        grown = self._allocate((self.num_layers, 2, self.batch + other.batch, self.num_kv_heads, capacity, self.head_dim))
+        grown[:, :, :self.batch, :, :self.capacity] = self.buffer
+        grown[:, :, self.batch:, :, :other.capacity] = other.buffer
+        self.buffer, self.capacity = grown, capacity
+        self.slot_index = np.arange(capacity)
+        self.lengths = np.concatenate([self.lengths, other.lengths])
+
     def layer_views(self, layer: int) -> tuple[object, object]:
         """(keys, values) of one layer, each [B, Hkv, S, D], contiguous."""
         return self.buffer[layer, 0], self.buffer[layer, 1]

@@ -43,6 +43,10 @@ class DecodeOptions(Config):
     max_new_tokens: int = option(128, "new tokens per prompt, at most", ge=1)
     seed: int = option(0, "seed of the sampler (and of MTAD's beam sampling)", ge=0)
     batch_size: int = option(1, "prompts decoded together in one ragged batch (no KV padding)", ge=1)
+    batching: str = option("continuous", "continuous: a finished sequence's place goes to the next prompt at once; "
+                                         "static: batches of batch_size prompts, each run until its last sequence "
+                                         "ends (the baseline continuous batching is measured against)",
+                           choices=("continuous", "static"))
 
 
 @dataclass
@@ -238,29 +242,35 @@ class Pipeline:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, batch_size: int = 1, progress: bool = False, **options):
+                 seed: int = 0, batch_size: int = 1, batching: str = "continuous", progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         `options` are the method's own (see METHODS[method].option_names(), e.g. num_draft_tokens for sd);
-        an option the method does not take is refused by name. Prompts are decoded `batch_size` at a time
-        in one ragged batch (no KV padding)."""
+        an option the method does not take is refused by name. Up to `batch_size` prompts are decoded at once
+        in one ragged batch (no KV padding); with `batching="continuous"` a finished sequence's place goes to
+        the next prompt between rounds, with "static" each batch runs until its last sequence ends."""
         prompts, single = self._prompts(prompts)
         params = SamplingParams(temperature, top_k, top_p)
-        decode = DecodeOptions(max_new_tokens, seed, batch_size)
+        decode = DecodeOptions(max_new_tokens, seed, batch_size, batching)
         if not isinstance(progress, bool):
             raise InvalidRequestError(f"progress must be True or False, got {progress!r}")
         scheduler, seqs = self._prepare(method, options, params, decode, prompts)
         rng = np.random.default_rng(seed)
-        batches = [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
+        continuous = batching == "continuous"
+        batches = [seqs] if continuous else [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
+        bar = None
         if progress:
             from tqdm import tqdm
-            batches = tqdm(batches, desc=method, unit="batch")
+            bar = tqdm(total=len(seqs), desc=method, unit="prompt")
         try:
             for batch in batches:
-                for _ in scheduler.run(batch, params, rng):
-                    pass
+                for s, _ in scheduler.run(batch, params, rng, max_batch=batch_size):
+                    if bar is not None and s.finished:
+                        bar.update()
         finally:
             scheduler.close()
+            if bar is not None:
+                bar.close()
         results = [self._result(s) for s in seqs]
         return results[0] if single else results
 

@@ -4,7 +4,9 @@ Per round, for the live sequences of a batch: the drafter proposes one DraftTree
 scores root + nodes of every tree (ragged rows, no KV padding); the verifier picks each sequence's
 accepted path and bonus token; the target cache appends only the root and the accepted path
 (compacted), the drafter commits its own state; emitted tokens are appended, truncated at EOS and at
-max_new_tokens. Finished sequences leave the batch independently.
+max_new_tokens. Finished sequences leave the batch independently, and with more sequences waiting than
+`max_batch`, the next ones take their places between rounds (continuous batching): each is prefilled on
+its own and joins the running batch, which no sequence waits out.
 
 Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the last token is the root.
 """
@@ -12,6 +14,7 @@ Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the la
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -20,7 +23,7 @@ from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.stats import Stats
-from specrt.runtime.step_inputs import pack_step, prefill
+from specrt.runtime.step_inputs import admit, pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
 
@@ -74,22 +77,21 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.close()
 
-    def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator) -> Iterator[tuple[SeqState, list[int]]]:
-        """Decode the batch; yields (sequence, tokens appended this round) as they come."""
+    def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator,
+            max_batch: int | None = None) -> Iterator[tuple[SeqState, list[int]]]:
+        """Decode the sequences, at most `max_batch` at once (default: all): whenever sequences finish, the next
+        waiting ones take their places at once (continuous batching: prefilled and admitted between rounds).
+        Yields (sequence, tokens appended this round) as they come."""
         t_start = time.perf_counter()
-        live = list(seqs)
+        waiting = deque(seqs)
+        live = [waiting.popleft() for _ in range(min(max_batch or len(seqs), len(seqs)))]
+        max_batch = len(live)
         cache = self.target.new_cache(len(live), self.bucket)
         t0 = time.perf_counter()
         steps = prefill(self.target, cache, [s.tokens[:-1] for s in live])
-        for s in live:
-            s.stats.target_calls += steps
         if self.drafter is not None:
             self.drafter.start(live)
-            for s in live:
-                s.stats.draft_calls += self.drafter.num_calls
-                s.stats.prefill_draft_calls += self.drafter.num_calls
-        for s in live:
-            s.stats.seconds.prefill += time.perf_counter() - t0
+        self._prefilled(live, steps, t0)
         while live:
             t_round = time.perf_counter()
             if self.drafter is not None:
@@ -135,9 +137,25 @@ class Scheduler:
             keep = [b for b, s in enumerate(live) if not s.finished]
             if len(keep) < len(live):
                 live = [live[b] for b in keep]
-                if live:
-                    cache.keep(keep)
+                cache.keep(keep)
+                if self.drafter is not None:
+                    self.drafter.keep(keep)
+                if waiting:
+                    new = [waiting.popleft() for _ in range(min(max_batch - len(live), len(waiting)))]
+                    t0 = time.perf_counter()
+                    steps = admit(self.target, cache, [s.tokens[:-1] for s in new])
                     if self.drafter is not None:
-                        self.drafter.keep(keep)
+                        self.drafter.admit(new)
+                    self._prefilled(new, steps, t0)
+                    live += new
         for s in seqs:
             s.stats.seconds.total = time.perf_counter() - t_start
+
+    def _prefilled(self, new: list[SeqState], steps: int, t0: float) -> None:
+        """Count the prefill of sequences that joined the batch (target steps, draft steps, seconds)."""
+        draft_calls = self.drafter.num_calls if self.drafter is not None else 0
+        for s in new:
+            s.stats.target_calls += steps
+            s.stats.draft_calls += draft_calls
+            s.stats.prefill_draft_calls += draft_calls
+            s.stats.seconds.prefill += time.perf_counter() - t0

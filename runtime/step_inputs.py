@@ -55,6 +55,21 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
     return -(-longest // size)
 
 
+def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
+    """Add one sequence per entry of `rows` after the cache's sequences, their rows prefilled (continuous
+    batching); returns the prefill steps. A dynamic cache prefills them in a cache of their own, then takes
+    it over (the running sequences are not stepped); a static one (fixed addresses) prefills them in place,
+    the running sequences as empty rows."""
+    if cache.is_static:
+        old = cache.batch
+        cache.add_rows(len(rows))
+        return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
+    fresh = runner.new_cache(len(rows), cache.bucket)
+    steps = prefill(runner, fresh, rows)
+    cache.extend(fresh)
+    return steps
+
+
 def sequence_logits(runner, tokens: np.ndarray) -> np.ndarray:
     """Next-token logits [T, V] after every prefix of one sequence (teacher forcing), in steps a backend takes
     (at most its max_step_tokens each)."""

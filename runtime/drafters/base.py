@@ -2,15 +2,16 @@
 
 Protocol (the Scheduler calls these, in order, on the live sequences `seqs`):
     start(seqs)                      once, after the prompts are known
+    admit(new)                       sequences `new` joined the batch after the live ones (continuous batching)
     propose(seqs, params, rng)       -> one DraftTree per sequence
     target_logits(logits)            the target step's logits [B, rows, V] (drafters that draft from the target's
                                      own outputs read them here: PPD's prompt tokens)
     commit(seqs, verdicts)           after verification, before the emitted tokens are appended
     keep(rows)                       sequences at other rows finished and left the batch
 
-`start` and `propose` are template methods: the base class times them and counts the model steps they
+`start`, `admit` and `propose` are template methods: the base class times them and counts the model steps they
 made (`num_calls`, `seconds`, `backend_seconds` describe the last call); subclasses implement `_start`
-and `_propose`.
+`_admit` and `_propose`.
 
 ModelDrafter runs the draft step graph in its own KVCache. Invariant between rounds: the draft cache
 holds K/V for seq.tokens[:cache.lengths[b]]; everything after that is "pending" and is fed in the next
@@ -29,7 +30,7 @@ import numpy as np
 
 from specrt.runtime.backends import Runner
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.step_inputs import feed_rows, pack_step, prefill
+from specrt.runtime.step_inputs import admit, feed_rows, pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
 
@@ -43,6 +44,10 @@ class Drafter(ABC):
         with self._timed():
             self._start(seqs)
 
+    def admit(self, new) -> None:
+        with self._timed():
+            self._admit(new)
+
     def propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
         with self._timed():
             trees = self._propose(seqs, params, rng)
@@ -50,6 +55,10 @@ class Drafter(ABC):
 
     def _start(self, seqs) -> None:
         pass
+
+    @abstractmethod
+    def _admit(self, new) -> None:
+        """Take on sequences that joined the batch after the live ones (rows len(live) ...)."""
 
     @abstractmethod
     def _propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
@@ -103,6 +112,9 @@ class ModelDrafter(Drafter):
         """Prefill every prompt but its last token (that one is pending, fed in the first round)."""
         self.cache = self.runner.new_cache(len(seqs), self.bucket)
         prefill(self.runner, self.cache, [s.tokens[:-1] for s in seqs])
+
+    def _admit(self, new) -> None:
+        admit(self.runner, self.cache, [s.tokens[:-1] for s in new])
 
     def _feed_pending(self, seqs) -> np.ndarray:
         """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V]."""

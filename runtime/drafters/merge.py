@@ -59,6 +59,10 @@ class MergedDrafter(Drafter):
         for d in self.drafters:
             d.start(seqs)
 
+    def _admit(self, new) -> None:
+        for d in self.drafters:
+            d.admit(new)
+
     def _propose(self, seqs, params, rng) -> list[DraftTree]:
         proposed = [d.propose(seqs, params, rng) for d in self.drafters]  # [drafter][sequence]
         trees, self._maps = [], []

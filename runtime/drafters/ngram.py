@@ -182,6 +182,10 @@ class NgramDrafter(Drafter):
         self.memories = [NgramMemory(self.max_n) for _ in seqs]
         self._seen = [0] * len(seqs)
 
+    def _admit(self, new) -> None:
+        self.memories += [NgramMemory(self.max_n) for _ in new]
+        self._seen += [0] * len(new)
+
     def _propose(self, seqs, params, rng) -> list[DraftTree]:
         trees = []
         for b, s in enumerate(seqs):

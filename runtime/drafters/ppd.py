@@ -95,6 +95,10 @@ class PromptTokenDrafter(Drafter):
         self._state = [0] * len(seqs)
         self._guesses = [None] * len(seqs)
 
+    def _admit(self, new) -> None:
+        self._state += [0] * len(new)  # no guesses yet: the first round is the root and its prompt tokens
+        self._guesses += [None] * len(new)
+
     def _propose(self, seqs, params, rng) -> list[DraftTree]:
         trees = []
         self._layout_of = []

@@ -43,6 +43,9 @@ class _Fixed(Drafter):
     def __init__(self, tree):
         self.tree, self.committed = tree, []
 
+    def _admit(self, new):
+        pass
+
     def _propose(self, seqs, params, rng):
         return [self.tree for _ in seqs]
 

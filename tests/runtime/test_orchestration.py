@@ -122,3 +122,41 @@ def test_mtad_output_follows_the_seed_at_temperature_above_zero(tmp_path):
     assert len(set(outs)) > 5 and len({o[0] for o in outs}) > 2  # not the same two tokens for every seed
     greedy = {tuple(pipe.generate([[1, 2, 3]], method="mtad", seed=s, max_new_tokens=2)[0].token_ids) for s in range(5)}
     assert len(greedy) == 1
+
+
+def test_continuous_batching_admits_waiting_prompts_as_sequences_finish(fake):
+    """7 prompts, at most 3 at once: continuous batching gives a finished sequence's place to the next prompt
+    between rounds, so the batch runs fewer target steps than static batches that wait for their slowest
+    sequence; every sequence's tokens and rounds are what they are alone."""
+    from specrt.runtime.pipeline import DecodeOptions
+    from specrt.runtime.sampling import SamplingParams
+
+    ps = prompts(7, seed=6)
+    ar = fake.generate(ps, method="autoregressive", max_new_tokens=30)
+    alone = fake.generate(ps, method="sd", num_draft_tokens=3, max_new_tokens=30)
+    steps = {}
+    for batching in ("static", "continuous"):
+        params = SamplingParams()
+        scheduler, seqs = fake._prepare("sd", {"num_draft_tokens": 3}, params, DecodeOptions(30, 0, 3, batching), ps)
+        runner, sizes = scheduler.target, []
+        real = runner.step
+        runner.step = lambda ids, *a, **k: (sizes.append(ids.shape[0]), real(ids, *a, **k))[1]
+        chunks = [seqs] if batching == "continuous" else [seqs[i:i + 3] for i in range(0, len(seqs), 3)]
+        for chunk in chunks:
+            for _ in scheduler.run(chunk, params, np.random.default_rng(0), max_batch=3):
+                pass
+        scheduler.close()
+        assert [s.new_tokens.tolist() for s in seqs] == [a.token_ids for a in ar]
+        assert [s.stats.rounds for s in seqs] == [a.stats.rounds for a in alone]  # per request, as when alone
+        assert max(sizes) == 3
+        steps[batching] = len(sizes)
+    assert steps["continuous"] < steps["static"]
+
+
+def test_static_batching_is_kept_for_comparison(fake):
+    ps = prompts(5, seed=7)
+    a = fake.generate(ps, method="tree", max_new_tokens=20, batch_size=2, batching="static")
+    b = fake.generate(ps, method="tree", max_new_tokens=20, batch_size=2)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    with pytest.raises(Exception, match="batching must be one of"):
+        fake.generate(ps, method="tree", batching="dynamic")
