@@ -34,7 +34,8 @@ FORMAT = 1
 VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: measured vs predicted"),
          "ngram": ("NgramConfig", "ANPD ablation"), "mtad": ("MtadConfig", "MJSD / MTAD"),
          "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
-         "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding")}
+         "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
+         "batch": ("BatchBenchConfig", "Batching: continuous against static")}
 SHOWN_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)  # L(n) columns of the latency table, where profiled
 
 
@@ -102,6 +103,10 @@ def speed_rows(verb: str, data: dict) -> list[dict]:
     if verb == "ppd":
         return [{"name": r["name"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
                  "tokens_per_call": r["tokens_per_target_call"], "lossless": r["same_tokens_as_ar"]} for r in rows]
+    if verb == "batch":
+        return [{"name": f"{r['method']}, batch {r['batch_size']}, {r['batching']}", "tokens_per_s": r["tokens_per_s"],
+                 "speedup": r["speedup_vs_ar"], "tokens_per_call": None, "lossless": r["same_tokens_as_ar"]}
+                for r in rows]
     if verb == "ngram":
         return [{"name": " ".join(str(r[k]) for k in ("method", "n", "k") if r.get(k) is not None),
                  "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
@@ -145,6 +150,13 @@ def headline(verb: str, data: dict) -> str:
                     f"**{s['tuned_vs_best_measured']}**; " + text +
                     (f"; predictions {min(errors):+.0%} to {max(errors):+.0%}" if errors else ""))
         return text
+    if verb == "batch":
+        largest = max(r["batch_size"] for r in data["rows"])
+        parts = [f"`{r['method']}` {r['continuous_vs_static']:.2f}x" for r in data["rows"]
+                 if r["batch_size"] == largest and r["continuous_vs_static"] is not None]
+        same = all(r["same_tokens_as_ar"] for r in data["rows"])
+        return (f"continuous / static batching at batch {largest}: " + ", ".join(parts)
+                + ("; every request's tokens as single-sequence AR's" if same else "; SOME TOKENS DIFFER FROM AR"))
     if verb == "mtad":
         greedy = next((r for r in data["rows"] if r["method"] == "sd"), None)
         timed = [r for r in data["rows"] if r["tokens_per_s"] and r["method"] not in ("autoregressive", "sd")]

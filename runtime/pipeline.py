@@ -211,7 +211,8 @@ class Pipeline:
             raise InvalidRequestError("no prompts given")
         return list(prompts), False
 
-    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list):
+    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list,
+                 per_prompt: list[int] | None = None):
         """(scheduler, sequences) for one call: its own runners, drafter and verifier (closed again if the
         prompts are refused)."""
         m: Method = make_method(method, options)
@@ -223,14 +224,14 @@ class Pipeline:
                 built.drafter.close()
             raise
         try:
-            return scheduler, self._sequences(prompts, decode.max_new_tokens, built.slack)
+            return scheduler, self._sequences(prompts, per_prompt or [decode.max_new_tokens] * len(prompts), built.slack)
         except BaseException:
             scheduler.close()
             raise
 
-    def _sequences(self, prompts, max_new_tokens: int, slack: int) -> list[SeqState]:
+    def _sequences(self, prompts, max_new_tokens: list[int], slack: int) -> list[SeqState]:
         seqs = []
-        for i, p in enumerate(prompts):
+        for i, (p, max_new_tokens) in enumerate(zip(prompts, max_new_tokens)):
             ids = self.encode(p)
             need = len(ids) + max_new_tokens + slack
             if need > self.max_context:
@@ -241,20 +242,28 @@ class Pipeline:
         return seqs
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
-                 max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 max_new_tokens: int | Sequence[int] = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0, batch_size: int = 1, batching: str = "continuous", progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         `options` are the method's own (see METHODS[method].option_names(), e.g. num_draft_tokens for sd);
         an option the method does not take is refused by name. Up to `batch_size` prompts are decoded at once
         in one ragged batch (no KV padding); with `batching="continuous"` a finished sequence's place goes to
-        the next prompt between rounds, with "static" each batch runs until its last sequence ends."""
+        the next prompt between rounds, with "static" each batch runs until its last sequence ends.
+        `max_new_tokens` is one limit for every prompt, or a list of one per prompt."""
         prompts, single = self._prompts(prompts)
         params = SamplingParams(temperature, top_k, top_p)
+        per_prompt = None
+        if isinstance(max_new_tokens, (list, tuple)):
+            if len(max_new_tokens) != len(prompts):
+                raise InvalidRequestError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} prompts")
+            for m in max_new_tokens:
+                DecodeOptions(m)  # each checked as one limit
+            per_prompt, max_new_tokens = list(max_new_tokens), max(max_new_tokens)
         decode = DecodeOptions(max_new_tokens, seed, batch_size, batching)
         if not isinstance(progress, bool):
             raise InvalidRequestError(f"progress must be True or False, got {progress!r}")
-        scheduler, seqs = self._prepare(method, options, params, decode, prompts)
+        scheduler, seqs = self._prepare(method, options, params, decode, prompts, per_prompt)
         rng = np.random.default_rng(seed)
         continuous = batching == "continuous"
         batches = [seqs] if continuous else [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]

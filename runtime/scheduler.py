@@ -121,6 +121,8 @@ class Scheduler:
             for s, t, v in zip(live, trees, verdicts):
                 out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
                 appended.append(out)
+                if s.finished:
+                    s.stats.seconds.finished = time.perf_counter() - t_start
             t_total = time.perf_counter() - t_round
             for s, t, v in zip(live, trees, verdicts):
                 st = s.stats

@@ -11,7 +11,7 @@
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
-    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|docs   benchmarks and the results page
+    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
 user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
@@ -234,6 +234,8 @@ BENCH_VERBS = {
                                                         "perplexity and greedy agreement against the exported pair"),
     "ppd": ("ppd", "PpdBenchConfig", "run_ppd", "PPD against AR, sd, dynamic and anpd; its trees' ablations; accepted "
                                                 "length by distance (after `specrt ppd train`)"),
+    "batch": ("batch", "BatchBenchConfig", "run_batch", "throughput and request latency by batch size, continuous "
+                                                      "against static batching"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }
