@@ -17,6 +17,7 @@ each generate / stream call drafts and verifies with its own runners, KV caches 
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,9 +272,10 @@ class Pipeline:
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=len(seqs), desc=method, unit="prompt")
+        started = time.perf_counter()  # every request's latency counts from here, whichever batch it waits for
         try:
             for batch in batches:
-                for s, _ in scheduler.run(batch, params, rng, max_batch=batch_size):
+                for s, _ in scheduler.run(batch, params, rng, max_batch=batch_size, started=started):
                     if bar is not None and s.finished:
                         bar.update()
         finally:

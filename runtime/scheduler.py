@@ -78,11 +78,13 @@ class Scheduler:
             self.drafter.close()
 
     def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator,
-            max_batch: int | None = None) -> Iterator[tuple[SeqState, list[int]]]:
+            max_batch: int | None = None, started: float | None = None) -> Iterator[tuple[SeqState, list[int]]]:
         """Decode the sequences, at most `max_batch` at once (default: all): whenever sequences finish, the next
         waiting ones take their places at once (continuous batching: prefilled and admitted between rounds).
-        Yields (sequence, tokens appended this round) as they come."""
+        Yields (sequence, tokens appended this round) as they come. `started`: when the caller's request began
+        (time.perf_counter(); default now), what each sequence's `seconds.finished` counts from."""
         t_start = time.perf_counter()
+        started = t_start if started is None else started
         waiting = deque(seqs)
         live = [waiting.popleft() for _ in range(min(max_batch or len(seqs), len(seqs)))]
         max_batch = len(live)
@@ -122,7 +124,7 @@ class Scheduler:
                 out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
                 appended.append(out)
                 if s.finished:
-                    s.stats.seconds.finished = time.perf_counter() - t_start
+                    s.stats.seconds.finished = time.perf_counter() - started
             t_total = time.perf_counter() - t_round
             for s, t, v in zip(live, trees, verdicts):
                 st = s.stats

@@ -160,3 +160,13 @@ def test_static_batching_is_kept_for_comparison(fake):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     with pytest.raises(Exception, match="batching must be one of"):
         fake.generate(ps, method="tree", batching="dynamic")
+
+
+def test_request_latency_counts_from_the_call_whichever_batch_a_request_waits_for(fake):
+    ps = prompts(6, seed=8)
+    outs = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2, batching="static")
+    done = [o.stats.seconds.finished for o in outs]
+    # the third static batch waited for the first: its requests finish after every request of the first
+    assert min(done[4:]) > max(done[:2]) > 0
+    outs = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2)
+    assert all(0 < o.stats.seconds.finished <= o.stats.seconds.total for o in outs)
