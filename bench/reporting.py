@@ -342,11 +342,12 @@ def _describe(point: dict) -> str:
 
 
 def _measured_for(facts: dict, batch: int, point: dict) -> tuple[dict | None, dict | None]:
-    """The latest trees run at this batch size, and its row for the plan's choice (None where not measured)."""
+    """The latest trees run at this batch size, and its row for the plan's choice (None where not measured): a run
+    on this very export (manifest hash) before any older one matched only by the bundle's path."""
     runs = [b for b in facts["bench"] if b["verb"] == "trees" and b["batch_size"] == batch]
     if not runs:
         return None, None
-    run = max(runs, key=lambda b: (b["date"] or "", b["file"]))
+    run = max(runs, key=lambda b: (b["matched"] == "manifest", b["date"] or "", b["file"]))
     name = "autoregressive" if point["kind"] == "autoregressive" else f"{point['kind']} {point['num_nodes']}"
     return run, next((r for r in run["rows"] if r["name"] == name), None)
 
@@ -364,7 +365,7 @@ def recommendation(facts: dict) -> list[str]:
     lines += ["`method=\"auto\"` runs, per batch size, what the tuner predicts fastest on this machine:", "",
               "| batch | run | predicted tok/s | vs autoregressive | measured tok/s (decode) | measured / predicted | "
               "of roofline |", "|---:|---|---:|---:|---:|---:|---:|"]
-    why = []
+    why, older = [], False
     for b, choice in sorted(plan["choices"].items(), key=lambda kv: int(kv[0])):
         best = choice["best"]
         ar = next(p for p in plan["curves"][b] if p["kind"] == "autoregressive")
@@ -372,8 +373,10 @@ def recommendation(facts: dict) -> list[str]:
         measured = row["decode_tokens_per_s"] if row else None
         ratio = f"{measured / best['predicted_tokens_per_s']:.2f}" if measured else "-"
         of_roof = (f"{best['predicted_tokens_per_s'] / (int(b) * 1e3 / roof):.1%}" if roof else "-")
+        mark = "" if measured is None or run["matched"] == "manifest" else " †"
         lines.append(f"| {b} | {_describe(best)} | {best['predicted_tokens_per_s']:.1f} | {choice['predicted_speedup']:.2f}x | "
-                     f"{'-' if measured is None else f'{measured:.1f}'} | {ratio} | {of_roof} |")
+                     f"{'-' if measured is None else f'{measured:.1f}{mark}'} | {ratio} | {of_roof} |")
+        older = older or bool(mark)
         if best["kind"] == "autoregressive":
             why.append(f"batch {b}: no speculation. One step of {b} tokens costs {_ms(ar['target_ms'])} (+ "
                        f"{_ms(ar['draft_ms'])} host); no drafted candidate's accepted tokens pay for its extra cost.")
@@ -385,6 +388,9 @@ def recommendation(facts: dict) -> list[str]:
                        f"{ar['predicted_tokens_per_s']:.1f} ({_ms(ar['target_ms'])} per step).")
         if run is not None:
             why[-1] += f" Measured by `{run['command']}` ({run['date']})."
+    if older:
+        lines += ["", "† from a trees run that predates manifest hashes in bench results, matched by the bundle's path "
+                      "only: it may have measured another export, or another machine."]
     lines += ["", "Why:", ""] + [f"- {w}" for w in why]
     if roof:
         lines += ["", f"Roofline: a target step reads its {facts['models']['target']['weight_bytes'] / 1e6:.1f} MB of weights "

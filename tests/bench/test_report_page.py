@@ -191,3 +191,23 @@ def test_the_page_renders_in_headless_chromium_with_every_plot_drawn(report):
         assert plot["marks"] > 0 and plot["visible"] == plot["marks"] and plot["width"] > 100 and plot["height"] > 100, plot
     assert images and all(images)
     assert shot.stat().st_size > 10_000
+
+
+def test_runs_older_than_manifest_hashes_are_matched_by_path_and_flagged(demo_bundle, tmp_path):
+    from specrt.bench.trees import TreesConfig
+    from specrt.bench.trees import report as trees_report
+    from tests.bench.test_trees_report import row
+
+    b = make_bundle(demo_bundle, tmp_path, "b")
+    best = artifacts.load(b, artifacts.Plan).choices[1].best
+    tuned = f"{best.kind} {best.num_nodes}"
+    trees_report(TreesConfig(bundle=b, out=tmp_path / "bench", label="old"),
+                 [row("autoregressive", "autoregressive", 0, 80, 90, 1.0), row(tuned, best.kind, best.num_nodes, 150, 160, 2.5)],
+                 tuned=tuned)
+    path = tmp_path / "bench" / "trees-old.json"
+    old = json.loads(path.read_text())
+    del old["bundle_manifest_sha256"]  # as every run before this version
+    path.write_text(json.dumps(old))
+    md = (run_report(ReportConfig(bundle=b, bench=tmp_path / "bench", out=tmp_path / "out")).parent / "report.md").read_text()
+    assert "| 165.0 † |" in md and "matched by the bundle's path only" in md
+    assert "| path |" in md
