@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | report | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | report | ppd | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune report bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -109,6 +109,20 @@ bench-mtad: $(STAMP)
 	$(BIN)/specrt bench mtad --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
 # Resident memory over 400 calls of random prompt lengths (batch 1 and 4), on OUT.
+# PPD: train the prompt tokens of the bundle's target (OUT=...), then bench them against our other methods
+ppd: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt ppd train --bundle $(OUT)
+
+bench-ppd: $(STAMP)
+	test -f $(OUT)/ppd.json || $(MAKE) ppd
+	$(BIN)/specrt bench ppd --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
+
+# throughput and request latency by batch size, continuous against static batching
+bench-batch: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt bench batch --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
+
 soak: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	$(BIN)/specrt bench soak --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
