@@ -27,6 +27,8 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, PromptTokens, QuantSet, TrtEngineSet
 from specrt.bundle.files import write_atomic, write_json_atomic
 from specrt.bundle.manifest import MANIFEST, BundleOptions, load_manifest, manifest_sha256
+from specrt.calibration.acceptance import CalibrationConfig
+from specrt.calibration.latency import ProfileConfig
 from specrt.config import option, to_flags
 from specrt.errors import SpecrtError
 
@@ -220,7 +222,10 @@ def _weight_bytes(entry: dict) -> int:
     return int(entry["num_params"]) * np.dtype({"bfloat16": "float16"}.get(entry["dtype"], entry["dtype"])).itemsize
 
 
-def _file_bytes(bundle: Path, name: str) -> int:
+def _file_bytes(bundle: Path, name: str | None) -> int:
+    """Bytes of a step graph and its external data (0: a bundle exported without ONNX graphs)."""
+    if not name:
+        return 0
     return sum(p.stat().st_size for p in (bundle / name, bundle / f"{name}.data") if p.is_file())
 
 
@@ -266,13 +271,13 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "host_ms": _plain(latency.host_ms),
         "copy_bandwidth_gb_s": round(latency.copy_bandwidth / 1e9, 2) if latency.copy_bandwidth else None,
         "roofline_ms": {role: latency.roofline_ms(m["weight_bytes"]) for role, m in facts["models"].items()},
-        "command": rebuild_command("specrt profile", _profile_config(), latency.config, bundle)}
+        "command": rebuild_command("specrt profile", ProfileConfig, latency.config, bundle)}
     facts["acceptance"] = None if acceptance is None else {
         "depth_rank": acceptance.depth_rank, "chain_expected_accepted": acceptance.chain_expected_accepted,
         "draft_temperature": acceptance.draft_temperature, "num_positions": acceptance.num_positions,
         "rank_histogram": acceptance.rank_histogram,
         "trees": [(t.num_nodes, t.expected_accepted) for t in acceptance.trees],
-        "command": rebuild_command("specrt calibrate", _calibration_config(), acceptance.config, bundle)}
+        "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {
         "choices": _plain(plan.choices), "curves": _plain(plan.curves),
         "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"}
@@ -299,18 +304,6 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
             else:
                 facts["bench_elsewhere"] += 1
     return facts
-
-
-def _profile_config():
-    from specrt.calibration.latency import ProfileConfig
-
-    return ProfileConfig
-
-
-def _calibration_config():
-    from specrt.calibration.acceptance import CalibrationConfig
-
-    return CalibrationConfig
 
 
 def load_facts(other: Path, bench: Path | None) -> dict:
