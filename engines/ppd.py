@@ -46,6 +46,7 @@ from specrt.errors import SpecrtError
 EMBEDDINGS = "ppd/prompt_tokens.npy"
 GRAPH = "target-ppd.onnx"  # beside target.onnx: it shares that graph's external data file, if any
 BUDGETS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+PARITY = 1e-5  # per unit of the largest logit: the graph pass only appends embedding rows
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,7 @@ def _from_other(cfg: PpdConfig, hidden: int, vocab: int) -> tuple[np.ndarray, di
 
 def _graph(bundle: Path, onnx_name: str, prompts: np.ndarray, vocab: int, threads: int = 2) -> float:
     """Write the target graph with the prompt tokens atomically; returns its max |logit| difference from the
-    exported graph on ordinary ids (the same weights: it must be ~0)."""
+    exported graph on ordinary ids (the same weights: it must be ~0; a larger one is refused, nothing written)."""
     import onnxruntime as ort
 
     from specrt.graphs.passes import add_prompt_embeddings
@@ -331,7 +332,12 @@ def _graph(bundle: Path, onnx_name: str, prompts: np.ndarray, vocab: int, thread
         else:
             heads, dim = i.shape[1], i.shape[3]
             feeds[i.name] = np.zeros((1, heads, 0, dim), dtype=np.float16 if "16" in i.type else np.float32)
-    diff = float(np.abs(a.run(["logits"], feeds)[0] - b.run(["logits"], feeds)[0]).max())
+    want, got = a.run(["logits"], feeds)[0], b.run(["logits"], feeds)[0]
+    diff = float(np.abs(want - got).max())
+    if not diff <= PARITY * max(1.0, float(np.abs(want).max())):
+        tmp.unlink(missing_ok=True)
+        raise SpecrtError(f"the target graph with prompt tokens gives other logits for ordinary ids than "
+                          f"{bundle / onnx_name} (max |difference| {diff:.3g}): the graph pass is wrong for this graph")
     tmp.replace(bundle / GRAPH)
     return diff
 
@@ -378,7 +384,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     np.save(buf, prompts)
     write_atomic(bundle / EMBEDDINGS, buf.getvalue())
     parity = _graph(bundle, entry.onnx, prompts, vocab) if entry.onnx else None
-    trees = tuple(sparse_tree(acc, b, e) for b in budgets if b >= 1)
+    trees = tuple(sparse_tree(acc, b, e) for b in budgets)
     result = PromptTokens(
         stamp=Stamp.make(bundle), num_prompt_tokens=k, num_ensemble=e, vocab_size=vocab, hidden_size=hidden,
         embeddings=EMBEDDINGS, embeddings_sha256=hashlib.sha256((bundle / EMBEDDINGS).read_bytes()).hexdigest(),

@@ -83,7 +83,7 @@ def choose_tree(tokens, latency, batch_size: int):
 
 class PromptTokenDrafter(Drafter):
     def __init__(self, paths, prompts, vocab: int, num_prompt_tokens: int, num_ensemble: int):
-        self.vocab, self.e = vocab, num_ensemble
+        self.vocab = vocab
         self.layouts = [build_layout(paths, prompts, s, vocab, num_ensemble) for s in range(num_prompt_tokens + 1)]
         self.top = 1 + max((p[-1] for p in paths), default=0)  # ranks a depth's candidates use
         self._state: list[int] = []

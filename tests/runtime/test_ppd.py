@@ -184,3 +184,27 @@ def test_tune_weighs_ppd_and_auto_runs_it_where_it_pays(ppd_bundle, tmp_path, hu
     artifacts.save(b, replace(tokens, trees=tokens.trees[:1]))
     with pytest.raises(BundleError, match="made from an earlier ppd.json"):
         pipe.plan()
+
+
+def test_a_prompt_token_graph_that_changes_ordinary_logits_is_refused(demo_bundle, tmp_path, monkeypatch):
+    import onnx
+    from onnx import numpy_helper
+
+    from specrt.graphs import passes
+
+    real = passes.add_prompt_embeddings
+
+    def wrong(src, dest, prompts):  # a pass that also disturbs the ordinary rows of the table
+        real(src, dest, prompts)
+        model = onnx.load(str(dest))
+        for i, init in enumerate(model.graph.initializer):
+            if init.name == "ppd.embed_tokens_with_prompts":
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2, init.name))
+        onnx.save_model(model, str(dest))
+
+    monkeypatch.setattr(passes, "add_prompt_embeddings", wrong)
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    with pytest.raises(SpecrtError, match="gives other logits for ordinary ids"):
+        train_prompt_tokens(PpdConfig(bundle=b, steps=1, val_windows=2, budgets=(4,)), progress=False)
+    assert not (b / "target-ppd.onnx").exists() and not (b / PromptTokens.FILE).exists()
