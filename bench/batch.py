@@ -53,15 +53,15 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     prompts, caps = humaneval_prompts(cfg.num_prompts), limits(cfg)
     reference = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=caps)]
-    configs = {(m, b, how): (m, b, how) for m in cfg.methods for b in cfg.batch_sizes for how in BATCHINGS
-               if b > 1 or how == "continuous"}  # batch 1: the two are the same
+    configs = [(m, b, how) for m in cfg.methods for b in cfg.batch_sizes for how in BATCHINGS
+               if b > 1 or how == "continuous"]  # (method, batch size, batching); at batch 1 the two are the same
 
     def run(method, batch, how):
         outs = pipe.generate(prompts, method=method, max_new_tokens=caps, batch_size=batch, batching=how)
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
                 [o.token_ids for o in outs] == reference)
 
-    seconds, last = timed_runs({k: (lambda c=c: run(*c)) for k, c in configs.items()}, cfg.runs, 1, f"bench batch {cfg.label}")
+    seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
     rows = []
     for (m, b, how) in configs:

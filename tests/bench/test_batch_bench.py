@@ -8,7 +8,8 @@ from specrt.errors import InvalidRequestError
 def test_per_request_limits_and_latency(pipelines, humaneval):
     pipe = pipelines["ort"]
     outs = pipe.generate(humaneval[:3], method="sd", max_new_tokens=[3, 9, 5], batch_size=2)
-    assert [len(o.token_ids) for o in outs] == [3, 9, 5] or any(o.finish_reason == "eos" for o in outs)
+    for o, cap in zip(outs, (3, 9, 5)):  # each request's own limit (or an EOS before it)
+        assert len(o.token_ids) == cap if o.finish_reason == "length" else len(o.token_ids) < cap
     assert all(0 < o.stats.seconds.finished <= o.stats.seconds.total for o in outs)
     alone = [pipe.generate(p, method="autoregressive", max_new_tokens=m).token_ids for p, m in zip(humaneval[:3], (3, 9, 5))]
     assert [o.token_ids for o in outs] == alone
