@@ -211,3 +211,16 @@ def test_runs_older_than_manifest_hashes_are_matched_by_path_and_flagged(demo_bu
     md = (run_report(ReportConfig(bundle=b, bench=tmp_path / "bench", out=tmp_path / "out")).parent / "report.md").read_text()
     assert "| 165.0 † |" in md and "matched by the bundle's path only" in md
     assert "| path |" in md
+
+
+def test_a_bundle_without_onnx_graphs_is_reported(demo_bundle, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    for role in ("target", "draft"):  # as `specrt export --no-onnx` writes it
+        (b / manifest["models"][role]["onnx"]).unlink()
+        del manifest["files"][manifest["models"][role]["onnx"]]
+        manifest["models"][role]["onnx"] = None
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    facts = collect(b)
+    assert facts["models"]["target"]["onnx_bytes"] == 0 and facts["models"]["target"]["weight_bytes"] > 0
