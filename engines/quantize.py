@@ -43,7 +43,7 @@ from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
 from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
-from specrt.graphs.passes import data_file
+from specrt.graphs.passes import data_file, graph_bytes
 
 SCHEMES = ("int8-weights", "int4-weights", "static-int8")
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
@@ -59,12 +59,6 @@ class QuantizeConfig(BundleOptions):
     calibration_prompts: int = option(16, "static-int8: held-out prompts the activation ranges are measured on", ge=1)
     prompt_tokens: int = option(128, "static-int8: tokens per calibration prompt", ge=16)
     seed: int = option(0, "static-int8: seed of the held-out prompts' offsets", ge=0)
-
-
-def graph_bytes(path: Path) -> int:
-    """Bytes of a step graph and of its external data file, if it has one."""
-    data = data_file(path)
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
 def weight_matmuls(model) -> tuple[list[str], list[str]]:

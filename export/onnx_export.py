@@ -63,17 +63,23 @@ class ExportConfig(Config):
         return self.target
 
 
-def _example_inputs(step, dtype):
+IN_GRAPH_OPSET = 24  # TensorScatter, the in-graph cache update, is an opset-24 operator
+
+
+def _example_inputs(step, dtype, kv_update: str = "runtime") -> tuple:
     """Inputs of a shape no dimension is 0 or 1 on (the dynamo exporter would specialize it)."""
     import torch
 
     batch, num_tokens, capacity = 2, 3, 5
     ids = torch.zeros((batch, num_tokens), dtype=torch.int64)
     pos = torch.arange(num_tokens).expand(batch, num_tokens).contiguous()
-    mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
     past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype)
             for _ in range(2 * step.num_layers)]
-    return ids, pos, mask, past
+    if kv_update == "graph":  # mask over the cache's slots; the new tokens are written at slots 1..3 and 2..4
+        mask = torch.ones((batch, num_tokens, capacity), dtype=torch.bool)
+        return (ids, pos, mask, torch.tensor([1, 2]), *past)
+    mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
+    return (ids, pos, mask, *past)
 
 
 def _export_torchscript(step, args, path: Path, opset: int) -> None:
@@ -95,7 +101,7 @@ def _export_torchscript(step, args, path: Path, opset: int) -> None:
                       dynamo=False, do_constant_folding=True)
 
 
-def _export_dynamo(step, args, path: Path, opset: int) -> None:
+def _export_dynamo(step, args, path: Path, opset: int, kv_update: str = "runtime") -> None:
     import logging
     import warnings
 
@@ -103,8 +109,12 @@ def _export_dynamo(step, args, path: Path, opset: int) -> None:
     from torch.export import Dim
 
     batch, tokens, capacity = Dim("batch"), Dim("num_tokens"), Dim("capacity")
-    dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: Dim("capacity_plus_tokens")},
-           tuple({0: batch, 2: capacity} for _ in range(2 * step.num_layers)))
+    past = tuple({0: batch, 2: capacity} for _ in range(2 * step.num_layers))
+    if kv_update == "graph":
+        dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: capacity}, {0: batch}, past)
+    else:
+        dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: Dim("capacity_plus_tokens")},
+               past)
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and other notes on ops a step never uses
@@ -112,35 +122,44 @@ def _export_dynamo(step, args, path: Path, opset: int) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(step, args, dynamo=True, dynamic_shapes=dyn, opset_version=opset,
-                                        input_names=contract.input_names(step.num_layers),
-                                        output_names=contract.output_names(step.num_layers), optimize=True,
-                                        verbose=False)
+                                        input_names=contract.input_names(step.num_layers, kv_update),
+                                        output_names=contract.output_names(step.num_layers, kv_update),
+                                        optimize=True, verbose=False)
     finally:
         quiet.setLevel(level)
     program.save(str(path), external_data=True)
 
 
 def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto",
-                      external_data: str = "auto") -> dict:
+                      external_data: str = "auto", kv_update: str = "runtime") -> dict:
     """Export the model's StepModule to `path` (and `path`.data when its weights go to external data), checked
     and shape-inferred. exporter "auto" is the dynamo exporter (torch.export + onnxscript), falling back to the
-    TorchScript one where it fails. Returns what was done: {"exporter", "external_data", and "fallback": why}."""
+    TorchScript one where it fails. Returns what was done: {"exporter", "external_data", and "fallback": why}.
+
+    kv_update "graph": the InPlaceStepModule (contract.py's in-graph variant) at opset >= 24, dynamo only (the
+    TorchScript exporter has no TensorScatter)."""
     import shutil
     import tempfile
 
     import torch
 
     from specrt.graphs.passes import data_file, finalize_graph
-    from specrt.model.step import StepModule
+    from specrt.model.step import InPlaceStepModule, StepModule
 
-    if exporter not in EXPORTERS or external_data not in EXTERNAL_DATA:
-        raise SpecrtError(f"exporter must be one of {EXPORTERS} and external_data one of {EXTERNAL_DATA}")
-    step = StepModule(model).eval()
+    if exporter not in EXPORTERS or external_data not in EXTERNAL_DATA or kv_update not in contract.KV_UPDATES:
+        raise SpecrtError(f"exporter must be one of {EXPORTERS}, external_data one of {EXTERNAL_DATA} and kv_update "
+                          f"one of {contract.KV_UPDATES}")
+    if kv_update == "graph":
+        if exporter == "torchscript":
+            raise SpecrtError("the in-graph KV update is exported by the dynamo exporter only (TorchScript has no "
+                              "TensorScatter)")
+        exporter, opset = "dynamo", max(opset, IN_GRAPH_OPSET)
+    step = (InPlaceStepModule if kv_update == "graph" else StepModule)(model).eval()
     dtype = next(model.parameters()).dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = external_data == "always" or (external_data == "auto" and weight_bytes > EXTERNAL_DATA_BYTES)
     done = {"exporter": "torchscript" if exporter == "torchscript" else "dynamo", "external_data": external}
-    ids, pos, mask, past = _example_inputs(step, dtype)
+    args = _example_inputs(step, dtype, kv_update)
     raw_dir = Path(tempfile.mkdtemp(prefix=".raw-", dir=path.parent))  # the raw export and its external data
     try:
         raw = raw_dir / path.name
@@ -148,7 +167,7 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
             if done["exporter"] == "dynamo":
                 try:
                     done["opset"] = max(opset, 18)
-                    _export_dynamo(step, (ids, pos, mask, *past), raw, done["opset"])
+                    _export_dynamo(step, args, raw, done["opset"], kv_update)
                 except Exception as e:  # noqa: BLE001 - any failure of torch.export/onnxscript: fall back
                     if exporter == "dynamo":
                         raise SpecrtError(f"the dynamo exporter cannot export the {model.config.model_type} step "
@@ -159,7 +178,7 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
                     done.update(exporter="torchscript", fallback=str(e).strip().splitlines()[0][:300])
             if done["exporter"] == "torchscript":
                 done["opset"] = opset
-                _export_torchscript(step, (ids, pos, mask, *past), raw, opset)
+                _export_torchscript(step, args, raw, opset)
         finalize_graph(raw, path, external)
         if external:
             os.chmod(data_file(path), 0o666 & ~UMASK)  # onnx creates it 0600; a plain file would get this

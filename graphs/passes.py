@@ -33,6 +33,12 @@ def _save(model, dest: Path, external: bool) -> None:
         onnx.save_model(model, str(dest))
 
 
+def graph_bytes(path: Path) -> int:
+    """Bytes of a step graph and of its external data file, if it has one."""
+    data = data_file(path)
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
 def finalize_graph(raw: Path, dest: Path, external: bool) -> None:
     """Check the exported graph `raw` (with any external data next to it), infer its shapes, and write it to
     `dest`: one file, or with `external` the graph and `dest.data` holding every initializer. The contract's

@@ -72,33 +72,92 @@ class StepModule(nn.Module):
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
         # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]
-        inner = self.hf.model
-        batch, num_tokens = input_ids.shape
-        x = self.embed(input_ids)  # [B, T, hidden]
-        cos, sin = inner.rotary_emb(x, position_ids)  # [B, T, D]
-        cos, sin = cos[:, None, None], sin[:, None, None]  # [B, 1, 1, T, D]
+        x, cos, sin = self._begin(input_ids, position_ids)
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
-        groups = self.num_heads // self.num_kv_heads
         new_kv = []
-        for layer_idx, layer in enumerate(inner.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            # Grouped-query attention without repeating K/V: the `groups` query heads that share a KV head
-            # are laid out next to each other, [B, Hkv, groups, T, D], and attend to that head's keys.
-            q = attn.q_proj(h).view(batch, num_tokens, self.num_kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
-            k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, 1, self.head_dim).permute(0, 2, 3, 1, 4)
-            v = attn.v_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + torch.matmul(q, self.rotate_half) * sin  # [B, Hkv, groups, T, D]
-            k = (k * cos + torch.matmul(k, self.rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
+        for layer_idx, layer in enumerate(self.hf.model.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
             new_kv += [k, v]
             keys = torch.cat([past[2 * layer_idx], k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
             values = torch.cat([past[2 * layer_idx + 1], v], dim=2).unsqueeze(2)
-            scores = torch.matmul(q, keys.transpose(3, 4)).float() * attn.scaling + bias  # [B, Hkv, groups, T, S + T]
+            scaling = layer.self_attn.scaling
+            scores = torch.matmul(q, keys.transpose(3, 4)).float() * scaling + bias  # [B, Hkv, groups, T, S + T]
             probs = torch.softmax(scores, dim=-1).to(q.dtype)
             out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
-            out = out.permute(0, 3, 1, 2, 4).reshape(batch, num_tokens, -1)  # [B, T, H * D]
-            x = x + attn.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = self.hf.lm_head(inner.norm(x)).float()  # [B, T, V]
-        return (logits, *new_kv)
+            x = self._end_layer(layer, x, out.permute(0, 3, 1, 2, 4))
+        return (self._logits(x), *new_kv)
+
+    def _begin(self, input_ids, position_ids):
+        """(x [B, T, hidden], cos, sin [B, 1, 1, T, D]) of the new tokens."""
+        x = self.embed(input_ids)  # [B, T, hidden]
+        cos, sin = self.hf.model.rotary_emb(x, position_ids)  # [B, T, D]
+        return x, cos[:, None, None], sin[:, None, None]
+
+    def _qkv(self, layer, x, cos, sin):
+        """Rotated queries [B, Hkv, groups, T, D], keys and values [B, Hkv, T, D] of one layer.
+
+        Grouped-query attention without repeating K/V: the `groups` query heads that share a KV head are laid
+        out next to each other (query head h reads KV head h // groups, as ONNX's Attention and Hugging Face's
+        repeat_kv do), and attend to that head's keys."""
+        batch, num_tokens = x.shape[:2]
+        attn, groups = layer.self_attn, self.num_heads // self.num_kv_heads
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(batch, num_tokens, self.num_kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
+        k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, 1, self.head_dim).permute(0, 2, 3, 1, 4)
+        v = attn.v_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + torch.matmul(q, self.rotate_half) * sin  # [B, Hkv, groups, T, D]
+        k = (k * cos + torch.matmul(k, self.rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
+        return q, k, v
+
+    def _end_layer(self, layer, x, out):
+        """The rest of a decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
+        x = x + layer.self_attn.o_proj(out.reshape(*x.shape[:2], -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _logits(self, x):
+        return self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
+
+
+class InPlaceStepModule(StepModule):
+    """The step with the K/V cache updated inside the graph ("in-graph" cache update).
+
+    forward(input_ids, position_ids, attention_mask, write_indices, *past) -> (logits, *present), flat per layer:
+
+        attention_mask  [B, T, C] bool    which cache slots each new token sees; the new tokens' own K/V sit at
+                                          slots write_indices[b] .. write_indices[b] + T - 1
+        write_indices   [B] int64         where sequence b's new K/V are written (its cache length)
+        past_key.{l}    [B, Hkv, C, D]    the cache at its full capacity C
+        present_key.{l} [B, Hkv, C, D]    past with the new K/V written in: bound to the same memory as past
+
+    In ONNX (opset 24) each layer is two TensorScatter nodes (the cache update) and one Attention node over the
+    updated cache, the standard operators TensorRT >= 10.15 imports as IKVCacheUpdateLayer and IAttention and
+    ONNX Runtime runs on the CPU (1.32 here; in place when present is bound to past's memory). Logits equal
+    StepModule's for the same tokens, positions and visibility; the scores are computed in float32
+    (softmax_precision) whatever the weights' dtype.
+    """
+
+    def forward(self, input_ids, position_ids, attention_mask, write_indices, *past):
+        x, cos, sin = self._begin(input_ids, position_ids)
+        mask = attention_mask[:, None]  # [B, 1, T, C]
+        present = []
+        for layer_idx, layer in enumerate(self.hf.model.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            keys = _scatter(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
+            values = _scatter(past[2 * layer_idx + 1], v, write_indices)
+            present += [keys, values]
+            out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=layer.self_attn.scaling,
+                                           softmax_precision=1)[0]  # [B, H, T, D]; 1: ONNX's FLOAT
+            x = self._end_layer(layer, x, out.transpose(1, 2))
+        return (self._logits(x), *present)
+
+
+def _scatter(cache, update, write_indices):
+    """cache [B, Hkv, C, D] with update [B, Hkv, T, D] written at slots write_indices[b] + 0 .. T - 1 (ONNX's
+    TensorScatter, mode linear, on the sequence axis)."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.onnx.ops.symbolic("TensorScatter", (cache, update, write_indices), {"axis": -2, "mode": "linear"},
+                                       dtype=cache.dtype, shape=cache.shape, version=24)
+    batch, heads, num_tokens, dim = update.shape
+    slots = write_indices[:, None] + torch.arange(num_tokens, device=update.device)  # [B, T]
+    return cache.scatter(2, slots[:, None, :, None].expand(batch, heads, num_tokens, dim), update)

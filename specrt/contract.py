@@ -11,14 +11,28 @@ A step feeds T new tokens per sequence against that sequence's cached K/V:
     new_key.{l}      [B, Hkv, T, D]  float  K/V of the T new tokens only
     new_value.{l}    [B, Hkv, T, D]
 
+The in-graph KV update (kv_update "graph", `specrt inplace`) is the same step with the cache written inside
+the graph (ONNX TensorScatter + Attention, opset 24; TensorRT's IKVCacheUpdateLayer + IAttention):
+
+    input_ids, position_ids          as above
+    attention_mask   [B, T, C]       bool   cache slots each new token sees; new token j of sequence b
+                                            sits at slot write_indices[b] + j
+    write_indices    [B]             int64  where each sequence's new K/V are written (its cache length)
+    past_key.{l}     [B, Hkv, C, D]  float  the cache at its capacity C
+    logits           [B, T, V]       float
+    present_key.{l}  [B, Hkv, C, D]  float  past with the new K/V written in, bound to past's memory
+
 Binding names are built here and nowhere else.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 ATTENTION_MASK = "attention_mask"
+WRITE_INDICES = "write_indices"
 LOGITS = "logits"
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -41,15 +55,42 @@ def new_value(layer: int) -> str:
     return f"new_value.{layer}"
 
 
-def input_names(num_layers: int) -> list[str]:
-    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK]
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
+KV_UPDATES = ("runtime", "graph")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
+
+
+def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
+    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK] + ([WRITE_INDICES] if kv_update == "graph" else [])
     for layer in range(num_layers):
         names += [past_key(layer), past_value(layer)]
     return names
 
 
-def output_names(num_layers: int) -> list[str]:
+def output_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
     names = [LOGITS]
     for layer in range(num_layers):
-        names += [new_key(layer), new_value(layer)]
+        names += [present_key(layer), present_value(layer)] if kv_update == "graph" else [new_key(layer), new_value(layer)]
     return names
+
+
+def in_graph_mask(attention_mask: np.ndarray, starts: np.ndarray, capacity: int, out: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """A step's mask [B, T, S + T] as the in-graph variant takes it, [B, T, capacity]: the S past columns stay where
+    they are (a sequence's slots >= its length are hidden there), and new token j of sequence b moves to slot
+    starts[b] + j, where the graph writes its K/V. `out`: a [B, T, capacity] bool array to fill, or None."""
+    batch, num_tokens, width = attention_mask.shape
+    past = width - num_tokens
+    if out is None:
+        out = np.empty((batch, num_tokens, capacity), dtype=bool)
+    out[:] = False
+    out[:, :, :past] = attention_mask[:, :, :past]
+    rows = np.arange(num_tokens)
+    out[np.arange(batch)[:, None, None], rows[:, None], (starts[:, None] + rows)[:, None, :]] = attention_mask[:, :, past:]
+    return out
