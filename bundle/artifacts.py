@@ -7,6 +7,7 @@
     trt-engines.json TrtEngineSet    `specrt build --backend trt`  TensorRT plans, a profile per token-count range
     quant.json       QuantSet        `specrt quantize`   8-bit variants of the step graphs (ONNX Runtime)
     ppd.json         PromptTokens    `specrt ppd train`  PPD's trained prompt tokens, their graph and sparse trees
+    inplace.json     InPlaceGraphs   `specrt inplace`    step graphs that write their K/V into the cache in place
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -403,6 +404,7 @@ class TrtEngineSet(EngineSet):
     hardware_compatibility: str  # HARDWARE_COMPATIBILITY
     version_compatible: bool  # runs with later TensorRT versions (TensorRT's lean runtime in the plan)
     workspace_bytes: int
+    kv_update: str = "runtime"  # "graph": built from `specrt inplace`'s graphs (a static cache the engine writes)
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
@@ -516,5 +518,31 @@ class PromptTokens(Artifact):
         return fit[-1]
 
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens)
+# -- inplace.json ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InPlaceGraph:
+    """One model's in-graph variant of its step graph (contract.py, kv_update "graph")."""
+
+    file: str  # relative to the bundle
+    bytes: int  # of the graph and its external data
+    sha256: str  # of the graph file
+    opset: int
+    parity: dict  # cases, max |logit| and |K/V| difference against the PyTorch step module, tolerance
+    seconds: float  # export and check
+
+
+@dataclass(frozen=True)
+class InPlaceGraphs(Artifact):
+    """Step graphs whose cache update is in the graph (`specrt inplace`): ONNX TensorScatter + Attention (opset
+    24), which ONNX Runtime runs in place on the CPU and TensorRT >= 10.15 imports as IKVCacheUpdateLayer and
+    IAttention. Run with --kv-update graph."""
+
+    FILE: ClassVar[str] = "inplace.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt inplace --bundle {bundle}"
+
+    graphs: dict[str, InPlaceGraph]  # role -> graph
+
+
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs)
 ENGINE_SETS = {"graphs": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by

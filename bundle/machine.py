@@ -46,22 +46,27 @@ class Machine:
     device: str  # "cpu" or "cuda:N"
     gpu: str | None = None  # CUDA device name when device is a GPU
     quant: str | None = None  # the quantized variant of the step graphs run (`specrt quantize`), None: as exported
+    kv_update: str = "runtime"  # "graph": the step graphs' in-graph variant (`specrt inplace`), another step cost
 
     @staticmethod
-    def here(backend: str, threads: int, device: str = "cpu", quant: str | None = None) -> "Machine":
+    def here(backend: str, threads: int, device: str = "cpu", quant: str | None = None,
+             kv_update: str = "runtime") -> "Machine":
         gpu = None
         if device.startswith("cuda"):
             import torch
 
             gpu = torch.cuda.get_device_name(torch.device(device))
-        return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu, quant)
+        return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu, quant,
+                       kv_update)
 
     def describe(self) -> str:
         where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
         quant = f", {self.quant} step graphs" if self.quant else ""
+        quant += ", in-graph KV update" if self.kv_update == "graph" else ""
         return f"{self.cpu} ({self.cores} cores), backend {self.backend}{quant}, {self.threads} threads, {where}"
 
     def flags(self) -> str:
         """The CLI flags that select this backend, variant, thread count and device."""
         return (f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu"
-                                                                          else "") + (f" --quant {self.quant}" if self.quant else ""))
+                                                                          else "") + (f" --quant {self.quant}" if self.quant else "")
+                + (" --kv-update graph" if self.kv_update == "graph" else ""))

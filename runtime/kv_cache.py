@@ -14,6 +14,9 @@ Invariants:
   are the first B rows of the buffer, and sequences leaving the batch are compacted to the front in place.
 - Slot i of a sequence holds position i (committed rows are appended in order and accepted paths are
   compacted), which is how a sliding `window` becomes part of each step's mask.
+- A step whose graph updates the cache itself (kv_update "graph") has already written its T new rows at
+  slots lengths[b] .. lengths[b] + T - 1 (garbage slots until committed); it returns `CacheRows` instead of
+  new K/V, and committing them moves only the accepted rows that are not already in place.
 - The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
   module only slices and assigns, which both support.
 """
@@ -25,6 +28,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specrt.errors import InvalidRequestError
+
+
+class CacheRows:
+    """The new_kv of a step whose graph wrote the new tokens' K/V into `cache` itself: sequence b's T rows sit at
+    slots starts[b] .. starts[b] + T - 1 (its length when the step ran). KVCache.append / append_rows of the same
+    cache commit them where they lie."""
+
+    def __init__(self, cache: "KVCache", starts: np.ndarray, num_tokens: int):
+        self.cache, self.starts, self.num_tokens = cache, starts, num_tokens
 
 
 class KVCache:
@@ -105,7 +117,11 @@ class KVCache:
         return True
 
     def append(self, new_kv, counts: Sequence[int]) -> None:
-        """Append the first counts[b] rows of new_kv [L, 2, B, Hkv, T, D] to each sequence b."""
+        """Append the first counts[b] rows of new_kv [L, 2, B, Hkv, T, D] (or CacheRows) to each sequence b."""
+        if isinstance(new_kv, CacheRows):
+            for b, n in enumerate(counts):
+                self._commit_in_place(new_kv, b, range(n))
+            return
         for b, n in enumerate(counts):
             if n:
                 start = int(self.lengths[b])
@@ -114,10 +130,20 @@ class KVCache:
 
     def append_rows(self, new_kv, b: int, rows: Sequence[int]) -> None:
         """Append chosen rows (e.g. an accepted tree path) of sequence b's new_kv, compacted in order."""
+        if isinstance(new_kv, CacheRows):
+            self._commit_in_place(new_kv, b, rows)
+            return
         start = int(self.lengths[b])
         for i, row in enumerate(rows):
             self.buffer[:, :, b, :, start + i] = new_kv[:, :, b, :, row]
         self.lengths[b] = start + len(rows)
+
+    def _commit_in_place(self, rows: CacheRows, b: int, chosen: Sequence[int]) -> None:
+        if not len(chosen):
+            return
+        if rows.cache is not self or rows.starts[b] < self.lengths[b]:
+            raise ValueError("in-graph K/V rows are committed into the cache they were written to, before it moves on")
+        self.compact(b, int(self.lengths[b]), [int(rows.starts[b]) + int(r) for r in chosen])
 
     def compact(self, b: int, start: int, slots: Sequence[int]) -> None:
         """Move rows at `slots` (ascending, each >= its destination) to start, start + 1, ...; the

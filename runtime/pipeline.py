@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, LatencyProfile, Plan, PromptTokens, QuantSet
+from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
 from specrt.config import Config, option
+from specrt.contract import KV_UPDATES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend, load_backend, resolve_device
 from specrt.runtime.methods import Method, make_method
@@ -86,13 +87,15 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
-             verify: bool = True, quant: str | None = None) -> "Pipeline":
+             verify: bool = True, quant: str | None = None, kv_update: str = "runtime") -> "Pipeline":
         """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
         (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for);
         quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
-        models it has a variant for run it, the others their exported graph."""
+        models it has a variant for run it, the others their exported graph; kv_update: "runtime" (the exported
+        graphs return new K/V, the runtime writes the accepted rows) or "graph" (`specrt inplace`'s variants write
+        them into the cache in place; ort backend)."""
         from tokenizers import Tokenizer
 
         if threads is not None and (not _is_token_id(threads) or threads < 1):
@@ -114,14 +117,29 @@ class Pipeline:
             tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as e:  # the tokenizers library raises its own exception type
             raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-        graphs = _quantized_graphs(bundle, backend, quant)
-        prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
+        if kv_update not in KV_UPDATES:
+            raise InvalidRequestError(f"kv_update must be one of {', '.join(KV_UPDATES)}, got {kv_update!r}")
+        if backend == "trt" and engines is not None:  # the plans were built with one KV update or the other
+            if kv_update == "graph" and engines.kv_update != "graph":
+                raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
+                                          f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
+            kv_update = engines.kv_update
+        if kv_update == "graph" and backend == "trt":
+            graphs = {}
+            prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
+        elif kv_update == "graph":
+            graphs = _in_place_graphs(bundle, backend, quant, verify)
+            prompt_tokens, refused, embeddings = None, ("PPD's prompt tokens are rows of the exported target graph, "
+                                                        "not of its in-graph variant: load with kv_update='runtime'"), None
+        else:
+            graphs = _quantized_graphs(bundle, backend, quant)
+            prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
         if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
             graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
         models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role),
-                               embeddings if role == "target" else None)
+                               embeddings if role == "target" else None, kv_update)
                   for role in ("target", "draft")]
-        pipe = cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant))
+        pipe = cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant, kv_update))
         pipe.prompt_tokens, pipe.prompt_tokens_refused = prompt_tokens, refused
         return pipe
 
@@ -350,6 +368,26 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
     if not path.is_file() or sha256_file(path) != tokens.embeddings_sha256:
         return None, f"{path} is missing or changed since `specrt ppd train` wrote it: {redo}", None
     return tokens, None, np.load(path)
+
+
+def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool) -> dict[str, str]:
+    """role -> the in-graph step graph (relative to the bundle; `specrt inplace`), checked against inplace.json."""
+    if backend != "ort":
+        raise InvalidRequestError(f"the in-graph KV update (kv_update='graph') runs on the ort backend (and trt, "
+                                  f"built with --kv-update graph), not {backend!r}")
+    if quant is not None:
+        raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) update the KV cache in the runtime: load "
+                                  "them without kv_update='graph'")
+    graphs = artifacts.load(bundle, InPlaceGraphs).graphs
+    missing = [role for role in ("target", "draft") if role not in graphs]
+    if missing:
+        raise BundleError(f"{bundle} has no in-graph step graph of its {' and '.join(missing)}: run "
+                          f"`specrt inplace --bundle {bundle}`")
+    for g in graphs.values():
+        if not (bundle / g.file).is_file() or (verify and sha256_file(bundle / g.file) != g.sha256):
+            raise BundleError(f"{bundle / g.file} is missing or changed since `specrt inplace` wrote it: re-run "
+                              f"`specrt inplace --bundle {bundle}`")
+    return {role: g.file for role, g in graphs.items()}
 
 
 def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.config import Config, option
+from specrt.contract import KV_UPDATES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
 
@@ -36,10 +37,14 @@ class BackendOptions(ThreadOptions):
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
     quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
                                      "int8-weights, int4-weights or static-int8")
+    kv_update: str = option("runtime", "runtime = the step graphs return new K/V and the runtime writes the accepted "
+                                       "rows; graph = their in-graph variants (`specrt inplace`) write them into the "
+                                       "cache in place (ort backend)", choices=KV_UPDATES)
 
     def pipeline_options(self) -> dict:
         """Pipeline.load's keyword arguments for these options."""
-        return {"backend": self.backend, "threads": self.threads, "device": self.device, "quant": self.quant}
+        return {"backend": self.backend, "threads": self.threads, "device": self.device, "quant": self.quant,
+                "kv_update": self.kv_update}
 
 
 def resolve_device(backend: str, device: str | None) -> str:
@@ -77,11 +82,12 @@ def resolve_device(backend: str, device: str | None) -> str:
 
 
 def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None,
-                 graph: str | None = None, prompt_embeddings=None) -> Backend:
+                 graph: str | None = None, prompt_embeddings=None, kv_update: str = "runtime") -> Backend:
     """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
     EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the step graph to run
     instead of the exported one (a quantized variant, or the target with PPD's prompt tokens), relative to the
-    bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden]."""
+    bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden]; kv_update "graph"
+    (kind "ort"): `graph` is an in-graph variant (contract.py)."""
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
@@ -100,7 +106,7 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                               "bfloat16 kernels): load it with backend torch, graphs or trt, or export in float32")
-        return OrtBackend(entry, bundle / (graph or entry.onnx), threads=threads)
+        return OrtBackend(entry, bundle / (graph or entry.onnx), threads=threads, kv_update=kv_update)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend
 

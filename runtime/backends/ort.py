@@ -7,6 +7,12 @@ serves every runner: ONNX Runtime's Run is thread-safe.
 Memory stays flat over any mix of prompt lengths (`specrt bench soak`): the runtime bounds every step's
 shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops growing once it has seen
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
+
+kv_update "graph" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
+translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
+lengths[b] + j), binds write_indices = the lengths, and binds each present_key/present_value output to the
+same memory as its past input, so ONNX Runtime's TensorScatter writes the new K/V into the runtime's cache in
+place. The step returns CacheRows: the runtime then commits the accepted rows where they already are.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import numpy as np
 
 from specrt import contract
 from specrt.bundle.manifest import ModelEntry
+from specrt.errors import BundleError
 from specrt.runtime.backends.base import Backend
+from specrt.runtime.kv_cache import CacheRows
 
 
 class _GrowingBuffer:
@@ -41,6 +49,7 @@ class _Binding:
         self.new_kv = _GrowingBuffer(dtype)
         self.bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
         self.bound_out = None  # (logits, new_kv) arrays bound as outputs
+        self.mask = _GrowingBuffer(np.bool_)  # kv_update "graph": the mask over the cache's slots
 
     def bind_in(self, name: str, arr: np.ndarray) -> None:
         self.io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
@@ -52,10 +61,12 @@ class _Binding:
 class OrtBackend(Backend):
     name = "ort"
 
-    def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None):
+    def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
+                 kv_update: str = "runtime"):
         import onnxruntime as ort
 
         super().__init__(entry)
+        self.kv_update = kv_update
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = threads
@@ -67,7 +78,14 @@ class OrtBackend(Backend):
             spin = entry.role != "draft"
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.enable_mem_pattern = False  # it keeps a plan per input shape: memory grows with each new one
-        self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types
+            if kv_update != "graph":
+                raise
+            raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
+                              f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
+                              "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
 
     def allocate(self, shape):
         return np.zeros(shape, dtype=np.dtype(self.entry.dtype))
@@ -76,6 +94,8 @@ class OrtBackend(Backend):
         return _Binding(self.session, np.dtype(self.entry.dtype))
 
     def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
+        if self.kv_update == "graph":
+            return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache)
         # Bindings persist across a runner's steps: only what changed since its last step is re-bound
         # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).
         e = self.entry
@@ -83,13 +103,7 @@ class OrtBackend(Backend):
         binding.bind_in(contract.INPUT_IDS, np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_in(contract.POSITION_IDS, np.ascontiguousarray(position_ids, dtype=np.int64))
         binding.bind_in(contract.ATTENTION_MASK, np.ascontiguousarray(attention_mask, dtype=np.bool_))
-        bound = binding.bound_cache
-        if bound is None or bound[0] is not cache.buffer or bound[1] != cache.buffer.shape:
-            for layer in range(e.num_layers):
-                keys, values = cache.layer_views(layer)
-                binding.bind_in(contract.past_key(layer), keys)
-                binding.bind_in(contract.past_value(layer), values)
-            binding.bound_cache = (cache.buffer, cache.buffer.shape)
+        self._bind_cache(binding, cache, in_place=False)
         logits = binding.logits.view((batch, num_tokens, e.vocab_size))
         new_kv = binding.new_kv.view((e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
         out = binding.bound_out
@@ -102,3 +116,36 @@ class OrtBackend(Backend):
             binding.bound_out = (logits, new_kv)
         self.session.run_with_iobinding(binding.io)
         return logits, new_kv
+
+    def _bind_cache(self, binding: _Binding, cache, in_place: bool) -> None:
+        """Bind the cache's layers as past_key/past_value (and, in place, as present_key/present_value), unless
+        the same buffer is bound already."""
+        bound = binding.bound_cache
+        if bound is not None and bound[0] is cache.buffer and bound[1] == cache.buffer.shape:
+            return
+        for layer in range(self.entry.num_layers):
+            for k, array in enumerate(cache.layer_views(layer)):
+                binding.bind_in((contract.past_key, contract.past_value)[k](layer), array)
+                if in_place:
+                    binding.bind_out((contract.present_key, contract.present_value)[k](layer), array)
+        binding.bound_cache = (cache.buffer, cache.buffer.shape)
+
+    def _run_in_place(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
+        e = self.entry
+        batch, num_tokens = input_ids.shape
+        starts = cache.lengths.copy()
+        cache.reserve(int(starts.max(initial=0)) + num_tokens)  # every row of the step is written, drafts included
+        mask = contract.in_graph_mask(attention_mask, starts, cache.capacity,
+                                      binding.mask.view((batch, num_tokens, cache.capacity)))
+        binding.bind_in(contract.INPUT_IDS, np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_in(contract.POSITION_IDS, np.ascontiguousarray(position_ids, dtype=np.int64))
+        binding.bind_in(contract.ATTENTION_MASK, mask)
+        binding.bind_in(contract.WRITE_INDICES, starts)
+        self._bind_cache(binding, cache, in_place=True)
+        logits = binding.logits.view((batch, num_tokens, e.vocab_size))
+        out = binding.bound_out
+        if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data:
+            binding.bind_out(contract.LOGITS, logits)
+            binding.bound_out = (logits, None)
+        self.session.run_with_iobinding(binding.io)
+        return logits, CacheRows(cache, starts, num_tokens)

@@ -12,6 +12,12 @@ concurrent calls never share a context or a profile. A step of B sequences and T
         slot's preallocated output buffers (contiguous views of the largest step's size)
     execute_async_v3 on the device's current torch stream; logits come back to the host (one copy)
 
+Engines built with --kv-update graph (from `specrt inplace`'s graphs, TensorRT >= 10.15) write each step's K/V
+into the cache themselves (IKVCacheUpdateLayer): each slot then holds a static cache of the engines' capacity,
+the step's mask is moved to the cache's slots (contract.in_graph_mask), write_indices are the sequences'
+lengths, each present_key/present_value output is bound to its past input's address (TensorRT requires the
+aliasing), and the step returns CacheRows for the runtime to commit where they lie.
+
 Written against the documented TensorRT 10/11 Python API (name-based I/O). It has not run on a machine with
 TensorRT: specrt's tests drive it with a recording fake of the tensorrt module (tests/fake_tensorrt.py).
 """
@@ -25,9 +31,9 @@ import numpy as np
 from specrt import contract
 from specrt.bundle.artifacts import TrtEngineSet
 from specrt.bundle.manifest import ModelEntry
-from specrt.errors import BundleError, SpecrtError
+from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 from specrt.runtime.backends.slots import EngineBackend, SlotPool
-from specrt.runtime.kv_cache import KVCache
+from specrt.runtime.kv_cache import CacheRows, KVCache
 
 MIN_TENSORRT = (10, 1)  # ICudaEngine.device_memory_size_v2, IExecutionContext.set_device_memory
 
@@ -95,6 +101,11 @@ class _Slot:
         self.logits = torch.zeros(bmax * tmax * e.vocab_size, dtype=torch.float32, device=dev)
         self.new_kv = torch.zeros(e.num_layers * 2 * bmax * e.num_kv_heads * tmax * e.head_dim, dtype=backend.dtype,
                                   device=dev)
+        self.kv = self.write = None
+        if eng.kv_update == "graph":  # the static cache the engine writes, and where each sequence's rows go
+            self.kv = backend.allocate((e.num_layers, 2, bmax, e.num_kv_heads, cap, e.head_dim))
+            self.write = torch.zeros(bmax, dtype=torch.int64, device=dev)
+            self.new_kv = None
 
 
 def _view(flat, shape):
@@ -146,10 +157,11 @@ class TrtBackend(EngineBackend):
         self.engines.for_batch(batch)  # refuse a batch the profiles do not cover, before any step
         e = self.entry
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, self.engines.capacity, bucket,
-                       e.sliding_window)
+                       e.sliding_window, static=slot.kv)
 
     def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
         torch, e = self.torch, self.entry
+        in_graph = self.engines.kv_update == "graph"
         batch, num_tokens = input_ids.shape
         capacity = cache.capacity
         if capacity < 1:
@@ -159,19 +171,33 @@ class TrtBackend(EngineBackend):
         ctx, shapes, addresses = slot.contexts[p], slot.shapes[p], slot.addresses[p]
         ids = _view(slot.ids, (batch, num_tokens))
         pos = _view(slot.pos, (batch, num_tokens))
-        mask = _view(slot.mask, (batch, num_tokens, capacity + num_tokens))
         ids.copy_(torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)))
         pos.copy_(torch.from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)))
-        mask.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)))
         logits = _view(slot.logits, (batch, num_tokens, e.vocab_size))
-        new_kv = _view(slot.new_kv, (e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
-        tensors = {contract.INPUT_IDS: ids, contract.POSITION_IDS: pos, contract.ATTENTION_MASK: mask,
-                   contract.LOGITS: logits}
+        tensors = {contract.INPUT_IDS: ids, contract.POSITION_IDS: pos, contract.LOGITS: logits}
+        if in_graph:
+            starts = cache.lengths.copy()
+            if int(starts.max(initial=0)) + num_tokens > capacity:
+                raise InvalidRequestError(f"context of {int(starts.max()) + num_tokens} tokens exceeds the engines' "
+                                          f"static capacity of {capacity} (rebuild them with a larger --capacity)")
+            mask = _view(slot.mask, (batch, num_tokens, capacity))
+            mask.copy_(torch.from_numpy(contract.in_graph_mask(attention_mask, starts, capacity)))
+            write = _view(slot.write, (batch,))
+            write.copy_(torch.from_numpy(starts))
+            tensors[contract.WRITE_INDICES] = write
+        else:
+            mask = _view(slot.mask, (batch, num_tokens, capacity + num_tokens))
+            mask.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)))
+            new_kv = _view(slot.new_kv, (e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
+        tensors[contract.ATTENTION_MASK] = mask
         for layer in range(e.num_layers):
             keys, values = cache.layer_views(layer)
             tensors[contract.past_key(layer)], tensors[contract.past_value(layer)] = keys, values
-            tensors[contract.new_key(layer)], tensors[contract.new_value(layer)] = new_kv[layer, 0], new_kv[layer, 1]
-        for name in contract.input_names(e.num_layers):
+            if in_graph:  # written in place: TensorRT needs the output at its cache input's address
+                tensors[contract.present_key(layer)], tensors[contract.present_value(layer)] = keys, values
+            else:
+                tensors[contract.new_key(layer)], tensors[contract.new_value(layer)] = new_kv[layer, 0], new_kv[layer, 1]
+        for name in contract.input_names(e.num_layers, self.engines.kv_update):
             shape = tuple(tensors[name].shape)
             if shapes.get(name) != shape:
                 if not ctx.set_input_shape(name, shape):
@@ -186,4 +212,4 @@ class TrtBackend(EngineBackend):
         if not ctx.execute_async_v3(self.stream()):
             why = self.logger.errors[-1] if self.logger.errors else "no reason given"
             raise SpecrtError(f"TensorRT failed to run the {e.role}'s step ({why})")
-        return logits.cpu().numpy(), new_kv
+        return logits.cpu().numpy(), (CacheRows(cache, starts, num_tokens) if in_graph else new_kv)

@@ -7,6 +7,7 @@
     specrt demo                        export the demo pair and compare methods on HumanEval prompts
     specrt calibrate | profile | tune  acceptance.json, latency.json, plan.json (for method="auto")
     specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
+    specrt inplace                     step graphs that write their K/V into the cache in place -> inplace.json
     specrt ppd train                   PPD's prompt tokens, their target graph and sparse trees -> ppd.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
@@ -116,6 +117,20 @@ def cmd_quantize(args) -> None:
             print(f"{role}: {v.file}, {v.quantized_nodes} weight MatMuls quantized, {v.source_bytes / 2**20:.1f} -> "
                   f"{v.bytes / 2**20:.1f} MiB in {v.seconds:.1f} s")
     print(f"wrote {cfg.bundle}/quant.json (run it with --quant {cfg.scheme})")
+
+
+def cmd_inplace(args) -> None:
+    from specrt.export.inplace import InPlaceConfig, in_place
+
+    cfg = config_from(InPlaceConfig, args)
+    made = in_place(cfg)
+    for role, g in made.graphs.items():
+        if role == cfg.model or cfg.model == "both":
+            p = g.parity
+            check = (f"parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}, "
+                     f"max |K/V err| {p['max_kv_err']:.2e}") if p.get("checked") else f"not checked ({p['why']})"
+            print(f"{role}: {g.file} (opset {g.opset}, {g.bytes / 2**20:.1f} MiB) in {g.seconds:.1f} s; {check}")
+    print(f"wrote {cfg.bundle}/inplace.json (run it with --kv-update graph)")
 
 
 def cmd_triton(args) -> None:
@@ -255,6 +270,7 @@ def build_parser() -> ArgumentParser:
     from specrt.runtime.methods import METHODS
     from specrt.runtime.pipeline import DecodeOptions
     from specrt.runtime.sampling import SamplingParams
+    from specrt.export.inplace import InPlaceConfig
     from specrt.engines.quantize import QuantizeConfig
     from specrt.serving.triton import TritonConfig
 
@@ -295,6 +311,9 @@ def build_parser() -> ArgumentParser:
             ("tune", TuneConfig, cmd_tune, "choose the speculation per batch size from acceptance + latency -> plan.json"),
             ("quantize", QuantizeConfig, cmd_quantize, "8-bit variants of the step graphs for ONNX Runtime on the CPU "
                                                        "-> quant.json (run them with --quant)"),
+            ("inplace", InPlaceConfig, cmd_inplace, "step graphs that write their K/V into the cache in place (ONNX "
+                                                    "TensorScatter + Attention, opset 24) -> inplace.json (run them "
+                                                    "with --kv-update graph)"),
             ("report", ReportConfig, cmd_report, "one page (HTML and Markdown) tying a bundle's latency profile, "
                                                  "acceptance, plan, engines and bench runs together; --vs compares two"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "

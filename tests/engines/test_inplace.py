@@ -1,0 +1,163 @@
+"""`specrt inplace`: the step graphs' in-graph KV update (ONNX TensorScatter + Attention, opset 24), run by the
+ort backend with kv_update="graph". The same function as the exported graphs: every method gives the tokens it
+gives there, and the new K/V land in the runtime's cache in place."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from specrt import contract
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import InPlaceGraphs
+from specrt.errors import BundleError, InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def inplace_bundle(demo_bundle, tmp_path_factory):
+    from specrt.export.inplace import InPlaceConfig, in_place
+
+    b = tmp_path_factory.mktemp("inplace") / "b"
+    shutil.copytree(demo_bundle, b)
+    in_place(InPlaceConfig(bundle=b), progress=False)
+    return b
+
+
+@pytest.fixture(scope="module")
+def inplace_pipe(inplace_bundle):
+    from specrt.runtime.pipeline import Pipeline
+
+    return Pipeline.load(inplace_bundle, threads=2, kv_update="graph")
+
+
+def test_the_graphs_are_recorded_checked_and_made_of_the_standard_operators(inplace_bundle):
+    import onnx
+
+    from specrt.bundle.manifest import sha256_file
+
+    made = artifacts.load(inplace_bundle, InPlaceGraphs)
+    assert sorted(made.graphs) == ["draft", "target"]
+    for role, g in made.graphs.items():
+        assert g.file == f"inplace/{role}.onnx" and sha256_file(inplace_bundle / g.file) == g.sha256
+        assert g.opset == 24 and g.parity["checked"] and g.parity["max_logit_err"] <= g.parity["tolerance"]
+        model = onnx.load(str(inplace_bundle / g.file), load_external_data=False)
+        layers = model.graph.node
+        ops = [n.op_type for n in layers]
+        num_layers = sum(1 for n in model.graph.input if n.name.startswith("past_key."))
+        assert ops.count("TensorScatter") == 2 * num_layers and ops.count("Attention") == num_layers
+        assert "Concat" not in {n.op_type for n in layers if any("past_" in i for i in n.input)}  # no cache copy
+        assert [i.name for i in model.graph.input] == contract.input_names(num_layers, "graph")
+        assert [o.name for o in model.graph.output] == contract.output_names(num_layers, "graph")
+
+
+def test_parity_fails_on_a_graph_that_writes_every_sequence_at_slot_0(inplace_bundle, tmp_path):
+    """The check the verb runs can fail: a graph ignoring write_indices puts new K/V over the cached ones."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from specrt.graphs.parity import check_parity
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+
+    model = onnx.load(str(inplace_bundle / "inplace/draft.onnx"))
+    model.graph.node.insert(0, helper.make_node("Mul", [contract.WRITE_INDICES, "zero"], ["zeroed"]))
+    model.graph.initializer.append(helper.make_tensor("zero", onnx.TensorProto.INT64, [], [0]))
+    for node in model.graph.node:
+        if node.op_type == "TensorScatter":
+            node.input[2] = "zeroed"
+    onnx.save(model, str(tmp_path / "wrong.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "wrong.onnx"), providers=["CPUExecutionProvider"])
+    module = StepModule(load_checkpoint(inplace_bundle / "hf/draft", "float32")).eval()
+    assert not check_parity(session, module, kv_update="graph").ok(1e-4)
+    good = ort.InferenceSession(str(inplace_bundle / "inplace/draft.onnx"), providers=["CPUExecutionProvider"])
+    assert check_parity(good, module, kv_update="graph").ok(1e-4)
+
+
+def test_a_step_writes_its_new_kv_into_the_runtime_cache_where_the_sequences_end(inplace_pipe, pipelines):
+    """The same step on both variants: same logits; the in-graph one leaves the new K/V at each sequence's length
+    (the rest of the cache untouched), and committing them moves nothing."""
+    from specrt.runtime.kv_cache import CacheRows
+    from specrt.runtime.step_inputs import pack_step
+
+    plain, graph = pipelines["ort"].target.runner(), inplace_pipe.target.runner()
+    caches = [r.new_cache(2) for r in (plain, graph)]
+    for cache in caches:
+        cache.reserve(16)
+    cached = np.random.default_rng(0).standard_normal(caches[0].buffer.shape).astype(caches[0].buffer.dtype)
+    for cache in caches:  # the same cached K/V (garbage beyond each length): sequences of 5 and 2 tokens
+        cache.buffer[...] = cached
+        cache.lengths[:] = (5, 2)
+    rows = [np.array([7, 8, 9]), np.array([10, 11, 12])]
+    positions = [np.arange(5, 8), np.arange(2, 5)]
+    before = caches[1].buffer.copy()
+    logits, new_kv = plain.step(*pack_step(caches[0], rows, positions), caches[0])
+    logits_g, rows_g = graph.step(*pack_step(caches[1], rows, positions), caches[1])
+    assert isinstance(rows_g, CacheRows) and list(rows_g.starts) == [5, 2]
+    assert np.abs(logits - logits_g).max() < 1e-4
+    buf = caches[1].buffer
+    for b, start in enumerate((5, 2)):
+        assert np.abs(buf[:, :, b, :, start:start + 3] - new_kv[:, :, b]).max() < 1e-5
+        assert np.array_equal(buf[:, :, b, :, :start], before[:, :, b, :, :start])
+        assert np.array_equal(buf[:, :, b, :, start + 3:], before[:, :, b, :, start + 3:])
+    written = buf.copy()
+    caches[1].append_rows(rows_g, 0, [0, 2])  # a tree path: row 2 moves next to row 0
+    caches[1].append(rows_g, [0, 3])
+    assert list(caches[1].lengths) == [7, 5]
+    assert np.array_equal(buf[:, :, 0, :, 6], written[:, :, 0, :, 7]) and np.array_equal(buf[:, :, 1], written[:, :, 1])
+    with pytest.raises(ValueError, match="committed into the cache they were written to"):
+        caches[0].append(rows_g, [1, 1])
+    plain.close()
+    graph.close()
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_lossless_methods_give_autoregressive_tokens_with_the_in_graph_update(inplace_pipe, pipelines, humaneval,
+                                                                            batch_size):
+    prompts = humaneval[:5]
+    ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=24)]
+    for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="tree"),
+               dict(method="dynamic", num_draft_tokens=6), dict(method="anpd"), dict(method="sd", ngram_tokens=5)):
+        got = inplace_pipe.generate(prompts, max_new_tokens=24, batch_size=batch_size, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+    mtad = dict(method="mtad", max_new_tokens=24, batch_size=batch_size)  # lossy, but the same function either way
+    assert [o.token_ids for o in inplace_pipe.generate(prompts, **mtad)] == \
+        [o.token_ids for o in pipelines["ort"].generate(prompts, **mtad)]
+
+
+def test_the_in_graph_update_is_refused_where_it_cannot_run(inplace_bundle, demo_bundle, tmp_path):
+    from specrt.bundle.machine import Machine
+    from specrt.runtime.pipeline import Pipeline
+
+    with pytest.raises(BundleError, match="no inplace.json in .*: run `specrt inplace --bundle "):
+        Pipeline.load(demo_bundle, kv_update="graph")
+    with pytest.raises(InvalidRequestError, match="runs on the ort backend \\(and trt, built with --kv-update graph\\), not 'torch'"):
+        Pipeline.load(inplace_bundle, backend="torch", device="cpu", kv_update="graph")
+    with pytest.raises(InvalidRequestError, match="kv_update must be one of runtime, graph"):
+        Pipeline.load(inplace_bundle, kv_update="both")
+    b = tmp_path / "b"
+    shutil.copytree(inplace_bundle, b)
+    (b / "inplace/target.onnx").write_bytes(b"changed")
+    with pytest.raises(BundleError, match="target.onnx is missing or changed since `specrt inplace` wrote it"):
+        Pipeline.load(b, kv_update="graph")
+    pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="graph")
+    assert "PPD's prompt tokens are rows of the exported target graph" in pipe.prompt_tokens_refused
+    here = Machine.here("ort", 2, kv_update="graph")
+    assert here != Machine.here("ort", 2) and "--kv-update graph" in here.flags()  # a profile of its own
+
+
+def test_the_cli_makes_them_and_runs_them(inplace_bundle, tmp_path, capsys):
+    from specrt.cli import main
+
+    b = tmp_path / "b"
+    shutil.copytree(inplace_bundle, b)
+    (b / "inplace.json").unlink()
+    shutil.rmtree(b / "inplace")
+    assert main(["inplace", "--bundle", str(b), "--model", "draft"]) == 0
+    out = capsys.readouterr().out
+    assert "draft: inplace/draft.onnx (opset 24" in out and "parity vs PyTorch over 6 random cases" in out
+    assert sorted(artifacts.load(b, InPlaceGraphs).graphs) == ["draft"]
+    with pytest.raises(BundleError, match="has no in-graph step graph of its target: run `specrt inplace"):
+        from specrt.runtime.pipeline import Pipeline
+
+        Pipeline.load(b, kv_update="graph")
