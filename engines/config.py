@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from specrt.bundle.artifacts import HARDWARE_COMPATIBILITY
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
+from specrt.contract import KV_UPDATES
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import ThreadOptions
 
@@ -42,6 +43,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                              "runtime goes in the plan; may be slower)")
     workspace_mib: int | None = option(None, "trt: the builder's workspace limit in MiB (default: TensorRT's, the "
                                              "device's memory)", ge=1)
+    kv_update: str = option("runtime", "trt: runtime = from the exported step graphs (the runtime writes the K/V); "
+                                       "graph = from `specrt inplace`'s graphs: the engine writes each step's K/V into "
+                                       "a static cache of --capacity in place (IKVCacheUpdateLayer + IAttention, "
+                                       "TensorRT >= 10.15)", choices=KV_UPDATES)
 
     def __post_init__(self):
         super().__post_init__()
@@ -49,3 +54,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
             values = getattr(self, name)
             if not values or min(values) < 1 or list(values) != sorted(set(values)):
                 raise InvalidRequestError(f"{name} must be distinct integers >= 1 in ascending order, got {values!r}")
+        if self.kv_update == "graph" and self.backend != "trt":
+            raise InvalidRequestError("--kv-update graph builds TensorRT engines (--backend trt); the ort backend runs "
+                                      "the in-graph step graphs without a build (`specrt inplace`, then --kv-update graph)")
+        if self.kv_update == "graph" and self.token_profiles[-1] > self.capacity:
+            raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
+                                      f"({self.capacity}): an in-graph step writes all its rows into the cache")

@@ -40,15 +40,19 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
     e, capacity = backend.entry, backend.engines.capacity
     module = backend.module if module is None else module
     worst = scale = 0.0
+    in_graph = getattr(backend.engines, "kv_update", "runtime") == "graph"
     with backend.runner() as runner:
         for batch, num_tokens in shapes:
+            # an in-graph engine writes the step's rows into the cache: room for them past the longest sequence
+            room = capacity - num_tokens if in_graph else capacity
             feeds = random_feeds(rng, e.num_layers, e.num_kv_heads, e.head_dim, e.vocab_size, batch, num_tokens,
-                                 capacity, np.dtype(e.dtype))
+                                 room, np.dtype(e.dtype))
             cache = runner.new_cache(batch)
             cache.reserve(capacity)  # a growing cache (trt) to the engines' capacity; a static one has it already
             for layer in range(e.num_layers):
                 for k, name in enumerate((contract.past_key(layer), contract.past_value(layer))):
-                    cache.buffer[layer, k] = torch.from_numpy(feeds[name]).to(backend.device)
+                    cache.buffer[layer, k, :, :, :room] = torch.from_numpy(feeds[name]).to(backend.device)
+            cache.lengths[:] = feeds[contract.ATTENTION_MASK][:, 0, :room].sum(axis=1)
             ids, pos, mask = (feeds[n] for n in (contract.INPUT_IDS, contract.POSITION_IDS, contract.ATTENTION_MASK))
             static_logits, _ = runner.step(ids, pos, mask, cache)
             with torch.inference_mode():

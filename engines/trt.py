@@ -33,7 +33,7 @@ from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
 from specrt.bundle.files import write_atomic
-from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry
+from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.engines.config import BuildConfig
 from specrt.engines.graphs import check_engine_step, check_shapes, check_tolerance
 from specrt.errors import BundleError, SpecrtError
@@ -44,18 +44,30 @@ PLAN_DIR = "trt"
 Shape = tuple[int, ...]
 
 
+IN_GRAPH_TENSORRT = (10, 15)  # the first release importing ONNX TensorScatter and Attention (opset 24)
+
+
 def profile_ranges(cfg: BuildConfig, entry: ModelEntry) -> tuple[dict[str, tuple[Shape, Shape, Shape]], ...]:
     """Per token-count profile: (min, opt, max) of each input class (input_ids and position_ids share one,
-    every past_key/past_value another)."""
+    every past_key/past_value another). kv_update "graph": the cache's capacity is static (IKVCacheUpdateLayer
+    needs it), the mask spans it, and write_indices [B] is one more input."""
     bmax, cap, hkv, d = cfg.batch_buckets[-1], cfg.capacity, entry.num_kv_heads, entry.head_dim
     s_opt = max(1, cap // 2)
     ranges, lo = [], 1
     for hi in cfg.token_profiles:
-        ranges.append({
-            "tokens": ((1, lo), (1, hi), (bmax, hi)),  # input_ids, position_ids [B, T]
-            contract.ATTENTION_MASK: ((1, lo, 1 + lo), (1, hi, s_opt + hi), (bmax, hi, cap + hi)),  # [B, T, S + T]
-            "past": ((1, hkv, 1, d), (1, hkv, s_opt, d), (bmax, hkv, cap, d)),  # past_key/past_value [B, Hkv, S, D]
-        })
+        if cfg.kv_update == "graph":
+            ranges.append({
+                "tokens": ((1, lo), (1, hi), (bmax, hi)),
+                contract.ATTENTION_MASK: ((1, lo, cap), (1, hi, cap), (bmax, hi, cap)),  # [B, T, C]
+                contract.WRITE_INDICES: ((1,), (1,), (bmax,)),  # [B]
+                "past": ((1, hkv, cap, d), (1, hkv, cap, d), (bmax, hkv, cap, d)),  # [B, Hkv, C, D]
+            })
+        else:
+            ranges.append({
+                "tokens": ((1, lo), (1, hi), (bmax, hi)),  # input_ids, position_ids [B, T]
+                contract.ATTENTION_MASK: ((1, lo, 1 + lo), (1, hi, s_opt + hi), (bmax, hi, cap + hi)),  # [B, T, S + T]
+                "past": ((1, hkv, 1, d), (1, hkv, s_opt, d), (bmax, hkv, cap, d)),  # past_key/past_value [B, Hkv, S, D]
+            })
         lo = hi + 1
     return tuple(ranges)
 
@@ -63,7 +75,7 @@ def profile_ranges(cfg: BuildConfig, entry: ModelEntry) -> tuple[dict[str, tuple
 def _input_class(name: str) -> str:
     if name in (contract.INPUT_IDS, contract.POSITION_IDS):
         return "tokens"
-    return contract.ATTENTION_MASK if name == contract.ATTENTION_MASK else "past"
+    return name if name in (contract.ATTENTION_MASK, contract.WRITE_INDICES) else "past"
 
 
 def make_progress_monitor(trt, role: str, disable: bool):
@@ -104,9 +116,10 @@ def compile_plan(trt, onnx_path: Path, entry: ModelEntry, cfg: BuildConfig, prog
         raise SpecrtError(f"TensorRT {trt.__version__} cannot parse {onnx_path}: {errors[0]}"
                           + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     names = [network.get_input(i).name for i in range(network.num_inputs)]
-    if sorted(names) != sorted(contract.input_names(entry.num_layers)):
+    if sorted(names) != sorted(contract.input_names(entry.num_layers, cfg.kv_update)):
+        redo = "re-run `specrt inplace`" if cfg.kv_update == "graph" else "re-export the bundle"
         raise BundleError(f"{onnx_path} does not have the step contract's inputs (found {', '.join(names[:5])}...): "
-                          "re-export the bundle")
+                          f"{redo}")
     config = builder.create_builder_config()
     if cfg.workspace_mib:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, cfg.workspace_mib << 20)
@@ -150,6 +163,23 @@ def _remove_unnamed_plans(bundle: Path, keep: dict[str, str]) -> None:
             path.unlink(missing_ok=True)
 
 
+def _in_graph_sources(trt, bundle: Path) -> dict[str, str]:
+    """role -> the in-graph step graph (`specrt inplace`) to build from, refusing a TensorRT too old to import it."""
+    from specrt.bundle.artifacts import InPlaceGraphs
+
+    version = tuple(int(p) for p in trt.__version__.split(".")[:2] if p.isdigit())
+    if version < IN_GRAPH_TENSORRT:
+        raise SpecrtError(f"TensorRT {trt.__version__} cannot import the in-graph KV update (ONNX TensorScatter and "
+                          "Attention, opset 24: TensorRT >= 10.15): build with --kv-update runtime, or upgrade")
+    graphs = artifacts.load(bundle, InPlaceGraphs).graphs
+    for role in contract.ROLES:
+        g = graphs.get(role)
+        if g is None or not (bundle / g.file).is_file() or sha256_file(bundle / g.file) != g.sha256:
+            raise BundleError(f"{bundle} has no in-graph step graph of its {role} as `specrt inplace` wrote it: re-run "
+                              f"`specrt inplace --bundle {bundle}`")
+    return {role: graphs[role].file for role in contract.ROLES}
+
+
 def build_trt(cfg: BuildConfig, progress: bool = True) -> TrtEngineSet:
     trt = import_tensorrt()  # first: without TensorRT, one line and nothing else happens
     return build_plans(trt, cfg, resolve_device("trt", cfg.device), progress)
@@ -167,8 +197,11 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
     bundle = Path(cfg.bundle)
     manifest = load_manifest(bundle)
     entries = {role: model_entry(manifest, role) for role in contract.ROLES}
-    for entry in entries.values():
-        if not entry.onnx:
+    graphs = {role: e.onnx for role, e in entries.items()}
+    if cfg.kv_update == "graph":
+        graphs = _in_graph_sources(trt, bundle)
+    for role, graph in graphs.items():
+        if not graph:
             raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx), which TensorRT builds from: "
                               "re-export it with them")
     plans, sizes, digests, seconds = {}, {}, {}, {}
@@ -176,7 +209,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         torch.cuda.set_device(torch.device(device))  # the builder and runtime use the current device
     for role in tqdm(contract.ROLES, desc="build (trt)", unit="model", disable=not progress):
         t0 = time.perf_counter()
-        plan = compile_plan(trt, bundle / entries[role].onnx, entries[role], cfg, progress)
+        plan = compile_plan(trt, bundle / graphs[role], entries[role], cfg, progress)
         plans[role], sizes[role], digests[role] = _write_plan(bundle, role, plan)
         del plan
         seconds[role] = round(time.perf_counter() - t0, 3)
@@ -186,7 +219,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         cuda_graphs=False, build_seconds=seconds, parity={}, plans=plans, plan_bytes=sizes, plan_sha256=digests,
         profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},
         hardware_compatibility=cfg.hardware_compatibility, version_compatible=cfg.version_compatible,
-        workspace_bytes=(cfg.workspace_mib or 0) << 20)
+        workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update)
     rng, parity = np.random.default_rng(0), {}
     for role, entry in entries.items():
         backend = TrtBackend(entry, bundle, device, engines)

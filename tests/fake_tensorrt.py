@@ -11,7 +11,8 @@ profile gives wrong tokens or a refused step, as it would with TensorRT.
 Rules kept from TensorRT's documentation: set_shape needs min <= opt <= max; set_input_shape fails
 outside the context's active profile; execute fails unless every input shape and every I/O address is
 set; two live contexts may not hold one profile at once (dynamic shapes); a plan from another TensorRT
-version does not deserialize.
+version does not deserialize; ONNX TensorScatter and Attention (opset 24) import from TensorRT 10.15 on, and a
+TensorScatter's output (IKVCacheUpdateLayer) must be bound to its cache input's address (in place).
 """
 
 from __future__ import annotations
@@ -116,6 +117,12 @@ class OnnxParser:
         except Exception as e:  # what the parser would report
             self.errors.append(f"cannot read {path}: {e}")
             return False
+        ops = {n.op_type for n in model.graph.node}
+        version = tuple(int(p) for p in __version__.split(".")[:2])
+        for op in ("TensorScatter", "Attention"):
+            if op in ops and version < (10, 15):
+                self.errors.append(f"No importer registered for op: {op}")
+                return False
         self.network.onnx = path
         self.network.inputs = [_Tensor(i.name) for i in model.graph.input]
         return True
@@ -217,6 +224,12 @@ class ICudaEngine:
                        for v in list(model.graph.input) + list(model.graph.output)}
         self.inputs = [i.name for i in model.graph.input]
         self.outputs = [o.name for o in model.graph.output]
+        # IKVCacheUpdateLayer: the output shares its cache input's memory
+        self.aliases = {n.output[0]: n.input[0] for n in model.graph.node
+                        if n.op_type == "TensorScatter" and n.output[0] in self.outputs}
+
+    def get_aliased_input_tensor(self, name):
+        return self.aliases.get(name)
 
     @property
     def num_optimization_profiles(self):
@@ -283,6 +296,10 @@ class IExecutionContext:
                 not set(e.inputs + e.outputs) <= set(self.addresses):
             self.engine.logger.log(ILogger.Severity.ERROR, "execute: an input shape or an I/O address is not set")
             return False
+        for out, cache in e.aliases.items():
+            if self.addresses[out] != self.addresses[cache]:
+                self.engine.logger.log(ILogger.Severity.ERROR, f"execute: {out} must be bound to {cache}'s address")
+                return False
         feeds = {n: _array(self.addresses[n], e.dtypes[n], self.shapes[n]).copy() for n in e.inputs}
         CALLS.append(("execute_async_v3", id(self), self.profile, {n: self.shapes[n] for n in e.inputs[:3]}))
         for name, value in zip(e.outputs, e.session.run(e.outputs, feeds)):

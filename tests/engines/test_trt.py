@@ -154,6 +154,71 @@ def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, h
     assert not ctx.set_optimization_profile_async(0, 0)
 
 
+@pytest.fixture(scope="module")
+def in_graph_trt(demo_bundle, tmp_path_factory):
+    """The demo bundle with `specrt inplace`'s graphs and fake-TensorRT 10.15 plans built from them."""
+    from specrt.engines.config import BuildConfig
+    from specrt.export.inplace import InPlaceConfig, in_place
+    from specrt.engines.trt import build_plans
+
+    b = tmp_path_factory.mktemp("trt-in-graph") / "b"
+    shutil.copytree(demo_bundle, b)
+    in_place(InPlaceConfig(bundle=b), progress=False)
+    fake.reset("10.15.1")
+    cfg = BuildConfig(bundle=b, backend="trt", kv_update="graph", **TABLE)
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(sys.modules, "tensorrt", fake)
+        engines = build_plans(fake, cfg, "cpu", progress=False)
+    calls = list(fake.CALLS)
+    fake.reset()
+    return b, engines, calls
+
+
+def test_in_graph_engines_take_a_static_cache_and_write_it_in_place(trt, in_graph_trt, pipelines, humaneval):
+    """The KV-cache route: the plans are built from TensorScatter + Attention graphs with the capacity static, the
+    backend binds each present output to its cache input (the fake refuses a step otherwise), and lossless methods
+    give autoregressive's tokens."""
+    b, engines, calls = in_graph_trt
+    fake.reset("10.15.1")
+    assert engines.kv_update == "graph" and artifacts.load(b, TrtEngineSet).kv_update == "graph"
+    assert [c[1] for c in calls if c[0] == "parse_from_file"] == [str(b / "inplace/target.onnx"),
+                                                                   str(b / "inplace/draft.onnx")]
+    e = json.loads((b / "manifest.json").read_text())["models"]["target"]
+    profiles = [c for c in calls if c[0] == "build_serialized_network"][0][5]
+    for p, hi in enumerate(TABLE["token_profiles"]):
+        shapes = profiles[p]
+        assert shapes["attention_mask"] == ((1, (1, 2, 5, 9, 17)[p], 256), (1, hi, 256), (4, hi, 256))
+        assert shapes["write_indices"] == ((1,), (1,), (4,))
+        assert shapes["past_key.0"] == ((1, e["num_kv_heads"], 256, e["head_dim"]), (1, e["num_kv_heads"], 256,
+                                        e["head_dim"]), (4, e["num_kv_heads"], 256, e["head_dim"]))
+    assert engines.parity["target"] < 1e-4  # the built engine's step == the eager step (rows past each length)
+    pipe = _pipeline(b, engines)
+    prompts = humaneval[:4]
+    ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=20)]
+    for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="tree"),
+               dict(method="dynamic", num_draft_tokens=6)):
+        got = pipe.generate(prompts, max_new_tokens=20, batch_size=3, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+    with pipe.target.runner() as runner:
+        assert runner.new_cache(2).is_static  # the engine's static cache, capacity 256
+
+
+def test_in_graph_engines_need_tensorrt_10_15_and_the_inplace_graphs(trt, demo_bundle, in_graph_trt, tmp_path):
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.trt import build_plans
+
+    b, _, _ = in_graph_trt
+    fake.reset("10.14.1")
+    with pytest.raises(SpecrtError, match="TensorRT 10.14.1 cannot import the in-graph KV update .*>= 10.15"):
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", kv_update="graph", **TABLE), "cpu", progress=False)
+    fake.reset("10.15.1")
+    with pytest.raises(BundleError, match="no inplace.json in .*: run `specrt inplace --bundle"):
+        build_plans(fake, BuildConfig(bundle=demo_bundle, backend="trt", kv_update="graph", **TABLE), "cpu",
+                    progress=False)
+    with pytest.raises(InvalidRequestError, match="--kv-update graph builds TensorRT engines"):
+        BuildConfig(bundle=b, kv_update="graph")
+
+
 def test_plans_for_another_tensorrt_or_gpu_are_refused_in_one_line(trt, trt_bundle, tmp_path):
     b0, engines, _ = trt_bundle
     b = tmp_path / "b"
@@ -192,13 +257,13 @@ def test_an_engine_refusing_a_shape_says_so(trt, trt_bundle):
     try:
         with pytest.raises(SpecrtError, match="refuses input_ids of shape \\(1, 40\\) in profile 4"):
             pipe.target._run(slot, np.zeros((1, 40), np.int64), np.zeros((1, 40), np.int64),
-                             np.ones((1, 40, 168), bool), _grown_cache(pipe.target))
+                             np.ones((1, 40, 168), bool), _grown_cache(pipe.target, slot))
     finally:
         pipe.target._slots.release(slot)
 
 
-def _grown_cache(backend):
-    cache = backend._new_cache(None, 1, 128)
+def _grown_cache(backend, slot):
+    cache = backend._new_cache(slot, 1, 128)
     cache.reserve(1)
     return cache
 
