@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | calibrate profile tune | report | ppd | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize inplace triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,10 @@ build: $(STAMP)
 SCHEME    ?= int8-weights
 quantize: $(STAMP)
 	$(BIN)/specrt quantize --bundle $(OUT) --scheme $(SCHEME)
+
+# step graphs that write their K/V into the cache in place (TensorRT's KV-cache route); run with --kv-update graph
+inplace: $(STAMP)
+	$(BIN)/specrt inplace --bundle $(OUT)
 
 # a Triton Inference Server model repository for the bundle (build/triton)
 triton: $(STAMP)
