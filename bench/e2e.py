@@ -50,6 +50,8 @@ class E2EConfig(BenchConfig, BackendOptions):
                                                    "cache + torch.compile) runs on CUDA only and optimum where "
                                                    "optimum-onnx is installed: elsewhere each is skipped, saying why)")
     prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
+    in_graph: tuple[str, ...] = option((), "our rows to run a second time with the in-graph KV update (`specrt "
+                                           "inplace`; ort backend), as '<row> (in-graph)', beside the runtime's")
 
     def __post_init__(self):
         super().__post_init__()
@@ -58,6 +60,9 @@ class E2EConfig(BenchConfig, BackendOptions):
         for m in self.methods:
             if m not in METHODS and m not in VARIANTS:
                 raise SpecrtError(f"unknown e2e row {m!r} (methods: {', '.join(METHODS)}; variants: {', '.join(VARIANTS)})")
+        for m in self.in_graph:
+            if m not in self.methods:
+                raise SpecrtError(f"in-graph row {m!r} is not one of this run's rows ({', '.join(self.methods)})")
         for b in self.baselines:
             if b not in BASELINES:
                 raise SpecrtError(f"unknown baseline {b!r} (choose from {', '.join(BASELINES)})")
@@ -141,22 +146,34 @@ def optimum_missing() -> str | None:
     return None
 
 
+def our_runners(cfg: E2EConfig, pipe, methods, suffix: str = "") -> dict:
+    """{row name: runner} of our rows `methods` on a loaded Pipeline, each name followed by `suffix`."""
+    runners = {}
+    for m in methods:
+        if m == "sd":
+            for g in cfg.num_draft_tokens:
+                name = m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"
+                runners[name + suffix] = OurRunner(pipe, m, cfg, num_draft_tokens=g)
+            continue
+        method, options = VARIANTS.get(m, (m, {}))
+        runners[m + suffix] = OurRunner(pipe, method, cfg, **options)
+    return runners
+
+
 def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
-    """({row name: runner}, {skipped baseline: why}) for a loaded Pipeline."""
+    """({row name: runner}, {skipped baseline: why}) for a loaded Pipeline (and its in-graph twin, if asked)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specrt.runtime.pipeline import Pipeline
 
     threads, device = pipe.machine.threads, pipe.machine.device
     dtype = getattr(torch, pipe.target.entry.dtype)
     torch.set_num_threads(threads)
-    runners = {}
-    for m in cfg.methods:
-        if m == "sd":
-            for g in cfg.num_draft_tokens:
-                runners[m if len(cfg.num_draft_tokens) == 1 else f"{m} γ={g}"] = OurRunner(pipe, m, cfg, num_draft_tokens=g)
-            continue
-        method, options = VARIANTS.get(m, (m, {}))
-        runners[m] = OurRunner(pipe, method, cfg, **options)
+    runners = our_runners(cfg, pipe, cfg.methods)
+    if cfg.in_graph:
+        twin = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "kv_update": "graph"})
+        runners.update(our_runners(cfg, twin, cfg.in_graph, " (in-graph)"))
     skipped = {}
     why = {"optimum": optimum_missing() if "optimum" in cfg.baselines else None,
            "hf-compile": None if device.startswith("cuda") else "static cache + torch.compile is a GPU baseline"}

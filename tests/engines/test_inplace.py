@@ -161,3 +161,18 @@ def test_the_cli_makes_them_and_runs_them(inplace_bundle, tmp_path, capsys):
         from specrt.runtime.pipeline import Pipeline
 
         Pipeline.load(b, kv_update="graph")
+
+
+def test_bench_e2e_runs_in_graph_rows_beside_the_runtime_ones(inplace_bundle, tmp_path):
+    from specrt.bench.e2e import E2EConfig, run_e2e
+    from specrt.errors import SpecrtError
+
+    cfg = E2EConfig(bundle=inplace_bundle, out=tmp_path, label="t", num_prompts=2, max_new_tokens=12, runs=1,
+                    warmup_runs=0, methods=("autoregressive", "sd"), in_graph=("autoregressive", "sd"), baselines=(),
+                    threads=2)
+    rows = {r["method"]: r for r in run_e2e(cfg)["rows"]}
+    assert list(rows) == ["autoregressive", "sd", "autoregressive (in-graph)", "sd (in-graph)"]
+    assert all(r["same_tokens_as_ours_ar"] == 1.0 for r in rows.values())
+    assert rows["sd (in-graph)"]["tokens_per_target_call"] == rows["sd"]["tokens_per_target_call"]
+    with pytest.raises(SpecrtError, match="in-graph row 'anpd' is not one of this run's rows"):
+        E2EConfig(bundle=inplace_bundle, methods=("sd",), in_graph=("anpd",))
