@@ -95,7 +95,7 @@ class Pipeline:
         quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
         models it has a variant for run it, the others their exported graph; kv_update: "runtime" (the exported
         graphs return new K/V, the runtime writes the accepted rows) or "graph" (`specrt inplace`'s variants write
-        them into the cache in place; ort backend)."""
+        them into the cache in place; ort backend, and trt engines built with --kv-update graph)."""
         from tokenizers import Tokenizer
 
         if threads is not None and (not _is_token_id(threads) or threads < 1):
@@ -125,7 +125,7 @@ class Pipeline:
                                           f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
             kv_update = engines.kv_update
         if kv_update == "graph" and backend == "trt":
-            graphs = {}
+            graphs = _quantized_graphs(bundle, backend, quant)  # {}; a quant variant is refused on trt
             prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
         elif kv_update == "graph":
             graphs = _in_place_graphs(bundle, backend, quant, verify)
