@@ -17,6 +17,11 @@ Invariants:
 - A step whose graph updates the cache itself (kv_update "graph") has already written its T new rows at
   slots lengths[b] .. lengths[b] + T - 1 (garbage slots until committed); it returns `CacheRows` instead of
   new K/V, and committing them moves only the accepted rows that are not already in place.
+- Padding (`pad_to`; the vanilla batched speculative decoding EMS-SD measures itself against, for
+  benchmarking only): sequences are padded with masked slots up to a common length. `valid` [B, S] then says
+  which slots hold a token (None while nothing was padded), slot i no longer holds position i, and
+  `positions()` (lengths minus pad slots) is where each sequence's next token sits. A padded cache refuses a
+  sliding window (its masks assume slot i holds position i).
 - The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
   module only slices and assigns, which both support.
 """
@@ -61,6 +66,8 @@ class KVCache:
             self.capacity = 0
             self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
         self.slot_index = np.arange(self.capacity)  # [S] 0..S-1, for building masks without per-step allocation
+        self.valid = None  # [B, S] bool: which slots hold a token, once `pad_to` padded some (else None)
+        self.pads = np.zeros(batch, dtype=np.int64)  # [B] padding slots of each sequence
 
     @property
     def batch(self) -> int:
@@ -82,6 +89,9 @@ class KVCache:
             grown[:, :, :self.batch] = self.buffer
             self.buffer = grown
         self.lengths = np.concatenate([self.lengths, np.zeros(count, dtype=np.int64)])
+        self.pads = np.concatenate([self.pads, np.zeros(count, dtype=np.int64)])
+        if self.valid is not None:
+            self.valid = np.concatenate([self.valid, np.ones((count, self.capacity), dtype=bool)])
 
     def extend(self, other: "KVCache") -> None:
         """Append `other`'s sequences (a dynamic cache the new ones were prefilled in) after the current ones."""
@@ -91,9 +101,12 @@ class KVCache:
         grown = self._allocate((self.num_layers, 2, self.batch + other.batch, self.num_kv_heads, capacity, self.head_dim))
         grown[:, :, :self.batch, :, :self.capacity] = self.buffer
         grown[:, :, self.batch:, :, :other.capacity] = other.buffer
+        if self.valid is not None or other.valid is not None:
+            self.valid = np.concatenate([self._valid_at(capacity), other._valid_at(capacity)])
         self.buffer, self.capacity = grown, capacity
         self.slot_index = np.arange(capacity)
         self.lengths = np.concatenate([self.lengths, other.lengths])
+        self.pads = np.concatenate([self.pads, other.pads])
 
     def layer_views(self, layer: int) -> tuple[object, object]:
         """(keys, values) of one layer, each [B, Hkv, S, D], contiguous."""
@@ -112,6 +125,8 @@ class KVCache:
         grown = self._allocate((self.num_layers, 2, self.batch, self.num_kv_heads, capacity, self.head_dim))
         used = int(self.lengths.max(initial=0))
         grown[:, :, :, :, :used] = self.buffer[:, :, :, :, :used]
+        if self.valid is not None:
+            self.valid = self._valid_at(capacity)
         self.buffer, self.capacity = grown, capacity
         self.slot_index = np.arange(capacity)
         return True
@@ -127,6 +142,8 @@ class KVCache:
                 start = int(self.lengths[b])
                 self.buffer[:, :, b, :, start:start + n] = new_kv[:, :, b, :, :n]
                 self.lengths[b] = start + n
+                if self.valid is not None:
+                    self.valid[b, start:start + n] = True
 
     def append_rows(self, new_kv, b: int, rows: Sequence[int]) -> None:
         """Append chosen rows (e.g. an accepted tree path) of sequence b's new_kv, compacted in order."""
@@ -137,6 +154,8 @@ class KVCache:
         for i, row in enumerate(rows):
             self.buffer[:, :, b, :, start + i] = new_kv[:, :, b, :, row]
         self.lengths[b] = start + len(rows)
+        if self.valid is not None:
+            self.valid[b, start:start + len(rows)] = True
 
     def _commit_in_place(self, rows: CacheRows, b: int, chosen: Sequence[int]) -> None:
         if not len(chosen):
@@ -152,11 +171,15 @@ class KVCache:
             if src != start + i:
                 self.buffer[:, :, b, :, start + i] = self.buffer[:, :, b, :, src]
         self.lengths[b] = start + len(slots)
+        if self.valid is not None:
+            self.valid[b, start:start + len(slots)] = True
 
     def truncate(self, b: int, length: int) -> None:
         """Roll sequence b back to `length` rows (drafted rows beyond it become garbage)."""
         if not 0 <= length <= self.lengths[b]:
             raise ValueError(f"cannot truncate sequence {b} from {self.lengths[b]} to {length}")
+        if self.valid is not None and length < self.lengths[b]:
+            self.pads[b] -= int(np.count_nonzero(~self.valid[b, length:self.lengths[b]]))
         self.lengths[b] = length
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -171,3 +194,37 @@ class KVCache:
             kept[...] = self.buffer[:, :, rows]
             self.buffer = kept
         self.lengths = self.lengths[rows].copy()
+        self.pads = self.pads[rows].copy()
+        if self.valid is not None:
+            self.valid = self.valid[rows].copy()
+
+    # -- padding (vanilla batched speculation, benchmarking only) -----------------------------
+    def pad_to(self, length: int) -> np.ndarray:
+        """Pad every shorter sequence with masked slots up to `length` (slots it then owns, which no step
+        attends to); returns the pad slots added per sequence."""
+        if self.window is not None:
+            raise InvalidRequestError("padded batches need slot i to hold position i under a sliding attention window: "
+                                      "run this model unpadded")
+        added = np.maximum(0, length - self.lengths)
+        if not added.any():
+            return added
+        self.reserve(length)
+        if self.valid is None:
+            self.valid = np.ones((self.batch, self.capacity), dtype=bool)
+        for b in np.flatnonzero(added):
+            self.valid[b, self.lengths[b]:length] = False
+        self.lengths += added
+        self.pads += added
+        return added
+
+    def positions(self) -> np.ndarray:
+        """[B] the position of each sequence's next token: its slots minus its padding."""
+        return self.lengths - self.pads
+
+    def _valid_at(self, capacity: int) -> np.ndarray:
+        """`valid` (all True if nothing was padded) at another capacity; slots past the old one are True."""
+        out = np.ones((self.batch, capacity), dtype=bool)
+        if self.valid is not None:
+            keep = min(capacity, self.capacity)
+            out[:, :keep] = self.valid[:, :keep]
+        return out

@@ -5,6 +5,9 @@
     out = pipe.generate(["def add(a, b):"], method="sd", max_new_tokens=64)
     out[0].text, out[0].token_ids, out[0].stats
     for piece in pipe.stream("def add(a, b):"): print(piece, end="")
+    with pipe.server(method="sd", max_batch=8) as server:    # requests arriving over time (runtime/server.py)
+        request = server.submit("def add(a, b):", max_new_tokens=64)
+        request.result().text
 
 Methods (runtime/methods.py, `METHODS`) are Drafter + Verifier pairs run by the one Scheduler; each
 method takes its own options as keyword arguments, and refuses, by name, options it does not take.
@@ -21,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +41,9 @@ from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.stats import Stats
 
+if TYPE_CHECKING:
+    from specrt.runtime.server import Server
+
 
 @dataclass(frozen=True)
 class DecodeOptions(Config):
@@ -49,6 +56,9 @@ class DecodeOptions(Config):
                                          "static: batches of batch_size prompts, each run until its last sequence "
                                          "ends (the baseline continuous batching is measured against)",
                            choices=("continuous", "static"))
+    padded: bool = option(False, "benchmarking only: vanilla batched speculation, every sequence's KV cache padded "
+                                 "with masked slots to the batch's longest after prefill and after every round "
+                                 "(EMS-SD's baseline; same tokens, more work)")
 
 
 @dataclass
@@ -230,20 +240,26 @@ class Pipeline:
             raise InvalidRequestError("no prompts given")
         return list(prompts), False
 
-    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list,
-                 per_prompt: list[int] | None = None):
-        """(scheduler, sequences) for one call: its own runners, drafter and verifier (closed again if the
-        prompts are refused)."""
+    def _scheduler(self, method: str, options: dict, params: SamplingParams, batch_size: int,
+                   padded: bool = False) -> tuple[Scheduler, int]:
+        """(a scheduler with its own runners, drafter and verifier; the context slots a round may use beyond the
+        text) for one call or server."""
         m: Method = make_method(method, options)
-        built = m.build(self, params, decode.batch_size)
+        built = m.build(self, params, batch_size)
         try:
-            scheduler = Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket)
+            return Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket,
+                             padded), built.slack
         except BaseException:
             if built.drafter is not None:
                 built.drafter.close()
             raise
+
+    def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list,
+                 per_prompt: list[int] | None = None):
+        """(scheduler, sequences) for one call (its runners given back again if the prompts are refused)."""
+        scheduler, slack = self._scheduler(method, options, params, decode.batch_size, decode.padded)
         try:
-            return scheduler, self._sequences(prompts, per_prompt or [decode.max_new_tokens] * len(prompts), built.slack)
+            return scheduler, self._sequences(prompts, per_prompt or [decode.max_new_tokens] * len(prompts), slack)
         except BaseException:
             scheduler.close()
             raise
@@ -262,14 +278,17 @@ class Pipeline:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], method: str = "sd",
                  max_new_tokens: int | Sequence[int] = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, batch_size: int = 1, batching: str = "continuous", progress: bool = False, **options):
+                 seed: int = 0, batch_size: int = 1, batching: str = "continuous", padded: bool = False,
+                 progress: bool = False, **options):
         """Generate for each prompt (a string or token ids); a single string returns one Generation.
 
         `options` are the method's own (see METHODS[method].option_names(), e.g. num_draft_tokens for sd);
         an option the method does not take is refused by name. Up to `batch_size` prompts are decoded at once
         in one ragged batch (no KV padding); with `batching="continuous"` a finished sequence's place goes to
-        the next prompt between rounds, with "static" each batch runs until its last sequence ends.
-        `max_new_tokens` is one limit for every prompt, or a list of one per prompt."""
+        the next prompt between rounds, with "static" each batch runs until its last sequence ends. `padded`
+        (benchmarking only) pads every sequence's KV cache to the batch's longest, as vanilla batched speculative
+        decoding does (DecodeOptions.padded). `max_new_tokens` is one limit for every prompt, or a list of one
+        per prompt."""
         prompts, single = self._prompts(prompts)
         params = SamplingParams(temperature, top_k, top_p)
         per_prompt = None
@@ -279,7 +298,7 @@ class Pipeline:
             for m in max_new_tokens:
                 DecodeOptions(m)  # each checked as one limit
             per_prompt, max_new_tokens = list(max_new_tokens), max(max_new_tokens)
-        decode = DecodeOptions(max_new_tokens, seed, batch_size, batching)
+        decode = DecodeOptions(max_new_tokens, seed, batch_size, batching, padded)
         if not isinstance(progress, bool):
             raise InvalidRequestError(f"progress must be True or False, got {progress!r}")
         scheduler, seqs = self._prepare(method, options, params, decode, prompts, per_prompt)
@@ -334,6 +353,16 @@ class Pipeline:
         text = self.decode(seq.new_tokens)
         if len(text) > len(shown):
             yield text[len(shown):]
+
+    def server(self, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, **options) -> Server:
+        """A Server decoding requests submitted over time (`server.submit(prompt, max_new_tokens)`) in one
+        continuously batched loop of up to `max_batch` sequences, on a thread of its own, with this method and
+        these sampling parameters (runtime/server.py). Close it (or use it as a context manager) to give its
+        runners back."""
+        from specrt.runtime.server import Server
+
+        return Server(self, method, max_batch, temperature, top_k, top_p, seed, **options)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)

@@ -8,11 +8,18 @@ max_new_tokens. Finished sequences leave the batch independently, and with more 
 `max_batch`, the next ones take their places between rounds (continuous batching): each is prefilled on
 its own and joins the running batch, which no sequence waits out.
 
+Padded batches (`padded=True`, benchmarking only) are the vanilla batched speculative decoding that EMS-SD
+measures itself against: before every round, each sequence's target cache is padded with masked slots to the
+batch's longest (after prefill, to the longest prompt; after verification, to the longest accepted), so the
+padding costs attention and cache memory as it does there. Step inputs are padded to the widest tree in both
+modes (the step contract is [B, T]); the draft model's cache is never padded.
+
 Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the last token is the root.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -39,7 +46,9 @@ class SeqState:
         self._len = len(prompt)
         self.stats = Stats()
         self.finished = False
-        self.finish_reason = None  # "eos" or "length"
+        self.finish_reason = None  # "eos", "length" or "cancelled"
+        self.cancelled = False  # set from any thread: the sequence leaves the batch at the end of the round
+        self.started = None  # time.perf_counter() its request began (Server), else the run's
 
     @property
     def tokens(self) -> np.ndarray:
@@ -63,9 +72,52 @@ class SeqState:
         return out
 
 
+class Waiting:
+    """Sequences waiting for a place in the batch, in order. A list's sequences, or (Server) a queue that other
+    threads `put` requests into while the scheduler runs; cancelled sequences are skipped."""
+
+    def __init__(self, seqs: Sequence[SeqState] = ()):
+        self._queue = deque(seqs)
+        self._lock = threading.Lock()
+
+    def put(self, seq: SeqState) -> None:
+        with self._lock:
+            self._queue.append(seq)
+
+    def take(self, count: int) -> list[SeqState]:
+        """Up to `count` waiting sequences, first come first served (cancelled ones are dropped, finished)."""
+        out, dropped = [], []
+        with self._lock:
+            while self._queue and len(out) < count:
+                s = self._queue.popleft()
+                (dropped if s.cancelled else out).append(s)
+        for s in dropped:
+            s.finished, s.finish_reason = True, "cancelled"
+            self.dropped(s)
+        return out
+
+    def remove(self, seq: SeqState) -> bool:
+        """Take `seq` out of the queue; False if it is not waiting (it runs, or ran)."""
+        with self._lock:
+            try:
+                self._queue.remove(seq)
+            except ValueError:
+                return False
+        return True
+
+    def dropped(self, seq: SeqState) -> None:
+        """A cancelled sequence left the queue without running (Server finishes its request here)."""
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+
 class Scheduler:
-    def __init__(self, target: Runner, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128):
+    def __init__(self, target: Runner, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128,
+                 padded: bool = False):
         self.target = target
+        self.padded = padded
         self.drafter = drafter
         self.verifier = verifier
         self.eos_id = eos_id
@@ -77,17 +129,23 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.close()
 
-    def run(self, seqs: list[SeqState], params: SamplingParams, rng: np.random.Generator,
+    def run(self, seqs: "list[SeqState] | Waiting", params: SamplingParams, rng: np.random.Generator,
             max_batch: int | None = None, started: float | None = None) -> Iterator[tuple[SeqState, list[int]]]:
-        """Decode the sequences, at most `max_batch` at once (default: all): whenever sequences finish, the next
-        waiting ones take their places at once (continuous batching: prefilled and admitted between rounds).
-        Yields (sequence, tokens appended this round) as they come. `started`: when the caller's request began
-        (time.perf_counter(); default now), what each sequence's `seconds.finished` counts from."""
+        """Decode the sequences, at most `max_batch` at once (default: all of a list): whenever the batch has
+        room, the next waiting ones take their places at once (continuous batching: prefilled and admitted
+        between rounds). `seqs`: a list, or a Waiting that requests arrive in while this runs (Server); the run
+        ends when no sequence is live and none waits. Yields (sequence, tokens appended this round) as they come;
+        a sequence whose `cancelled` is set leaves the batch at the end of the round with finish_reason
+        "cancelled". `started`: when the caller's request began (time.perf_counter(); default now), what each
+        sequence's `seconds.finished` counts from, unless the sequence has its own `started`."""
         t_start = time.perf_counter()
         started = t_start if started is None else started
-        waiting = deque(seqs)
-        live = [waiting.popleft() for _ in range(min(max_batch or len(seqs), len(seqs)))]
-        max_batch = len(live)
+        waiting = seqs if isinstance(seqs, Waiting) else Waiting(seqs)
+        max_batch = max_batch or waiting.pending()
+        live = waiting.take(max_batch)
+        if not live:
+            return
+        ran = list(live)
         cache = self.target.new_cache(len(live), self.bucket)
         t0 = time.perf_counter()
         steps = prefill(self.target, cache, [s.tokens[:-1] for s in live])
@@ -96,6 +154,9 @@ class Scheduler:
         self._prefilled(live, steps, t0)
         while live:
             t_round = time.perf_counter()
+            if self.padded:
+                for s, n in zip(live, cache.pad_to(int(cache.lengths.max()))):
+                    s.stats.padded += int(n)
             if self.drafter is not None:
                 trees = self.drafter.propose(live, params, rng)
                 t_draft, draft_calls = self.drafter.seconds, self.drafter.num_calls
@@ -104,7 +165,8 @@ class Scheduler:
                 trees, t_draft, draft_calls, t_draft_model = [DraftTree.empty()] * len(live), 0.0, 0, 0.0
             rows = [np.concatenate(([s.tokens[-1]], t.tokens)) for s, t in zip(live, trees)]
             cache.reserve(int(max(cache.lengths + np.asarray([len(r) for r in rows]))))
-            positions = [cache.lengths[b] + t.depths() for b, t in enumerate(trees)]
+            start = cache.positions()
+            positions = [start[b] + t.depths() for b, t in enumerate(trees)]
             blocks = [None if t.is_chain else t.mask() for t in trees]
             ids, pos, mask = pack_step(cache, rows, positions, blocks)
             t1 = time.perf_counter()
@@ -123,8 +185,10 @@ class Scheduler:
             for s, t, v in zip(live, trees, verdicts):
                 out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
                 appended.append(out)
+                if s.cancelled and not s.finished:
+                    s.finished, s.finish_reason = True, "cancelled"
                 if s.finished:
-                    s.stats.seconds.finished = time.perf_counter() - started
+                    s.stats.seconds.finished = time.perf_counter() - (started if s.started is None else s.started)
             t_total = time.perf_counter() - t_round
             for s, t, v in zip(live, trees, verdicts):
                 st = s.stats
@@ -144,15 +208,16 @@ class Scheduler:
                 cache.keep(keep)
                 if self.drafter is not None:
                     self.drafter.keep(keep)
-                if waiting:
-                    new = [waiting.popleft() for _ in range(min(max_batch - len(live), len(waiting)))]
-                    t0 = time.perf_counter()
-                    steps = admit(self.target, cache, [s.tokens[:-1] for s in new])
-                    if self.drafter is not None:
-                        self.drafter.admit(new)
-                    self._prefilled(new, steps, t0)
-                    live += new
-        for s in seqs:
+            new = waiting.take(max_batch - len(live)) if len(live) < max_batch else []
+            if new:
+                t0 = time.perf_counter()
+                steps = admit(self.target, cache, [s.tokens[:-1] for s in new])
+                if self.drafter is not None:
+                    self.drafter.admit(new)
+                self._prefilled(new, steps, t0)
+                live += new
+                ran += new
+        for s in ran:
             s.stats.seconds.total = time.perf_counter() - t_start
 
     def _prefilled(self, new: list[SeqState], steps: int, t0: float) -> None:

@@ -28,6 +28,7 @@ class Stats:
     accepted_hist: Counter = field(default_factory=Counter)  # drafted tokens accepted in a round -> rounds
     drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
     drafted_hist: Counter = field(default_factory=Counter)  # drafted tokens verified in a round -> rounds
+    padded: int = 0  # masked slots padded into this sequence's target cache (padded batches only)
     seconds: StageSeconds = field(default_factory=StageSeconds)
 
     @property
@@ -53,4 +54,5 @@ class Stats:
                 "prefill_draft_calls": self.prefill_draft_calls, "rounds": self.rounds,
                 "drafted": self.drafted, "draft_hit_ratio": self.draft_hit_ratio,
                 "accepted_hist": dict(sorted(self.accepted_hist.items())), "mean_accepted": self.mean_accepted,
-                "drafted_hist": dict(sorted(self.drafted_hist.items())), "seconds": asdict(self.seconds)}
+                "drafted_hist": dict(sorted(self.drafted_hist.items())), "padded": self.padded,
+                "seconds": asdict(self.seconds)}

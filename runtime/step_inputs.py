@@ -3,7 +3,7 @@
 Each sequence b brings its own rows: tokens, positions and a [n_b, n_b] mask over its new tokens
 (None = causal). T = max n_b; rows past n_b are holes (token 0, position 0, seeing only themselves):
 they produce finite garbage that nobody reads and nobody commits. Past slots visible to sequence b
-are [0, cache.lengths[b]), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
+are [0, cache.lengths[b]) (less the padding slots of a padded cache: KVCache.pad_to), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
 hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True. With a sliding
 window W (cache.window), a row at position p sees only past slots s with p - s < W (slot s holds
 position s; scratch rows sit at the end, well inside any window) and new tokens at positions q with
@@ -31,7 +31,8 @@ def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
     """
     counts = [len(r) for r in rows]
     cache.reserve(int(max(cache.lengths + np.asarray(counts))))
-    positions = [cache.lengths[b] + np.arange(n) for b, n in enumerate(counts)]
+    start = cache.positions()
+    positions = [start[b] + np.arange(n) for b, n in enumerate(counts)]
     ids, pos, mask = pack_step(cache, rows, positions)
     logits, new_kv = runner.step(ids, pos, mask, cache)
     cache.append(new_kv, counts)
@@ -90,6 +91,8 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
     mask = np.empty((batch, num_tokens, capacity + num_tokens), dtype=bool)
     # past: one vectorised comparison, no per-slot Python work
     np.less(cache.slot_index[None, None, :], cache.lengths[:, None, None], out=mask[:, :, :capacity])
+    if cache.valid is not None:  # a padded batch: its padding slots are seen by nobody
+        mask[:, :, :capacity] &= cache.valid[:, None, :]
     causal = _tri(num_tokens)
     if scratch is not None:
         for b, sc in enumerate(scratch):

@@ -295,7 +295,7 @@ def build_parser() -> ArgumentParser:
     g = gen.add_argument_group("generation")
     g.add_argument("--method", default="sd", choices=list(METHODS),
                    help="; ".join(f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: sd)")
-    add_config(g, DecodeOptions, exclude=("batch_size", "batching"))
+    add_config(g, DecodeOptions, exclude=("batch_size", "batching", "padded"))
     add_config(g, SamplingParams)
     add_method_options(gen)
     gen.add_argument("--prompt", required=True, help="the prompt text")

@@ -91,3 +91,33 @@ def test_pack_step_scratch_visibility():
     assert mask[0, 0, :cap].tolist() == [True] * 4 + [True, False] + [False] * (cap - 6)
     assert mask[0, 1, :cap].tolist() == [True] * 4 + [False, True] + [False] * (cap - 6)
     assert mask[0, :, cap:].tolist() == [[True, False], [False, True]]
+
+
+def test_padding_masks_slots_and_keeps_positions():
+    """pad_to (padded batches, benchmarking only): shorter sequences get masked slots up to a common length;
+    positions() stay the tokens' own; valid and pads follow every later change of the batch."""
+    from specrt.runtime.step_inputs import pack_step
+
+    c = make(batch=3)
+    c.reserve(6)
+    c.append(rows(3, 4, 0), [4, 1, 2])
+    assert c.valid is None and c.pad_to(4).tolist() == [0, 3, 2]
+    assert c.lengths.tolist() == [4, 4, 4] and c.positions().tolist() == [4, 1, 2]
+    assert c.valid[:, :4].tolist() == [[True] * 4, [True, False, False, False], [True, True, False, False]]
+    c.append(rows(3, 2, 10), [1, 2, 0])
+    assert c.positions().tolist() == [5, 3, 2] and c.valid[1, 4:6].all()
+    _, _, mask = pack_step(c, [np.zeros(1, np.int64)] * 3, [c.positions()[b:b + 1] for b in range(3)])
+    assert mask[1, 0, :c.capacity].tolist()[:7] == [True, False, False, False, True, True, False]
+    c.reserve(40)  # growing keeps which slots are padding
+    assert c.valid.shape == (3, c.capacity) and not c.valid[1, 1:4].any()
+    c.truncate(1, 2)  # rolling back over padding gives it back
+    assert c.pads.tolist() == [0, 1, 2] and c.positions()[1] == 1
+    c.keep([2, 1])
+    assert c.pads.tolist() == [2, 1] and c.valid[0, :4].tolist() == [True, True, False, False]
+    c.add_rows(1)
+    assert c.pads.tolist() == [2, 1, 0] and c.valid.shape[0] == 3 and c.valid[2].all()
+    windowed = KVCache(lambda shape: np.zeros(shape, np.float32), 1, 2, 1, 1, 64, 8, window=4)
+    windowed.reserve(2)
+    windowed.lengths[:] = [1, 2]
+    with pytest.raises(InvalidRequestError, match="sliding attention window"):
+        windowed.pad_to(2)

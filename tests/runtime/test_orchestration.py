@@ -170,3 +170,20 @@ def test_request_latency_counts_from_the_call_whichever_batch_a_request_waits_fo
     assert min(done[4:]) > max(done[:2]) > 0
     outs = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2)
     assert all(0 < o.stats.seconds.finished <= o.stats.seconds.total for o in outs)
+
+
+@pytest.mark.parametrize("kw", [dict(method="sd", num_draft_tokens=4), dict(method="tree"),
+                                dict(method="dynamic", num_draft_tokens=6), dict(method="anpd")],
+                         ids=lambda kw: kw["method"])
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_padded_batches_equal_autoregressive(fake, kw, batching):
+    """The vanilla padded mode (EMS-SD's baseline) pads every target cache to the batch's longest with masked
+    slots: same tokens as autoregressive decoding alone, more slots."""
+    ps = prompts(7, seed=9)
+    ar = fake.generate(ps, method="autoregressive", max_new_tokens=30)
+    out = fake.generate(ps, max_new_tokens=30, batch_size=3, batching=batching, padded=True, **kw)
+    assert [o.token_ids for o in out] == [a.token_ids for a in ar]
+    assert sum(o.stats.padded for o in out) > 0
+    unpadded = fake.generate(ps, max_new_tokens=30, batch_size=3, batching=batching, **kw)
+    assert sum(o.stats.padded for o in unpadded) == 0
+

@@ -79,6 +79,30 @@ def test_ragged_batch_matches_batch_of_one(pipelines, humaneval, backend):
     assert [a.token_ids for a in ar] == [s.token_ids for s in sd]
 
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_batches_match_batch_of_one(pipelines, humaneval, backend, monkeypatch):
+    """EMS-SD's vanilla baseline (padded=True) on the real pair: the same tokens; and padding slots left
+    visible to attention (a mutation) do change them, so the mask is what keeps them out."""
+    from specrt.runtime.kv_cache import KVCache
+
+    pipe = pipelines[backend]
+    prompts = humaneval[:5]
+    ar = [a.token_ids for a in pipe.generate(prompts, method="autoregressive", max_new_tokens=24)]
+    for method in ("sd", "anpd"):
+        out = pipe.generate(prompts, method=method, max_new_tokens=24, batch_size=4, padded=True)
+        assert [o.token_ids for o in out] == ar and sum(o.stats.padded for o in out) > 0
+    real = KVCache.pad_to
+
+    def visible(self, length):
+        added = real(self, length)
+        self.valid[:] = True
+        return added
+
+    monkeypatch.setattr(KVCache, "pad_to", visible)
+    out = pipe.generate(prompts, method="sd", max_new_tokens=24, batch_size=4, padded=True)
+    assert [o.token_ids for o in out] != ar
+
 def test_backends_agree(pipelines, humaneval):
     outs = [pipelines[b].generate(humaneval[:4], method="autoregressive", max_new_tokens=32) for b in BACKENDS]
     assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]

@@ -1,0 +1,220 @@
+"""Server: requests that arrive over time, decoded in one continuously batched loop on a thread of its own.
+
+    with pipe.server(method="sd", max_batch=8) as server:
+        a = server.submit("def add(a, b):", max_new_tokens=64)     # returns at once: a Request
+        b = server.submit([1, 2, 3], max_new_tokens=16)
+        for piece in a.stream(): print(piece, end="")             # text as rounds are accepted
+        b.result().stats                                           # a Generation (blocks until done)
+        await asyncio.wrap_future(b.future)                        # the same, from asyncio
+        b.cancel()                                                 # leaves the batch at the end of its round
+
+One method, its options and the sampling parameters are the server's (one Drafter + Verifier pair decodes the
+batch); the prompt and max_new_tokens are each request's. A request is checked when it is submitted, in the
+caller's thread (a bad prompt raises there and never reaches the batch). Requests join the running batch
+between rounds, first come first served, while it has fewer than `max_batch` sequences; each keeps its own
+Stats, whose `seconds.finished` counts from its submission. A request that is cancelled, or whose round fails
+(its exception is the request's), leaves without disturbing the others' tokens: every sequence of a batch is
+decoded independently of the others (the lossless methods give each the tokens it gets alone). `close()`
+finishes what was submitted, then stops the thread and gives back the runners; `close(cancel=True)` cancels
+what has not finished first.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+
+import numpy as np
+
+from specrt.errors import InvalidRequestError
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.scheduler import Scheduler, SeqState, Waiting
+
+_DONE = object()  # ends a request's stream of token deltas
+
+
+class Request:
+    """A submitted request: its future Generation, its tokens as they come, and a way to cancel it."""
+
+    def __init__(self, server: "Server", seq: SeqState):
+        self._server = server
+        self._seq = seq
+        self.future: Future = Future()  # -> Generation (asyncio: asyncio.wrap_future(request.future))
+        self._deltas: queue.Queue = queue.Queue()
+        self._streamed = False
+
+    @property
+    def index(self) -> int:
+        """The order it was submitted in (0, 1, ... per server)."""
+        return self._seq.index
+
+    def cancel(self) -> bool:
+        """Ask it to stop; it leaves the batch at the end of the round (keeping the tokens it has) with
+        finish_reason "cancelled". False if it had already finished."""
+        if self.future.done():
+            return False
+        self._seq.cancelled = True  # first: a scheduler taking it from the queue now drops it
+        if self._server._waiting.remove(self._seq):  # it never ran: finished here, at once
+            self._seq.finished, self._seq.finish_reason = True, "cancelled"
+            self._server._retire(self)
+        return True
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None):
+        """The Generation, once finished (raises what failed its round, or TimeoutError after `timeout` s)."""
+        return self.future.result(timeout)
+
+    def token_ids(self) -> list[int]:
+        """The new tokens so far."""
+        return [int(t) for t in self._seq.new_tokens]
+
+    def stream(self, timeout: float | None = None) -> Iterator[str]:
+        """Text pieces of its continuation as rounds are accepted (one consumer per request). `timeout`: seconds
+        to wait for each piece before raising TimeoutError."""
+        if self._streamed:
+            raise InvalidRequestError("a request's stream can be read once")
+        self._streamed = True
+        ids: list[int] = []
+        shown = ""
+        while True:
+            try:
+                delta = self._deltas.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no tokens of request {self.index} in {timeout} s") from None
+            if delta is _DONE:
+                break
+            ids += delta
+            text = self._server.pipe.decode(ids)
+            if not text.endswith("\ufffd") and len(text) > len(shown):  # a split multi-byte character waits
+                yield text[len(shown):]
+                shown = text
+        self.future.result()  # a failed round raises here too
+        text = self._server.pipe.decode(ids)
+        if len(text) > len(shown):
+            yield text[len(shown):]
+
+    def _emit(self, tokens: list[int]) -> None:
+        if tokens:
+            self._deltas.put(tokens)
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is None:
+            self.future.set_result(self._server.pipe._result(self._seq))
+        else:
+            self.future.set_exception(error)
+        self._deltas.put(_DONE)
+
+
+class _Queue(Waiting):
+    def __init__(self, server: "Server"):
+        super().__init__()
+        self._server = server
+
+    def take(self, count: int) -> list[SeqState]:
+        taken = super().take(count)
+        with self._server._lock:
+            self._server._running.update(s.index for s in taken)
+        return taken
+
+    def dropped(self, seq: SeqState) -> None:
+        self._server._retire(self._server._requests[seq.index])
+
+
+class Server:
+    def __init__(self, pipe, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, **options):
+        from specrt.runtime.pipeline import DecodeOptions
+
+        self.pipe = pipe
+        self.params = SamplingParams(temperature, top_k, top_p)
+        DecodeOptions(seed=seed, batch_size=max_batch)  # checks both as generate does
+        self.max_batch = max_batch
+        self._scheduler, self._slack = pipe._scheduler(method, options, self.params, max_batch)
+        self._rng = np.random.default_rng(seed)
+        self._waiting = _Queue(self)
+        self._requests: dict[int, Request] = {}  # submitted, not yet finished (changed under _lock)
+        self._running: set[int] = set()  # of those, the ones the scheduler took into the batch
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._closing = False
+        self._submitted = 0
+        self._thread = threading.Thread(target=self._loop, name="specrt-server", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128) -> Request:
+        """Queue one request (a string or token ids); returns at once. Raises InvalidRequestError for a bad
+        prompt or limit, in this thread, and after close()."""
+        from specrt.runtime.pipeline import DecodeOptions
+
+        DecodeOptions(max_new_tokens)
+        with self._lock:
+            if self._closing:
+                raise InvalidRequestError("this server is closed: submit to a new one")
+            index = self._submitted
+            (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for a bad prompt
+            seq.index = index
+            seq.started = time.perf_counter()
+            request = Request(self, seq)
+            self._requests[index] = request
+            self._submitted += 1
+            self._waiting.put(seq)
+            self._wakeup.notify()
+        return request
+
+    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop taking requests; finish the submitted ones (cancel them first with `cancel=True`), then stop
+        the thread and give back the runners. Idempotent."""
+        with self._lock:
+            self._closing = True
+            if cancel:
+                for r in self._requests.values():
+                    r._seq.cancelled = True
+            self._wakeup.notify()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=exc[0] is not None)
+
+    def _retire(self, request: Request, error: BaseException | None = None) -> None:
+        """The request is over (finished, cancelled, or failed with `error`): deliver it."""
+        with self._lock:
+            self._requests.pop(request.index, None)
+            self._running.discard(request.index)
+        request._finish(error)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._waiting.pending() and not self._closing:
+                        self._wakeup.wait()
+                    if not self._waiting.pending():  # closing, nothing left
+                        return
+                self._run()
+        finally:
+            self._scheduler.close()
+
+    def _run(self) -> None:
+        """One scheduler run: until no request is live and none waits. A failed round fails the requests in the
+        batch; the server goes on with the next ones."""
+        try:
+            for seq, appended in self._scheduler.run(self._waiting, self.params, self._rng, self.max_batch):
+                request = self._requests[seq.index]
+                request._emit(appended)
+                if seq.finished:
+                    self._retire(request)
+        except Exception as e:  # the batch's requests get the error; the server thread goes on
+            with self._lock:
+                failed = [self._requests[i] for i in self._running if i in self._requests]
+            for r in failed:
+                self._retire(r, e)
