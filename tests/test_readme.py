@@ -9,10 +9,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_embedded_api_example_runs(demo_bundle, capsys):
     text = README.read_text()
     section = text[text.index("## Embedded API"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert 'Pipeline.load("build/demo")' in code
-    exec(compile(code.replace('"build/demo"', repr(str(demo_bundle))), "README.md", "exec"), {})
-    assert len(capsys.readouterr().out) > 0  # the stream loop printed the continuation
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert 'Pipeline.load("build/demo")' in blocks[0] and len(blocks) == 2 and "pipe.server(" in blocks[1]
+    scope = {}
+    for code in blocks:  # the pipeline example, then the server example on its pipe
+        exec(compile(code.replace('"build/demo"', repr(str(demo_bundle))), "README.md", "exec"), scope)
+        assert len(capsys.readouterr().out) > 0  # the stream loops printed their continuations
 
 
 def test_readme_starts_with_the_two_commands():
