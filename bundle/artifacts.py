@@ -211,6 +211,9 @@ class LatencyProfile(Artifact):
     host_ms: dict[str, dict[int, float]]  # kind (HOST_KINDS) -> tree nodes -> host ms per round, batch 1
     # the device's measured copy bandwidth, bytes read + written per second (None: profiled before it was measured)
     copy_bandwidth: float | None = None
+    # kind -> batch size (> 1) -> tree nodes -> host ms per round: host work grows with the batch (None: profiled
+    # at batch 1 only, before this was measured)
+    host_batch: dict[str, dict[int, dict[int, float]]] | None = None
 
     def roofline_ms(self, weight_bytes: int) -> float | None:
         """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""
@@ -219,11 +222,18 @@ class LatencyProfile(Artifact):
     def batch_sizes(self, role: str = "target") -> list[int]:
         return sorted(self.models[role])
 
-    def step_ms(self, role: str, batch: int, num_tokens: float) -> float:
-        """L(n) at a profiled batch size, averaged over the profiled contexts, linear between profiled n."""
+    def step_ms(self, role: str, batch: float, num_tokens: float) -> float:
+        """L(n) at a batch size, averaged over the profiled contexts, linear between profiled n; between two
+        profiled batch sizes, linear between theirs (a batch that drains runs at every size below its own)."""
         per_batch = self.models[role].get(batch)
         if per_batch is None:
-            raise SpecrtError(f"batch size {batch} was not profiled (profiled: {self.batch_sizes(role)})")
+            sizes = self.batch_sizes(role)
+            if not sizes[0] < batch < sizes[-1]:
+                raise SpecrtError(f"batch size {batch} was not profiled (profiled: {sizes})")
+            lo = max(b for b in sizes if b < batch)
+            hi = min(b for b in sizes if b > batch)
+            w = (batch - lo) / (hi - lo)
+            return (1 - w) * self.step_ms(role, lo, num_tokens) + w * self.step_ms(role, hi, num_tokens)
         values = []
         for curve in per_batch.values():
             ns = sorted(curve)
@@ -232,14 +242,21 @@ class LatencyProfile(Artifact):
             values.append(float(np.interp(num_tokens, ns, [curve[n] for n in ns])))
         return float(np.mean(values))
 
-    def host(self, num_nodes: float, kind: str = "tree") -> float:
-        """Host ms per round for a tree of num_nodes (0 = autoregressive), linear between measured sizes; of this
+    def host(self, num_nodes: float, kind: str = "tree", batch: float = 1) -> float:
+        """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured
+        sizes and batch sizes (beyond the largest profiled batch, along the line through the two largest); of this
         kind where profiled, else of the next simpler one ("merged" -> "dynamic" -> "tree"), else 0."""
         for k in HOST_KINDS[: HOST_KINDS.index(kind) + 1][::-1]:
             table = self.host_ms.get(k)
             if table:
-                ns = sorted(table)
-                return float(np.interp(num_nodes, ns, [table[n] for n in ns]))
+                tables = {1: table, **(self.host_batch or {}).get(k, {})}
+                sizes = sorted(tables)
+                ys = [float(np.interp(num_nodes, sorted(tables[b]), [tables[b][n] for n in sorted(tables[b])]))
+                      for b in sizes]
+                if batch > sizes[-1] and len(sizes) > 1:
+                    slope = (ys[-1] - ys[-2]) / (sizes[-1] - sizes[-2])
+                    return max(0.0, ys[-1] + slope * (batch - sizes[-1]))
+                return float(np.interp(batch, sizes, ys))
         return 0.0
 
 

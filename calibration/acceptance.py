@@ -123,6 +123,14 @@ def best_trees(p: np.ndarray, max_nodes: int) -> list[TreeEstimate]:
     return out
 
 
+def tree_expectation(p: np.ndarray, paths) -> float:
+    """Expected accepted drafted tokens of a static tree (paths of child ranks) under the product model: the sum
+    over its nodes of the probability that the node's whole path is accepted."""
+    depth, ranks = p.shape
+    return float(sum(np.prod([p[d, r] if d < depth and r < ranks else 0.0 for d, r in enumerate(path)])
+                     for path in paths))
+
+
 def chain_expectation(p: np.ndarray, length: int) -> float:
     """Expected accepted drafted tokens of a chain of rank-0 tokens of the given length."""
     return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))

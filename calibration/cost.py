@@ -4,7 +4,7 @@ For a tree of n nodes, one round at batch size b costs
 
     L_target(b, n + 1)                          verify the root and every node in one step
     + L_draft(b, 1) + sum_levels L_draft(b, nodes fed at that level)   draft the tree level by level
-    + H(n)                                      the runtime's host work per round (profiled at batch 1)
+    + H(b, n)                                   the runtime's host work per round (profiled per batch size)
 
 A dynamic tree (measured by calibration) costs L_draft(b, 1) for the pending tokens, then one step of W
 beams per further draft call; a merged tree (n-gram drafts merged in) is costed at the expected widest
@@ -26,7 +26,7 @@ def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[
     for level in spec.levels[:-1]:
         fed = int(sum(spec.num_children[i + 1] > 0 for i in level))
         draft += latency.step_ms("draft", batch, fed)
-    return target, draft + latency.host(len(spec))
+    return target, draft + latency.host(len(spec), batch=batch)
 
 
 def step_width(tree: MeasuredTree, batch: int) -> float:
@@ -47,4 +47,36 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
     target = latency.step_ms("target", batch, step_width(tree, batch) + 1)
     draft = latency.step_ms("draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, tree.draft_calls_per_round - 1) * latency.step_ms("draft", batch, tree.width)
-    return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic")
+    return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic", batch)
+
+
+def prefill_ms(latency: LatencyProfile, role: str, prompt_len: int) -> float:
+    """Predicted ms to prefill one prompt: its tokens at the per-token cost of the largest profiled step at
+    batch 1 (a long step costs in proportion to its tokens), never less than one such step."""
+    largest = max(max(curve) for curve in latency.models[role][min(latency.batch_sizes(role))].values())
+    step = latency.step_ms(role, min(latency.batch_sizes(role)), largest)
+    return step * max(1.0, prompt_len / largest)
+
+
+def workload_ms(round_ms, tokens_per_round: float, requests: list[tuple[int, int]], max_batch: int,
+                batching: str, prefill) -> float:
+    """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: each request
+    needs ceil(new / tokens_per_round) rounds; a round costs round_ms(live sequences), so a batch that drains
+    (sequences finishing at different rounds) costs what its live size does; `prefill(prompt_len)` is paid as a
+    request joins. Continuous batching admits the next request as soon as one finishes; static batching runs
+    each group of `max_batch` requests until its last one ends."""
+    rounds = [max(1, int(np.ceil(new / tokens_per_round))) for _, new in requests]
+    groups = [list(range(len(requests)))] if batching == "continuous" else \
+        [list(range(i, min(i + max_batch, len(requests)))) for i in range(0, len(requests), max_batch)]
+    total = 0.0
+    for group in groups:
+        waiting, live = list(group), []
+        while waiting or live:
+            while waiting and len(live) < max_batch:
+                i = waiting.pop(0)
+                total += prefill(requests[i][0])
+                live.append(rounds[i])
+            step = min(live)  # rounds until the next sequence finishes, all at this live size
+            total += step * round_ms(len(live))
+            live = [r - step for r in live if r > step]
+    return total

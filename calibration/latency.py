@@ -4,8 +4,9 @@ Each point is the median of `repeats` timed steps after `warmup` untimed ones, o
 `context` slots (contents do not change the cost). Points with batch * n above `max_tokens_per_step`
 are skipped (CPU time). It also measures the runtime's own host work per decode round (masks, drafting
 bookkeeping, verification, cache commits: everything outside model calls) for static and dynamic trees
-of several sizes at batch 1, since on small models that is a real part of a round (a dynamic tree's beam
-search is host work at every depth), and the device's copy bandwidth, for the roofline: a step must read
+of several sizes at every profiled batch size (fewer sizes above batch 1), since on small models that is a
+real part of a round that grows with the batch (a dynamic tree's beam search is host work at every depth,
+per sequence), and the device's copy bandwidth, for the roofline: a step must read
 every weight once, so no step is faster than weight bytes / bandwidth. Writes latency.json (a
 LatencyProfile, stamped with this machine, backend, threads and device) into the bundle and latency.png
 beside it.
@@ -33,6 +34,7 @@ from specrt.plotting import pyplot, save_figure
 NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
 HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
+HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32)}  # per kind, at batch > 1
 
 
 @dataclass(frozen=True)
@@ -113,33 +115,44 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
         for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
             ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
             models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
+    host = [(kind, b) for b in sorted(set(cfg.batch_sizes) | {1}) for kind in HOST_BATCH_SIZES]
+    host_ms, host_batch = {}, {}
+    for kind, b in tqdm(host, desc="profile host work", unit="point", disable=not progress):
+        table = host_per_round(pipe, kind, b)
+        if b == 1:
+            host_ms[kind] = table
+        else:
+            host_batch.setdefault(kind, {})[b] = table
     data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
-                          host_ms={kind: host_per_round(pipe, kind) for kind in ("tree", "dynamic", "merged")},
-                          copy_bandwidth=round(copy_bandwidth(pipe.machine.device)))
+                          host_ms=host_ms, copy_bandwidth=round(copy_bandwidth(pipe.machine.device)),
+                          host_batch=host_batch)
     artifacts.save(cfg.bundle, data)
     plot_latency(data, cfg.bundle / "latency.png")
     return data
 
 
-def host_per_round(pipe, kind: str = "tree", new_tokens: int = 48) -> dict[int, float]:
-    """Median host milliseconds per decode round (outside any model call) by tree size, batch 1.
+def host_per_round(pipe, kind: str = "tree", batch: int = 1, new_tokens: int = 48) -> dict[int, float]:
+    """Host milliseconds per decode round (outside any model call) by tree size, at a batch size.
 
     kind "tree": static trees from a fixed synthetic acceptance table (the shape calibration would build);
     size 0 is autoregressive. "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes; "merged": the same
-    with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes). Two generations
-    per size on one held-out prompt; the second is measured."""
-    prompt = validation_prompts(pipe.encode, 1, 64, seed=0)[0]
+    with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes); above batch 1,
+    the HOST_BATCH_SIZES of each kind. Two generations per size on `batch` held-out prompts in one batch (of
+    new_tokens each, a third of that above batch 1); the second is measured."""
+    prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
+    sizes = (HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES) if batch == 1 else HOST_BATCH_SIZES[kind]
+    new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
     trees = {t.num_nodes: t.paths for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
     extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
     out = {}
-    for n in [n for n in (HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES) if not largest or n + extra <= largest]:
+    for n in [n for n in sizes if not largest or n + extra <= largest]:
         if kind != "tree":
             kw = {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
         else:
             kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
         for _ in range(2):
-            stats = pipe.generate([prompt], max_new_tokens=new_tokens, **kw)[0].stats
+            stats = pipe.generate(prompts, max_new_tokens=new_tokens, batch_size=batch, **kw)[0].stats
         out[n] = round(1e3 * stats.seconds.host / max(1, stats.rounds), 4)
     return out
 

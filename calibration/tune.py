@@ -45,19 +45,26 @@ def candidates(acceptance: Acceptance) -> list[CurvePoint]:
     return out
 
 
+def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round of a candidate (not PPD's) at a batch size (between profiled
+    ones: interpolated)."""
+    if point.kind == "autoregressive":
+        return latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
+    if point.kind in ("dynamic", "merged"):
+        measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
+        return measured_round_cost_ms(latency, batch, measured[(point.num_nodes, point.ngram_tokens)])
+    return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
+
+
 def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
           prompt_tokens: PromptTokens | None = None) -> list[CurvePoint]:
     """Candidates with their predicted cost and speed at one batch size; autoregressive first. With PPD's
     prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows)."""
-    measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
-    target_1 = latency.step_ms("target", batch, 1)
-    rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + latency.host(0)), target_1, latency.host(0))]
+    target_1, host_1 = latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
+    rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + host_1), target_1, host_1)]
     for c in candidates(acceptance):
         try:
-            if c.kind in ("dynamic", "merged"):
-                target_ms, draft_ms = measured_round_cost_ms(latency, batch, measured[(c.num_nodes, c.ngram_tokens)])
-            else:
-                target_ms, draft_ms = round_cost_ms(latency, batch, TreeSpec.from_paths(c.paths))
+            target_ms, draft_ms = point_cost_ms(acceptance, latency, batch, c)
         except SpecrtError:
             continue  # beyond the profiled token counts for this batch size
         speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + draft_ms)

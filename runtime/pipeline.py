@@ -193,7 +193,7 @@ class Pipeline:
         sizes = latency.batch_sizes()
         batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
         largest = min(max(curve) for curve in latency.models["target"][batch].values())
-        return [latency.step_ms("target", batch, n + 1) + latency.host(n) for n in range(min(num_draft_tokens, largest - 1) + 1)]
+        return [latency.step_ms("target", batch, n + 1) + latency.host(n, batch=batch) for n in range(min(num_draft_tokens, largest - 1) + 1)]
 
     def ppd_tree(self, batch_size: int):
         """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the

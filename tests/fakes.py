@@ -108,7 +108,7 @@ def fake_pipeline(tmp_path: Path, target: Backend, draft: Backend, eos_id: int |
 
 # -- synthetic artifacts ------------------------------------------------------------------------------
 def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,), machine: Machine | None = None,
-                  host_ms: dict | None = None, max_tokens: int = 16):
+                  host_ms: dict | None = None, max_tokens: int = 16, host_batch: dict | None = None):
     """A latency.json from curves (ms at n new tokens, times the batch size), stamped for this bundle."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import LatencyProfile, Stamp
@@ -116,7 +116,8 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
     ns = range(1, max_tokens + 1)
     models = {"target": {b: {128: {n: b * target_ms(n) for n in ns}} for b in batches},
               "draft": {b: {128: {n: b * draft_ms(n) for n in ns}} for b in batches}}
-    lat = LatencyProfile(Stamp.make(bundle, machine or Machine.here("ort", 2)), {}, models, host_ms or {})
+    lat = LatencyProfile(Stamp.make(bundle, machine or Machine.here("ort", 2)), {}, models, host_ms or {},
+                         host_batch=host_batch)
     artifacts.save(bundle, lat)
     return lat
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from specrt.bundle import artifacts
@@ -66,6 +67,33 @@ def test_host_work_term_interpolates_and_falls_back_to_simpler_kinds(tmp_path):
     assert lat.host(8, "merged") == pytest.approx(1.0) and lat.host(8) == pytest.approx(0.3)
     assert artifacts.load(tmp_path, LatencyProfile) == lat
 
+
+def test_the_batch_cost_model_grows_host_work_with_the_batch_and_interpolates_between_batch_sizes(tmp_path):
+    """Host work profiled per batch size (profiles without it use batch 1's), linear between batch sizes and past
+    the largest; L(n) between two profiled batch sizes is linear between theirs (a draining batch runs there)."""
+    from specrt.calibration.acceptance import chain_expectation, tree_expectation
+    from specrt.calibration.tune import candidates, point_cost_ms
+
+    (tmp_path / "manifest.json").write_text("{}")
+    old = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.1, 8: 0.5}})
+    assert old.host(8, batch=4) == pytest.approx(0.5)  # measured at batch 1 only
+    lat = write_latency(tmp_path, lambda n: 1.0 + n, batches=(1, 2, 4), host_ms={"tree": {0: 0.1, 8: 0.5}},
+                        host_batch={"tree": {4: {0: 0.4, 8: 1.7}}})
+    assert lat.host(8, batch=4) == pytest.approx(1.7) and lat.host(4, batch=4) == pytest.approx(1.05)
+    assert lat.host(8, batch=2) == pytest.approx(0.5 + (1.7 - 0.5) / 3)
+    assert lat.host(8, batch=8) == pytest.approx(1.7 + 4 * (1.7 - 0.5) / 3)  # along the line through 1 and 4
+    assert lat.step_ms("target", 3, 2) == pytest.approx((2 * 3.0 + 4 * 3.0) / 2)  # between batch 2 and 4
+    with pytest.raises(Exception, match="batch size 8 was not profiled"):
+        lat.step_ms("target", 8, 2)
+    assert artifacts.load(tmp_path, LatencyProfile) == lat  # the per-batch table round-trips
+    p = [[0.8, 0.1], [0.5, 0.2]]
+    acc = write_acceptance(tmp_path, p)
+    assert tree_expectation(np.array(p), [(0,), (0, 0)]) == pytest.approx(chain_expectation(np.array(p), 2))
+    assert tree_expectation(np.array(p), [(0,), (1,), (0, 1), (0, 0, 0)]) == pytest.approx(0.8 + 0.1 + 0.8 * 0.2)
+    chain = next(c for c in candidates(acc) if c.kind == "chain" and c.num_nodes == 2)
+    target, rest = point_cost_ms(acc, lat, 4, chain)
+    # L_target(4, 3); two draft steps of one token at batch 4 (0.1 ms x 4 each) + H(batch 4, 2 nodes)
+    assert target == pytest.approx(4 * 4.0) and rest == pytest.approx(2 * 0.4 + 0.4 + 2 / 8 * (1.7 - 0.4))
 
 def test_host_work_can_tip_the_choice(tmp_path):
     # memory-bound curves, but 40 ms of host work per tree round (vs 10 ms per target step): speculation loses
