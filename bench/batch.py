@@ -1,13 +1,19 @@
-"""`specrt bench batch`: throughput and per-request latency by batch size, continuous against static batching.
+"""`specrt bench batch`: throughput and per-request latency by batch size; continuous against static batching,
+unpadded against padded batches, measured against the batch cost model.
 
 HumanEval prompts (their lengths vary) with per-request limits of new tokens drawn between
 `--min-new-tokens` and `--max-new-tokens` (seeded), greedy, every configuration in one process
 (interleaved timed runs, medians): for each method and batch size, continuous batching (a finished
 sequence's place goes to the next prompt between rounds) and static batching (batches that wait for
-their slowest sequence). Per row: tokens/s, speedup over autoregressive at the same batch size and
-batching, continuous over static, p50 / p95 request latency (from the call's start to a request's last
-token: waiting included, as a server's client sees it), and whether every request's tokens are the
-single-sequence autoregressive ones. The padded mode and the batch cost model of issue 14 are not here yet.
+their slowest sequence); for the `--padded` methods also the vanilla padded batches EMS-SD measures
+itself against (every target KV cache padded with masked slots to the batch's longest; same tokens). Per
+row: tokens/s, speedup over autoregressive at the same batch size and batching, continuous over static,
+unpadded over padded and the padding ratio (padding slots per new token), p50 / p95 request latency (from
+the call's start to a request's last token: waiting included, as a server's client sees it), whether every
+request's tokens are the single-sequence autoregressive ones, and the cost model's prediction where the
+bundle has the artifacts for one (acceptance.json, a latency.json of this machine; `auto` and `tree` also
+plan.json): the calibrated tokens per round and the profiled round cost at each live batch size, the batch
+draining as its sequences finish (calibration.cost.workload_ms), prefill included.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ class BatchBenchConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(32, "first N HumanEval prompts", ge=1)
     max_new_tokens: int = option(96, "per-request limits of new tokens are drawn from [min, max]", ge=1)
     min_new_tokens: int = option(16, "per-request limits of new tokens are drawn from [min, max]", ge=1)
-    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes")
-    methods: tuple[str, ...] = option(("autoregressive", "sd", "anpd"), "methods (each with its defaults)")
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8, 16), "batch sizes")
+    methods: tuple[str, ...] = option(("autoregressive", "sd", "tree", "dynamic", "anpd", "auto"),
+                                      "methods (each with its defaults; auto: needs the bundle's plan.json)")
+    padded: tuple[str, ...] = option(("sd",), "methods also run as padded batches (EMS-SD's vanilla baseline)")
+    batchings: tuple[str, ...] = option(BATCHINGS, "continuous and/or static batching")
     seed: int = option(0, "seed of the per-request limits", ge=0)
 
 
@@ -46,50 +55,172 @@ def limits(cfg: BatchBenchConfig) -> list[int]:
     return rng.integers(cfg.min_new_tokens, cfg.max_new_tokens + 1, cfg.num_prompts).tolist()
 
 
+def _check(cfg: BatchBenchConfig, pipe) -> None:
+    from specrt.runtime.methods import make_method
+
+    for m in cfg.methods:
+        make_method(m, {})  # an unknown method is refused before anything runs
+    alien = [m for m in cfg.padded if m not in cfg.methods]
+    if alien:
+        raise SpecrtError(f"--padded {','.join(alien)}: not among --methods {','.join(cfg.methods)}")
+    bad = [b for b in cfg.batchings if b not in BATCHINGS]
+    if bad or not cfg.batchings:
+        raise SpecrtError(f"--batchings takes {' and/or '.join(BATCHINGS)}, got {','.join(cfg.batchings) or 'none'}")
+    if "auto" in cfg.methods and not pipe.has_plan():
+        raise SpecrtError(f"method auto needs {pipe.bundle}/plan.json: run `specrt calibrate`, `specrt profile` and "
+                          f"`specrt tune` on the bundle, or leave auto out of --methods")
+
+
 def run_batch(cfg: BatchBenchConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
+    _check(cfg, pipe)
     prompts, caps = humaneval_prompts(cfg.num_prompts), limits(cfg)
     reference = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=caps)]
-    configs = [(m, b, how) for m in cfg.methods for b in cfg.batch_sizes for how in BATCHINGS
-               if b > 1 or how == "continuous"]  # (method, batch size, batching); at batch 1 the two are the same
+    # (method, batch size, batching, padded); at batch 1 the batchings are the same and nothing is padded
+    configs = [(m, b, how, pad) for m in cfg.methods for pad in ((False, True) if m in cfg.padded else (False,))
+               for b in cfg.batch_sizes for how in cfg.batchings
+               if (b > 1 or (how == cfg.batchings[0] and not pad))]
 
-    def run(method, batch, how):
-        outs = pipe.generate(prompts, method=method, max_new_tokens=caps, batch_size=batch, batching=how)
+    def run(method, batch, how, padded):
+        outs = pipe.generate(prompts, method=method, max_new_tokens=caps, batch_size=batch, batching=how, padded=padded)
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
-                [o.token_ids for o in outs] == reference)
+                [o.token_ids for o in outs] == reference, sum(o.stats.padded for o in outs))
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
+    requests = [(len(pipe.encode(p)), len(t)) for p, t in zip(prompts, reference)]
+    predict, why_not = predictor(pipe, requests)
     rows = []
-    for (m, b, how) in configs:
-        ar = speed.get(("autoregressive", b, how))
-        static = speed.get((m, b, "static"))
-        latency = np.array(last[(m, b, how)][1])
-        rows.append({"method": m, "batch_size": b, "batching": how, "tokens_per_s": round(speed[(m, b, how)], 2),
-                     "speedup_vs_ar": round(speed[(m, b, how)] / ar, 3) if ar else None,
-                     "continuous_vs_static": round(speed[(m, b, how)] / static, 3) if how == "continuous" and static else None,
+    for (m, b, how, pad) in configs:
+        key = (m, b, how, pad)
+        ar = speed.get(("autoregressive", b, how, False)) or speed.get(("autoregressive", b, cfg.batchings[0], False))
+        static = speed.get((m, b, "static", pad))
+        unpadded = speed.get((m, b, how, False))
+        latency = np.array(last[key][1])
+        predicted = None if pad else predict(m, b, how)
+        rows.append({"method": m, "batch_size": b, "batching": how, "padded": pad,
+                     "tokens_per_s": round(speed[key], 2),
+                     "speedup_vs_ar": round(speed[key] / ar, 3) if ar else None,
+                     "continuous_vs_static": round(speed[key] / static, 3) if how == "continuous" and static and b > 1
+                     else None,
+                     "unpadded_vs_padded": round(unpadded / speed[key], 3) if pad else None,
+                     "padding_ratio": round(last[key][3] / last[key][0], 3),
+                     "predicted_tokens_per_s": round(predicted, 2) if predicted else None,
+                     "prediction_error": round(speed[key] / predicted - 1, 3) if predicted else None,
                      "latency_p50_s": round(float(np.percentile(latency, 50)), 3),
                      "latency_p95_s": round(float(np.percentile(latency, 95)), 3),
-                     "same_tokens_as_ar": last[(m, b, how)][2], "runs_s": [round(s, 3) for s in seconds[(m, b, how)]]})
-    data = {**header("batch", cfg), "rows": rows, "max_new_tokens_per_request": caps}
+                     "same_tokens_as_ar": last[key][2], "runs_s": [round(s, 3) for s in seconds[key]]})
+    data = {**header("batch", cfg), "rows": rows, "max_new_tokens_per_request": caps, "predictions": why_not or "ok",
+            "auto": auto_summary(rows, pipe if "auto" in cfg.methods else None)}
     write_report(cfg.out / f"batch-{cfg.label}", data, markdown, plot)
     return data
+
+
+def auto_summary(rows: list[dict], pipe) -> list[dict]:
+    """Per batch size and batching: what `auto` ran (the plan's choice), its tokens/s against AR's and against the
+    best unpadded row measured."""
+    if pipe is None:
+        return []
+    from specrt.calibration.tune import describe_point
+
+    out = []
+    for r in (r for r in rows if r["method"] == "auto"):
+        peers = [q for q in rows if (q["batch_size"], q["batching"]) == (r["batch_size"], r["batching"]) and not q["padded"]]
+        best = max(peers, key=lambda q: q["tokens_per_s"])
+        ar = next((q for q in peers if q["method"] == "autoregressive"), None)
+        chosen = pipe.plan().choice_for(r["batch_size"]).best
+        out.append({"batch_size": r["batch_size"], "batching": r["batching"],
+                    "chosen": describe_point(chosen.kind, chosen.num_nodes, chosen.ngram_tokens),
+                    "tokens_per_s": r["tokens_per_s"], "vs_ar": round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None,
+                    "best": best["method"], "vs_best": round(r["tokens_per_s"] / best["tokens_per_s"], 3)})
+    return out
+
+
+def predictor(pipe, requests: list[tuple[int, int]]):
+    """(predict(method, batch size, batching) -> tokens/s or None, why there are no predictions or None): the cost
+    model over this workload (prompt tokens, new tokens per request) for the methods it has a calibration of."""
+    from specrt.bundle.artifacts import CurvePoint
+    from specrt.calibration.acceptance import chain_expectation, tree_expectation
+    from specrt.calibration.cost import prefill_ms, workload_ms
+    from specrt.calibration.tune import point_cost_ms
+    from specrt.errors import BundleError
+    from specrt.runtime.methods import DEFAULT_TREE, Dynamic, Sd
+
+    try:
+        acceptance, latency = pipe.acceptance(), pipe.latency()
+    except BundleError as e:
+        return (lambda *a: None), str(e)
+    p = np.array(acceptance.depth_rank)
+    plan = pipe.plan() if pipe.has_plan() else None
+
+    def point(method: str, batch: int) -> CurvePoint | None:
+        if method == "autoregressive":
+            return CurvePoint("autoregressive", 0, 0.0, 0.0, 0.0, 0.0)
+        if method == "sd":
+            g = Sd.num_draft_tokens
+            return CurvePoint("chain", g, chain_expectation(p, g), 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1)))
+        if method == "tree":
+            paths = plan.choice_for(batch).best_static.paths if plan else DEFAULT_TREE
+            return CurvePoint("tree", len(paths), tree_expectation(p, paths), 0.0, 0.0, 0.0, paths=paths)
+        if method == "dynamic":
+            width, depth = Dynamic().shape
+            m = next((m for m in acceptance.dynamic if (m.num_nodes, m.width, m.depth, m.ngram_tokens) ==
+                      (Dynamic.num_draft_tokens, width, depth, 0)), None)
+            return m and CurvePoint("dynamic", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=width, depth=depth)
+        if method == "auto" and plan is not None and plan.choice_for(batch).best.kind != "ppd":
+            return plan.choice_for(batch).best
+        return None  # anpd, ppd, mtad: no calibration of their acceptance
+
+    def predict(method: str, batch: int, batching: str) -> float | None:
+        c = point(method, batch)
+        if c is None:
+            return None
+        roles = ("target",) if c.kind == "autoregressive" else ("target", "draft")
+        try:
+            ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), c.expected_accepted + 1,
+                             requests, batch, batching,
+                             lambda n: sum(prefill_ms(latency, role, n) for role in roles))
+        except SpecrtError:
+            return None  # a batch size or step beyond the profile
+        return sum(new for _, new in requests) / (ms / 1e3)
+
+    return predict, None
+
+
+def _name(r: dict) -> str:
+    return r["method"] + (" (padded)" if r.get("padded") else "")
 
 
 def markdown(data: dict) -> str:
     c = data["config"]
     lines = [f"### batch `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['min_new_tokens']}-{c['max_new_tokens']} "
              f"new tokens per request, greedy, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
-             "| method | batch | batching | tokens/s | vs AR | continuous / static | latency p50 (s) | p95 (s) | "
-             "same tokens as AR |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | batch | batching | tokens/s | vs AR | continuous / static | unpadded / padded | padding ratio | "
+             "predicted tokens/s | latency p50 (s) | p95 (s) | same tokens as AR |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
-        cs = "-" if r["continuous_vs_static"] is None else f"{r['continuous_vs_static']:.2f}x"
-        vs = "-" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x"
-        lines.append(f"| {r['method']} | {r['batch_size']} | {r['batching']} | {r['tokens_per_s']:.1f} | {vs} | {cs} | "
-                     f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | {'yes' if r['same_tokens_as_ar'] else 'NO'} |")
+        x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+        pred = ("-" if r.get("predicted_tokens_per_s") is None else
+                f"{r['predicted_tokens_per_s']:.1f} ({r['prediction_error']:+.0%})")
+        lines.append(f"| {_name(r)} | {r['batch_size']} | {r['batching']} | {r['tokens_per_s']:.1f} | "
+                     f"{x(r['speedup_vs_ar'])} | {x(r['continuous_vs_static'])} | {x(r.get('unpadded_vs_padded'))} | "
+                     f"{r.get('padding_ratio', 0):.2f} | {pred} | {r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | "
+                     f"{'yes' if r['same_tokens_as_ar'] else 'NO'} |")
+    if data.get("auto"):
+        lines += ["", "| batch | batching | `auto` ran | tokens/s | vs AR | best measured | auto / best |",
+                  "|---:|---|---|---:|---:|---|---:|"]
+        lines += [f"| {a['batch_size']} | {a['batching']} | {a['chosen']} | {a['tokens_per_s']:.1f} | "
+                  f"{'-' if a['vs_ar'] is None else format(a['vs_ar'], '.2f') + 'x'} | {a['best']} | {a['vs_best']:.2f} |"
+                  for a in data["auto"]]
+    if data.get("predictions", "ok") != "ok":
+        lines += ["", f"No predictions: {data['predictions']}"]
+    else:
+        lines += ["", "Predicted: the batch cost model over this workload (calibrated tokens per round, profiled round "
+                      "cost at each live batch size as the batch drains, prefill included); in brackets, measured / "
+                      "predicted - 1. Padding ratio: padding slots in the target KV cache per new token."]
     return "\n".join(lines) + "\n"
 
 
@@ -97,13 +228,20 @@ def plot(data: dict, path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    methods = list(dict.fromkeys(r["method"] for r in data["rows"]))
-    for i, m in enumerate(methods):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(dict.fromkeys(_name(r) for r in data["rows"]))
+    for i, name in enumerate(names):
         color = f"C{i}"
         for how, style in (("continuous", "o-"), ("static", "x--")):
-            rows = sorted((r for r in data["rows"] if r["method"] == m and (r["batching"] == how or r["batch_size"] == 1)),
+            rows = sorted((r for r in data["rows"] if _name(r) == name and (r["batching"] == how or r["batch_size"] == 1)),
                           key=lambda r: r["batch_size"])
-            ax.plot([r["batch_size"] for r in rows], [r["tokens_per_s"] for r in rows], style, color=color, label=f"{m}, {how}")
+            if len(rows) < 2 and not any(r["batching"] == how for r in rows):
+                continue
+            ax.plot([r["batch_size"] for r in rows], [r["tokens_per_s"] for r in rows], style, color=color,
+                    label=f"{name}, {how}")
+            pred = [r for r in rows if r.get("predicted_tokens_per_s")]
+            ax.plot([r["batch_size"] for r in pred], [r["predicted_tokens_per_s"] for r in pred], "+" if how == "continuous"
+                    else "1", color=color, markersize=9, linestyle="none")
     ax.set_xscale("log", base=2)
+    ax.text(0.01, 0.01, "+ / 1: predicted (continuous / static)", transform=ax.transAxes, fontsize=7)
     finish_figure(fig, ax, path, "batch size", "tokens/s (all requests)", f"batch {data['label']}: throughput")

@@ -37,7 +37,7 @@ VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: me
          "ngram": ("NgramConfig", "ANPD ablation"), "mtad": ("MtadConfig", "MJSD / MTAD"),
          "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
          "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
-         "batch": ("BatchBenchConfig", "Batching: continuous against static")}
+         "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted")}
 SHOWN_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)  # L(n) columns of the latency table, where profiled
 
 
@@ -106,7 +106,8 @@ def speed_rows(verb: str, data: dict) -> list[dict]:
         return [{"name": r["name"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
                  "tokens_per_call": r["tokens_per_target_call"], "lossless": r["same_tokens_as_ar"]} for r in rows]
     if verb == "batch":
-        return [{"name": f"{r['method']}, batch {r['batch_size']}, {r['batching']}", "tokens_per_s": r["tokens_per_s"],
+        return [{"name": f"{r['method']}{' (padded)' if r.get('padded') else ''}, batch {r['batch_size']}, {r['batching']}",
+                 "tokens_per_s": r["tokens_per_s"],
                  "speedup": r["speedup_vs_ar"], "tokens_per_call": None, "lossless": r["same_tokens_as_ar"]}
                 for r in rows]
     if verb == "ngram":
@@ -154,11 +155,22 @@ def headline(verb: str, data: dict) -> str:
         return text
     if verb == "batch":
         largest = max(r["batch_size"] for r in data["rows"])
-        parts = [f"`{r['method']}` {r['continuous_vs_static']:.2f}x" for r in data["rows"]
-                 if r["batch_size"] == largest and r["continuous_vs_static"] is not None]
+        at = [r for r in data["rows"] if r["batch_size"] == largest]
+        parts = [f"`{r['method']}` {r['continuous_vs_static']:.2f}x" for r in at
+                 if r["continuous_vs_static"] is not None and not r.get("padded")]
+        padded = [f"`{r['method']}` {r['unpadded_vs_padded']:.2f}x ({r['batching']})" for r in at
+                  if r.get("unpadded_vs_padded") is not None]
+        errors = [r["prediction_error"] for r in data["rows"] if r.get("prediction_error") is not None]
+        auto = data.get("auto") or []
         same = all(r["same_tokens_as_ar"] for r in data["rows"])
-        return (f"continuous / static batching at batch {largest}: " + ", ".join(parts)
-                + ("; every request's tokens as single-sequence AR's" if same else "; SOME TOKENS DIFFER FROM AR"))
+        out = [f"continuous / static batching at batch {largest}: " + ", ".join(parts)] if parts else []
+        out += [f"unpadded / padded at batch {largest}: {', '.join(padded)}"] if padded else []
+        out += [f"predictions {min(errors):+.0%} to {max(errors):+.0%}"] if errors else []
+        if auto and all(a["vs_ar"] for a in auto):
+            out.append(f"`auto` {min(a['vs_ar'] for a in auto):.2f}x-{max(a['vs_ar'] for a in auto):.2f}x AR, "
+                       f"{min(a['vs_best'] for a in auto):.2f}-{max(a['vs_best'] for a in auto):.2f} of the best row")
+        out.append("every request's tokens as single-sequence AR's" if same else "SOME TOKENS DIFFER FROM AR")
+        return "; ".join(out)
     if verb == "mtad":
         greedy = next((r for r in data["rows"] if r["method"] == "sd"), None)
         timed = [r for r in data["rows"] if r["tokens_per_s"] and r["method"] not in ("autoregressive", "sd")]

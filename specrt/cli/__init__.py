@@ -249,8 +249,9 @@ BENCH_VERBS = {
                                                         "perplexity and greedy agreement against the exported pair"),
     "ppd": ("ppd", "PpdBenchConfig", "run_ppd", "PPD against AR, sd, dynamic and anpd; its trees' ablations; accepted "
                                                 "length by distance (after `specrt ppd train`)"),
-    "batch": ("batch", "BatchBenchConfig", "run_batch", "throughput and request latency by batch size, continuous "
-                                                      "against static batching"),
+    "batch": ("batch", "BatchBenchConfig", "run_batch", "throughput, request latency and the cost model's predictions "
+                                                      "by batch size: continuous against static, unpadded against "
+                                                      "padded batches"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }

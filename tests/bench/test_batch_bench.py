@@ -2,7 +2,7 @@
 
 import pytest
 
-from specrt.errors import InvalidRequestError
+from specrt.errors import InvalidRequestError, SpecrtError
 
 
 def test_per_request_limits_and_latency(pipelines, humaneval):
@@ -26,12 +26,37 @@ def test_bench_batch_rows(demo_bundle, tmp_path):
     cfg = BatchBenchConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=5, min_new_tokens=4,
                            max_new_tokens=12, batch_sizes=(1, 2), methods=("autoregressive", "sd"), runs=1, threads=2)
     data = run_batch(cfg)
-    keys = [(r["method"], r["batch_size"], r["batching"]) for r in data["rows"]]
-    assert keys == [("autoregressive", 1, "continuous"), ("autoregressive", 2, "continuous"), ("autoregressive", 2, "static"),
-                    ("sd", 1, "continuous"), ("sd", 2, "continuous"), ("sd", 2, "static")]
+    keys = [(r["method"], r["batch_size"], r["batching"], r["padded"]) for r in data["rows"]]
+    assert keys == [("autoregressive", 1, "continuous", False), ("autoregressive", 2, "continuous", False),
+                    ("autoregressive", 2, "static", False), ("sd", 1, "continuous", False),
+                    ("sd", 2, "continuous", False), ("sd", 2, "static", False),
+                    ("sd", 2, "continuous", True), ("sd", 2, "static", True)]
     assert all(r["same_tokens_as_ar"] for r in data["rows"])
     assert all(r["latency_p50_s"] <= r["latency_p95_s"] for r in data["rows"])
     row = data["rows"][4]
     assert row["continuous_vs_static"] == pytest.approx(row["tokens_per_s"] / data["rows"][5]["tokens_per_s"], rel=1e-2)
+    padded = data["rows"][6]
+    assert padded["unpadded_vs_padded"] == pytest.approx(row["tokens_per_s"] / padded["tokens_per_s"], rel=1e-2)
+    assert padded["padding_ratio"] > 0 and row["padding_ratio"] == 0
+    assert data["predictions"].startswith("no acceptance.json")  # the bare export has no cost model
+    assert all(r["predicted_tokens_per_s"] is None for r in data["rows"])
     assert len(data["max_new_tokens_per_request"]) == 5 and (tmp_path / "batch-t.md").is_file()
+    assert "| sd (padded) | 2 | static |" in (tmp_path / "batch-t.md").read_text()
     assert headline("batch", data).startswith("continuous / static batching at batch 2: `autoregressive` ")
+    with pytest.raises(SpecrtError, match="method auto needs"):
+        run_batch(BatchBenchConfig(bundle=demo_bundle, out=tmp_path, methods=("auto",), padded=()))
+
+
+def test_batch_predictions_follow_the_workload(tmp_path):
+    """The workload model: a batch that drains runs its last rounds at the smaller sizes; static batches wait for
+    their slowest; prefill is paid per request."""
+    from specrt.calibration.cost import workload_ms
+
+    cost = lambda live: 10.0 + live  # noqa: E731  ms per round at a live batch size
+    requests = [(5, 4), (5, 8), (5, 2)]  # (prompt tokens, new tokens), 2 tokens per round: 2, 4, 1 rounds
+    # continuous, batch 2: rounds at live 2 until the first finishes (2 rounds), then the third joins
+    # (live 2 for 1 round), then the second alone (1 round)
+    assert workload_ms(cost, 2.0, requests, 2, "continuous", lambda n: 0.0) == pytest.approx(2 * 12 + 12 + 11)
+    # static: [0, 1] take 2 rounds at live 2 then 2 alone; [2] 1 round alone
+    assert workload_ms(cost, 2.0, requests, 2, "static", lambda n: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
+    assert workload_ms(cost, 2.0, requests, 2, "static", lambda n: n) == pytest.approx(2 * 12 + 2 * 11 + 11 + 15)
