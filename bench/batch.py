@@ -182,7 +182,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         try:
             ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), c.expected_accepted + 1,
                              requests, batch, batching,
-                             lambda n: sum(prefill_ms(latency, role, n) for role in roles))
+                             lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
         except SpecrtError:
             return None  # a batch size or step beyond the profile
         return sum(new for _, new in requests) / (ms / 1e3)

@@ -50,21 +50,24 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
     return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic", batch)
 
 
-def prefill_ms(latency: LatencyProfile, role: str, prompt_len: int) -> float:
-    """Predicted ms to prefill one prompt: its tokens at the per-token cost of the largest profiled step at
-    batch 1 (a long step costs in proportion to its tokens), never less than one such step."""
-    largest = max(max(curve) for curve in latency.models[role][min(latency.batch_sizes(role))].values())
-    step = latency.step_ms(role, min(latency.batch_sizes(role)), largest)
-    return step * max(1.0, prompt_len / largest)
+def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int]) -> float:
+    """Predicted ms to prefill prompts admitted together: one ragged step is as wide as its longest prompt for
+    every sequence (shorter ones are padded with holes), and a long step costs in proportion to its token rows,
+    at the per-row cost of the largest profiled step at the largest profiled batch size <= the group's."""
+    sizes = latency.batch_sizes(role)
+    batch = max([b for b in sizes if b <= len(prompt_lens)] or sizes[:1])
+    largest = min(max(curve) for curve in latency.models[role][batch].values())
+    per_row = latency.step_ms(role, batch, largest) / (batch * largest)
+    return per_row * len(prompt_lens) * max(prompt_lens)
 
 
 def workload_ms(round_ms, tokens_per_round: float, requests: list[tuple[int, int]], max_batch: int,
                 batching: str, prefill) -> float:
     """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: each request
     needs ceil(new / tokens_per_round) rounds; a round costs round_ms(live sequences), so a batch that drains
-    (sequences finishing at different rounds) costs what its live size does; `prefill(prompt_len)` is paid as a
-    request joins. Continuous batching admits the next request as soon as one finishes; static batching runs
-    each group of `max_batch` requests until its last one ends."""
+    (sequences finishing at different rounds) costs what its live size does; each group of requests admitted
+    together pays `prefill(their prompt lengths)`. Continuous batching admits the next requests as soon as
+    sequences finish; static batching runs each group of `max_batch` requests until its last one ends."""
     rounds = [max(1, int(np.ceil(new / tokens_per_round))) for _, new in requests]
     groups = [list(range(len(requests)))] if batching == "continuous" else \
         [list(range(i, min(i + max_batch, len(requests)))) for i in range(0, len(requests), max_batch)]
@@ -72,10 +75,11 @@ def workload_ms(round_ms, tokens_per_round: float, requests: list[tuple[int, int
     for group in groups:
         waiting, live = list(group), []
         while waiting or live:
-            while waiting and len(live) < max_batch:
-                i = waiting.pop(0)
-                total += prefill(requests[i][0])
-                live.append(rounds[i])
+            joining = waiting[:max_batch - len(live)]
+            del waiting[:len(joining)]
+            if joining:
+                total += prefill([requests[i][0] for i in joining])
+                live += [rounds[i] for i in joining]
             step = min(live)  # rounds until the next sequence finishes, all at this live size
             total += step * round_ms(len(live))
             live = [r - step for r in live if r > step]

@@ -1,5 +1,6 @@
 """`specrt tune` (after `specrt calibrate` and `specrt profile`): pick, per batch size, the speculation with
-the best predicted speed.
+the best predicted speed, if it beats no speculation by a margin (`min_gain`, 5%: the size of the cost model's
+errors), else no speculation.
 
 For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
 says, so the predicted speed is batch * (E[accepted] + 1) / cost (PPD section 4's hardware-aware pruning,
@@ -31,6 +32,9 @@ from specrt.runtime.tree import TreeSpec
 @dataclass(frozen=True)
 class TuneConfig(BundleOptions):
     batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)")
+    # bench batch (tiny pair, batch 1): a tree predicted 1.02x AR ran at 0.87x; predictions carry errors of that size
+    min_gain: float = option(0.05, "speculate only where predicted at least this much faster than no speculation "
+                                   "(0.05: 5%); below it, autoregressive, the safe default", ge=0)
 
 
 def candidates(acceptance: Acceptance) -> list[CurvePoint]:
@@ -105,6 +109,8 @@ def tune(cfg: TuneConfig) -> Plan:
     for batch in cfg.batch_sizes:
         rows = weigh(acceptance, latency, batch, prompt_tokens)
         best = max(rows, key=lambda r: r.predicted_tokens_per_s)
+        if best.predicted_tokens_per_s < (1 + cfg.min_gain) * rows[0].predicted_tokens_per_s:
+            best = rows[0]  # too close to call: no speculation
         best_static = max((r for r in rows if r.kind in ("tree", "chain")), key=lambda r: r.predicted_tokens_per_s)
         choices[batch] = PlanChoice(METHOD_OF_KIND[best.kind], best, best_static,
                                     round(best.predicted_tokens_per_s / rows[0].predicted_tokens_per_s, 3))

@@ -9,9 +9,12 @@ Invariants:
 - Only rows a caller chooses are written (`append`, `append_rows`): rejected drafts never enter.
 - Capacity grows in buckets (multiples of `bucket`, capped at `max_capacity`), never per token;
   a growth copies the committed prefix once. Per-step work is independent of context length.
-- A static cache (`static=` a preallocated [L, 2, Bmax, Hkv, C, D] buffer; static-shape engines, whose
-  CUDA graphs read fixed addresses) never reallocates: its capacity is C from the start, its sequences
-  are the first B rows of the buffer, and sequences leaving the batch are compacted to the front in place.
+- The sequences are the first B rows of a store [L, 2, R, Hkv, S, D] with R >= B rows: `buffer` is that view.
+  Sequences leaving the batch are compacted to the front in place (`keep`: only rows that move are copied, so
+  a finishing sequence costs one row's copy, not the batch's), and sequences joining take free rows (the
+  store doubles its rows when full), so continuous batching never copies the whole cache per request.
+- A static cache (`static=` a preallocated [L, 2, Bmax, Hkv, C, D] store; static-shape engines, whose
+  CUDA graphs read fixed addresses) never reallocates: its capacity is C from the start.
 - Slot i of a sequence holds position i (committed rows are appended in order and accepted paths are
   compacted), which is how a sliding `window` becomes part of each step's mask.
 - A step whose graph updates the cache itself (kv_update "graph") has already written its T new rows at
@@ -22,7 +25,7 @@ Invariants:
   which slots hold a token (None while nothing was padded), slot i no longer holds position i, and
   `positions()` (lengths minus pad slots) is where each sequence's next token sits. A padded cache refuses a
   sliding window (its masks assume slot i holds position i).
-- The buffer is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
+- The store is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
   module only slices and assigns, which both support.
 """
 
@@ -61,10 +64,11 @@ class KVCache:
             if batch > static.shape[2]:
                 raise InvalidRequestError(f"a batch of {batch} exceeds the static cache's {static.shape[2]} sequences")
             self.capacity = self.max_capacity = static.shape[4]
-            self.buffer = static[:, :, :batch]
+            self._store = static
         else:
             self.capacity = 0
-            self.buffer = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, B, Hkv, S, D]
+            self._store = self._allocate((num_layers, 2, batch, num_kv_heads, 0, head_dim))  # [L, 2, R, Hkv, S, D]
+        self.buffer = self._store[:, :, :batch]  # [L, 2, B, Hkv, S, D]
         self.slot_index = np.arange(self.capacity)  # [S] 0..S-1, for building masks without per-step allocation
         self.valid = None  # [B, S] bool: which slots hold a token, once `pad_to` padded some (else None)
         self.pads = np.zeros(batch, dtype=np.int64)  # [B] padding slots of each sequence
@@ -78,35 +82,38 @@ class KVCache:
         return self._static is not None
 
     def add_rows(self, count: int) -> None:
-        """Add `count` empty sequences after the current ones (continuous batching admits requests here)."""
+        """Add `count` empty sequences after the current ones (continuous batching admits requests here), in free
+        rows of the store (a dynamic store doubles its rows when it has too few)."""
         batch = self.batch + count
-        if self._static is not None:
-            if batch > self._static.shape[2]:
-                raise InvalidRequestError(f"a batch of {batch} exceeds the static cache's {self._static.shape[2]} sequences")
-            self.buffer = self._static[:, :, :batch]
-        else:
-            grown = self._allocate((self.num_layers, 2, batch, self.num_kv_heads, self.capacity, self.head_dim))
+        rows = self._store.shape[2]
+        if batch > rows:
+            if self._static is not None:
+                raise InvalidRequestError(f"a batch of {batch} exceeds the static cache's {rows} sequences")
+            grown = self._allocate((self.num_layers, 2, max(batch, 2 * rows), self.num_kv_heads, self.capacity,
+                                    self.head_dim))
             grown[:, :, :self.batch] = self.buffer
-            self.buffer = grown
+            self._store = grown
+        self.buffer = self._store[:, :, :batch]
         self.lengths = np.concatenate([self.lengths, np.zeros(count, dtype=np.int64)])
         self.pads = np.concatenate([self.pads, np.zeros(count, dtype=np.int64)])
         if self.valid is not None:
             self.valid = np.concatenate([self.valid, np.ones((count, self.capacity), dtype=bool)])
 
     def extend(self, other: "KVCache") -> None:
-        """Append `other`'s sequences (a dynamic cache the new ones were prefilled in) after the current ones."""
+        """Append `other`'s sequences (a dynamic cache the new ones were prefilled in) after the current ones:
+        only their rows are copied."""
         if self._static is not None or other._static is not None:
             raise ValueError("extend joins dynamic caches; a static cache admits with add_rows")
-        capacity = max(self.capacity, other.capacity)
-        grown = self._allocate((self.num_layers, 2, self.batch + other.batch, self.num_kv_heads, capacity, self.head_dim))
-        grown[:, :, :self.batch, :, :self.capacity] = self.buffer
-        grown[:, :, self.batch:, :, :other.capacity] = other.buffer
-        if self.valid is not None or other.valid is not None:
-            self.valid = np.concatenate([self._valid_at(capacity), other._valid_at(capacity)])
-        self.buffer, self.capacity = grown, capacity
-        self.slot_index = np.arange(capacity)
-        self.lengths = np.concatenate([self.lengths, other.lengths])
-        self.pads = np.concatenate([self.pads, other.pads])
+        old = self.batch
+        self.reserve(other.capacity)
+        self.add_rows(other.batch)
+        self.buffer[:, :, old:, :, :other.capacity] = other.buffer
+        self.lengths[old:] = other.lengths
+        self.pads[old:] = other.pads
+        if other.valid is not None:
+            if self.valid is None:
+                self.valid = np.ones((self.batch, self.capacity), dtype=bool)
+            self.valid[old:] = other._valid_at(self.capacity)
 
     def layer_views(self, layer: int) -> tuple[object, object]:
         """(keys, values) of one layer, each [B, Hkv, S, D], contiguous."""
@@ -122,12 +129,13 @@ class KVCache:
         if needed > self.max_capacity:
             raise InvalidRequestError(f"context of {needed} tokens exceeds the model's maximum of {self.max_capacity}")
         capacity = min(self.max_capacity, -(-needed // self.bucket) * self.bucket)
-        grown = self._allocate((self.num_layers, 2, self.batch, self.num_kv_heads, capacity, self.head_dim))
+        grown = self._allocate((self.num_layers, 2, self._store.shape[2], self.num_kv_heads, capacity, self.head_dim))
         used = int(self.lengths.max(initial=0))
-        grown[:, :, :, :, :used] = self.buffer[:, :, :, :, :used]
+        grown[:, :, :self.batch, :, :used] = self.buffer[:, :, :, :, :used]
         if self.valid is not None:
             self.valid = self._valid_at(capacity)
-        self.buffer, self.capacity = grown, capacity
+        self._store, self.capacity = grown, capacity
+        self.buffer = grown[:, :, :self.batch]
         self.slot_index = np.arange(capacity)
         return True
 
@@ -183,16 +191,18 @@ class KVCache:
         self.lengths[b] = length
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only the given batch rows (sequences that finished leave the batch)."""
-        rows = list(rows)
-        if self._static is not None:  # compact in place: the buffer's address must not change
-            moved = self._static[:, :, rows]  # a copy (advanced indexing) before the overwrite
-            self._static[:, :, :len(rows)] = moved
-            self.buffer = self._static[:, :, :len(rows)]
+        """Keep only the given batch rows, new row i being old row rows[i] (sequences that finished leave the
+        batch). In place: only rows that move are copied, each up to its sequence's length."""
+        rows = [int(r) for r in rows]
+        if any(src < i for i, src in enumerate(rows)) or len(set(rows)) < len(rows):  # would overwrite a source
+            moved = self.buffer[:, :, rows]  # a copy (advanced indexing) before the overwrite
+            self._store[:, :, :len(rows)] = moved
         else:
-            kept = self._allocate((self.num_layers, 2, len(rows), self.num_kv_heads, self.capacity, self.head_dim))
-            kept[...] = self.buffer[:, :, rows]
-            self.buffer = kept
+            for i, src in enumerate(rows):
+                if src != i:
+                    used = int(self.lengths[src])
+                    self._store[:, :, i, :, :used] = self._store[:, :, src, :, :used]
+        self.buffer = self._store[:, :, :len(rows)]
         self.lengths = self.lengths[rows].copy()
         self.pads = self.pads[rows].copy()
         if self.valid is not None:

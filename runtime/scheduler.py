@@ -72,6 +72,18 @@ class SeqState:
         return out
 
 
+def compaction(finished: Sequence[bool]) -> list[int]:
+    """Which old batch row each new row takes when the finished sequences leave: survivors at the front stay where
+    they are and the last survivors fill the holes (KVCache.keep then copies one row per hole, not the batch)."""
+    n = len(finished) - sum(finished)
+    rows = list(range(n))
+    holes = [b for b in range(n) if finished[b]]
+    movers = [b for b in range(n, len(finished)) if not finished[b]]
+    for hole, mover in zip(holes, movers):
+        rows[hole] = mover
+    return rows
+
+
 class Waiting:
     """Sequences waiting for a place in the batch, in order. A list's sequences, or (Server) a queue that other
     threads `put` requests into while the scheduler runs; cancelled sequences are skipped."""
@@ -202,7 +214,7 @@ class Scheduler:
                 st.seconds.host += t_total - t_draft_model - t_target
             for s, out in zip(live, appended):
                 yield s, out
-            keep = [b for b, s in enumerate(live) if not s.finished]
+            keep = compaction([s.finished for s in live])
             if len(keep) < len(live):
                 live = [live[b] for b in keep]
                 cache.keep(keep)

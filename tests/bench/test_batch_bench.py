@@ -49,7 +49,9 @@ def test_bench_batch_rows(demo_bundle, tmp_path):
 
 def test_batch_predictions_follow_the_workload(tmp_path):
     """The workload model: a batch that drains runs its last rounds at the smaller sizes; static batches wait for
-    their slowest; prefill is paid per request."""
+    their slowest; prefill is paid per group of requests admitted together, as wide as its longest prompt."""
+    from specrt.calibration.cost import prefill_ms
+    from tests.fakes import write_latency
     from specrt.calibration.cost import workload_ms
 
     cost = lambda live: 10.0 + live  # noqa: E731  ms per round at a live batch size
@@ -59,4 +61,14 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     assert workload_ms(cost, 2.0, requests, 2, "continuous", lambda n: 0.0) == pytest.approx(2 * 12 + 12 + 11)
     # static: [0, 1] take 2 rounds at live 2 then 2 alone; [2] 1 round alone
     assert workload_ms(cost, 2.0, requests, 2, "static", lambda n: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
-    assert workload_ms(cost, 2.0, requests, 2, "static", lambda n: n) == pytest.approx(2 * 12 + 2 * 11 + 11 + 15)
+    # prefill per group admitted together: static [0, 1] then [2]
+    groups = []
+    workload_ms(cost, 2.0, requests, 2, "static", lambda lens: groups.append(lens) or 0.0)
+    assert groups == [[5, 5], [5]]
+    groups.clear()
+    workload_ms(cost, 2.0, [(3, 4), (7, 8), (9, 2)], 2, "continuous", lambda lens: groups.append(lens) or 0.0)
+    assert groups == [[3, 7], [9]]
+    (tmp_path / "manifest.json").write_text("{}")
+    lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=8)  # 2 ms per token row
+    assert prefill_ms(lat, "target", [10]) == pytest.approx(20.0)
+    assert prefill_ms(lat, "target", [10, 4]) == pytest.approx(2 * 10 * 2.0)  # padded to the longest

@@ -38,6 +38,17 @@ def test_overhead_bound_target_gets_no_speculation(tmp_path):
     assert plan.choices[1].method == "autoregressive" and plan.choices[1].predicted_speedup == 1.0
 
 
+def test_a_gain_within_the_models_error_is_not_taken(tmp_path):
+    # drafting predicted a few percent faster: within min_gain, so no speculation; with min_gain 0, the tree
+    b = write_bundle(tmp_path, [[0.5, 0.1]], lambda n: 10.0 + 7.5 * n, lambda n: 0.1)
+    rows = tune(TuneConfig(bundle=b, batch_sizes=(1,), min_gain=0.0)).curves[1]
+    gain = max(r.predicted_tokens_per_s for r in rows) / rows[0].predicted_tokens_per_s
+    assert 1.0 < gain < 1.05
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,), min_gain=0.0)).choices[1].method == "tree"
+    choice = tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1]
+    assert choice.method == "autoregressive" and choice.predicted_speedup == 1.0
+
+
 def test_tuning_an_unprofiled_batch_size_is_refused(tmp_path):
     from specrt.errors import SpecrtError
 

@@ -121,3 +121,39 @@ def test_padding_masks_slots_and_keeps_positions():
     windowed.lengths[:] = [1, 2]
     with pytest.raises(InvalidRequestError, match="sliding attention window"):
         windowed.pad_to(2)
+
+
+def test_leaving_and_joining_sequences_copy_only_the_rows_that_move():
+    """A finishing sequence's row is filled by the last live one (scheduler.compaction), in place: the store keeps
+    its address and the other rows are not copied; joining sequences take free rows of the store."""
+    from specrt.runtime.scheduler import compaction
+
+    assert compaction([False, True, False, False, True, False]) == [0, 5, 2, 3]
+    assert compaction([True, True]) == [] and compaction([False, False]) == [0, 1]
+    c = make(batch=4)
+    c.reserve(3)
+    c.append(rows(4, 3, 0), [3, 2, 1, 3])
+    store = c._store
+    copies = []
+    real = store.__setitem__
+
+    class Spy(np.ndarray):
+        def __setitem__(self, key, value):
+            copies.append(key)
+            real(key, value)
+
+    c._store = store.view(Spy)
+    c.keep(compaction([False, True, False, False]))  # sequence 1 leaves: sequence 3 takes its row
+    assert len(copies) == 1 and [seq(c, b) for b in range(3)] == [[0, 1, 2], [300, 301, 302], [200]]
+    fresh = make(batch=2)
+    fresh.reserve(12)
+    fresh.append(rows(2, 10, 50), [10, 4])
+    c.extend(fresh)  # a larger capacity: the store grows once; its rows now fit the new sequences
+    assert c.batch == 5 and seq(c, 3) == list(range(50, 60)) and seq(c, 4) == [150, 151, 152, 153]
+    assert [seq(c, b) for b in range(3)] == [[0, 1, 2], [300, 301, 302], [200]]
+    c.keep([0, 4, 2])  # a hole filled from the end
+    store = c._store
+    c.add_rows(2)  # free rows: no new store
+    assert c._store is store and c.batch == 5 and c.lengths.tolist() == [3, 4, 1, 0, 0]
+    c.keep([1, 0])  # a swap reads each source before it is overwritten
+    assert seq(c, 0) == [150, 151, 152, 153] and seq(c, 1) == [0, 1, 2]
