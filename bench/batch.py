@@ -87,7 +87,8 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
     def run(method, batch, how, padded):
         outs = pipe.generate(prompts, method=method, max_new_tokens=caps, batch_size=batch, batching=how, padded=padded)
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
-                [o.token_ids for o in outs] == reference, sum(o.stats.padded for o in outs))
+                [o.token_ids for o in outs] == reference, sum(o.stats.padded for o in outs),
+                sum(o.stats.rounds for o in outs))
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
@@ -100,7 +101,7 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
         static = speed.get((m, b, "static", pad))
         unpadded = speed.get((m, b, how, False))
         latency = np.array(last[key][1])
-        predicted = None if pad else predict(m, b, how)
+        predicted, per_round = (None, None) if pad else predict(m, b, how)
         rows.append({"method": m, "batch_size": b, "batching": how, "padded": pad,
                      "tokens_per_s": round(speed[key], 2),
                      "speedup_vs_ar": round(speed[key] / ar, 3) if ar else None,
@@ -108,6 +109,8 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
                      else None,
                      "unpadded_vs_padded": round(unpadded / speed[key], 3) if pad else None,
                      "padding_ratio": round(last[key][3] / last[key][0], 3),
+                     "tokens_per_round": round(last[key][0] / max(1, last[key][4]), 3),
+                     "predicted_tokens_per_round": round(per_round, 3) if per_round else None,
                      "predicted_tokens_per_s": round(predicted, 2) if predicted else None,
                      "prediction_error": round(speed[key] / predicted - 1, 3) if predicted else None,
                      "latency_p50_s": round(float(np.percentile(latency, 50)), 3),
@@ -140,19 +143,20 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
 
 
 def predictor(pipe, requests: list[tuple[int, int]]):
-    """(predict(method, batch size, batching) -> tokens/s or None, why there are no predictions or None): the cost
-    model over this workload (prompt tokens, new tokens per request) for the methods it has a calibration of."""
+    """(predict(method, batch size, batching) -> (tokens/s, tokens per round) or Nones, why there are no predictions
+    or None): the cost model over this workload (prompt tokens, new tokens per request) for the methods it has a
+    calibration of."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import chain_expectation, tree_expectation
     from specrt.calibration.cost import prefill_ms, workload_ms
     from specrt.calibration.tune import point_cost_ms
     from specrt.errors import BundleError
-    from specrt.runtime.methods import DEFAULT_TREE, Dynamic, Sd
+    from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd
 
     try:
         acceptance, latency = pipe.acceptance(), pipe.latency()
     except BundleError as e:
-        return (lambda *a: None), str(e)
+        return (lambda *a: (None, None)), str(e)
     p = np.array(acceptance.depth_rank)
     plan = pipe.plan() if pipe.has_plan() else None
 
@@ -170,22 +174,25 @@ def predictor(pipe, requests: list[tuple[int, int]]):
             m = next((m for m in acceptance.dynamic if (m.num_nodes, m.width, m.depth, m.ngram_tokens) ==
                       (Dynamic.num_draft_tokens, width, depth, 0)), None)
             return m and CurvePoint("dynamic", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=width, depth=depth)
+        if method == "anpd":
+            m = next((m for m in acceptance.ngram if m.num_nodes == Anpd.num_draft_tokens), None)
+            return m and CurvePoint("ngram", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0)
         if method == "auto" and plan is not None and plan.choice_for(batch).best.kind != "ppd":
             return plan.choice_for(batch).best
-        return None  # anpd, ppd, mtad: no calibration of their acceptance
+        return None  # ppd, mtad: no prediction here
 
-    def predict(method: str, batch: int, batching: str) -> float | None:
+    def predict(method: str, batch: int, batching: str) -> tuple[float | None, float | None]:
         c = point(method, batch)
         if c is None:
-            return None
-        roles = ("target",) if c.kind == "autoregressive" else ("target", "draft")
+            return None, None
+        roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
         try:
             ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), c.expected_accepted + 1,
                              requests, batch, batching,
                              lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
         except SpecrtError:
-            return None  # a batch size or step beyond the profile
-        return sum(new for _, new in requests) / (ms / 1e3)
+            return None, None  # a batch size or step beyond the profile
+        return sum(new for _, new in requests) / (ms / 1e3), c.expected_accepted + 1
 
     return predict, None
 
@@ -199,15 +206,18 @@ def markdown(data: dict) -> str:
     lines = [f"### batch `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['min_new_tokens']}-{c['max_new_tokens']} "
              f"new tokens per request, greedy, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
              "| method | batch | batching | tokens/s | vs AR | continuous / static | unpadded / padded | padding ratio | "
-             "predicted tokens/s | latency p50 (s) | p95 (s) | same tokens as AR |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "predicted tokens/s | tokens per round (predicted) | latency p50 (s) | p95 (s) | same tokens as AR |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["rows"]:
         x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
         pred = ("-" if r.get("predicted_tokens_per_s") is None else
                 f"{r['predicted_tokens_per_s']:.1f} ({r['prediction_error']:+.0%})")
+        per_round = "-" if r.get("tokens_per_round") is None else f"{r['tokens_per_round']:.2f}" + (
+            f" ({r['predicted_tokens_per_round']:.2f})" if r.get("predicted_tokens_per_round") else "")
         lines.append(f"| {_name(r)} | {r['batch_size']} | {r['batching']} | {r['tokens_per_s']:.1f} | "
                      f"{x(r['speedup_vs_ar'])} | {x(r['continuous_vs_static'])} | {x(r.get('unpadded_vs_padded'))} | "
-                     f"{r.get('padding_ratio', 0):.2f} | {pred} | {r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | "
+                     f"{r.get('padding_ratio', 0):.2f} | {pred} | {per_round} | {r['latency_p50_s']:.2f} | "
+                     f"{r['latency_p95_s']:.2f} | "
                      f"{'yes' if r['same_tokens_as_ar'] else 'NO'} |")
     if data.get("auto"):
         lines += ["", "| batch | batching | `auto` ran | tokens/s | vs AR | best measured | auto / best |",

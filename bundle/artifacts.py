@@ -162,9 +162,10 @@ class TreeEstimate:
 
 @dataclass(frozen=True)
 class MeasuredTree:
-    """A dynamic tree (optionally with n-gram drafts merged in) measured by decoding."""
+    """A dynamic tree (optionally with n-gram drafts merged in), or ANPD's n-gram drafts alone, measured by
+    decoding."""
 
-    num_nodes: int  # draft-model nodes per round
+    num_nodes: int  # draft-model nodes per round (ANPD: n-gram drafted tokens, K)
     width: int  # beams expanded per depth
     depth: int
     expected_accepted: float  # drafted tokens accepted per round
@@ -194,6 +195,7 @@ class Acceptance(Artifact):
     dynamic: tuple[MeasuredTree, ...]
     merged: tuple[MeasuredTree, ...]
     seconds: float
+    ngram: tuple[MeasuredTree, ...] = ()  # ANPD (n-gram drafts, no draft model) by K; () before it was measured
 
 
 # -- latency.json ---------------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class LatencyProfile(Artifact):
 class CurvePoint:
     """One candidate the tuner weighed at one batch size."""
 
-    kind: str  # "autoregressive", "chain", "tree", "dynamic" or "merged"
+    kind: str  # "autoregressive", "chain", "tree", "dynamic", "merged", "ngram" (ANPD) or "ppd"
     num_nodes: int
     expected_accepted: float
     predicted_tokens_per_s: float
@@ -280,7 +282,7 @@ class CurvePoint:
 
 @dataclass(frozen=True)
 class PlanChoice:
-    method: str  # what method="auto" runs: "autoregressive", "tree" or "dynamic"
+    method: str  # what method="auto" runs: "autoregressive", "tree", "dynamic", "anpd" or "ppd"
     best: CurvePoint  # the fastest candidate predicted
     best_static: CurvePoint  # the fastest static tree or chain (what method="tree" uses)
     predicted_speedup: float  # over autoregressive at this batch size

@@ -61,6 +61,7 @@ class CalibrationConfig(BundleOptions, BackendOptions):
                                             "dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
     merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
                                            "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
+    ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)")
 
 
 TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0))  # draft_temperature's grid (1.0 exact)
@@ -136,6 +137,23 @@ def chain_expectation(p: np.ndarray, length: int) -> float:
     return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))
 
 
+def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> tuple[float, float, float, dict]:
+    """Decode each prompt alone with `method`; (accepted drafted tokens, draft calls and verified nodes per round,
+    verified nodes -> rounds)."""
+    accepted = rounds = calls = nodes = 0
+    widths: Counter = Counter()
+    for prompt in prompts:
+        st = pipe.generate([prompt], max_new_tokens=new_tokens, **method)[0].stats
+        rounds += st.rounds
+        accepted += st.accepted
+        calls += st.draft_calls - st.prefill_draft_calls
+        nodes += st.drafted
+        widths.update(st.drafted_hist)
+        bar.update()
+    per = max(1, rounds)
+    return round(accepted / per, 6), round(calls / per, 4), round(nodes / per, 4), {k: widths[k] for k in sorted(widths)}
+
+
 def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
                        progress: bool = True, ngram_tokens: int = 0) -> list[MeasuredTree]:
     """Per dynamic tree size (with `ngram_tokens` n-gram drafts merged in): accepted drafted tokens, draft
@@ -146,25 +164,27 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
 
     out = []
     desc = "calibrate merged trees" if ngram_tokens else "calibrate dynamic trees"
-    bar = tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress)
-    for n in sizes:
-        method = Dynamic(num_draft_tokens=n, draft_temperature=temperature, ngram_tokens=ngram_tokens)
-        accepted = rounds = calls = nodes = 0
-        widths: Counter = Counter()
-        for prompt in prompts:
-            st = pipe.generate([prompt], method="dynamic", num_draft_tokens=n, draft_temperature=temperature,
-                               ngram_tokens=ngram_tokens, max_new_tokens=new_tokens)[0].stats
-            rounds += st.rounds
-            accepted += st.accepted
-            calls += st.draft_calls - st.prefill_draft_calls
-            nodes += st.drafted
-            widths.update(st.drafted_hist)
-            bar.update()
-        width, depth = method.shape
-        out.append(MeasuredTree(n, width, depth, round(accepted / max(1, rounds), 6), round(calls / max(1, rounds), 4),
-                                round(nodes / max(1, rounds), 4), {k: widths[k] for k in sorted(widths)},
-                                ngram_tokens, method.ngram_min_prob if ngram_tokens else None))
-    bar.close()
+    with tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress) as bar:
+        for n in sizes:
+            method = Dynamic(num_draft_tokens=n, draft_temperature=temperature, ngram_tokens=ngram_tokens)
+            measured = _measure(pipe, prompts, new_tokens, bar, method="dynamic", num_draft_tokens=n,
+                                draft_temperature=temperature, ngram_tokens=ngram_tokens)
+            width, depth = method.shape
+            out.append(MeasuredTree(n, width, depth, *measured, ngram_tokens,
+                                    method.ngram_min_prob if ngram_tokens else None))
+    return out
+
+
+def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, progress: bool = True) -> list[MeasuredTree]:
+    """Per ANPD draft length K (its other options at their defaults): accepted drafted tokens and verified nodes
+    per round, measured by decoding (n-gram drafts depend on the text itself, so no table predicts them)."""
+    from tqdm import tqdm
+
+    out = []
+    with tqdm(total=len(sizes) * len(prompts), desc="calibrate n-gram drafts", unit="prompt", disable=not progress) as bar:
+        for k in sizes:
+            measured = _measure(pipe, prompts, new_tokens, bar, method="anpd", num_draft_tokens=k)
+            out.append(MeasuredTree(k, 1, k, *measured))
     return out
 
 
@@ -202,6 +222,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         dynamic=tuple(dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)),
         merged=tuple(dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress,
                                         MERGE_NGRAM_TOKENS)),
+        ngram=tuple(ngram_acceptance(pipe, prompts, cfg.ngram_sizes, cfg.new_tokens, progress)),
         seconds=round(time.perf_counter() - t0, 2),
     )
     artifacts.save(cfg.bundle, result)

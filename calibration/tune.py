@@ -5,8 +5,9 @@ errors), else no speculation.
 For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
 says, so the predicted speed is batch * (E[accepted] + 1) / cost (PPD section 4's hardware-aware pruning,
 with the Sequoia/Medusa tree construction). Candidates: the calibrated best static trees of 1..64 nodes,
-the rank-0 chains of 1..max_depth tokens, the dynamic and merged trees whose acceptance calibration
-measured, and no speculation (L_target(batch, 1) + host work per token), which wins where drafting does
+the rank-0 chains of 1..max_depth tokens, the dynamic and merged trees and ANPD's n-gram drafts whose
+acceptance calibration measured by decoding, PPD's sparse trees where the bundle has prompt tokens, and no
+speculation (L_target(batch, 1) + host work per token), which wins where drafting does
 not pay. The plan is stamped with the machine the latency profile was measured on and the hashes of the
 acceptance and latency files it was made from.
 """
@@ -21,7 +22,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens, Stamp
 from specrt.calibration.acceptance import chain_expectation
-from specrt.calibration.cost import measured_round_cost_ms, round_cost_ms
+from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
@@ -43,7 +44,7 @@ def candidates(acceptance: Acceptance) -> list[CurvePoint]:
     out = [CurvePoint("tree", t.num_nodes, t.expected_accepted, 0.0, 0.0, 0.0, paths=t.paths) for t in acceptance.trees]
     for g in range(1, p.shape[0] + 1):
         out.append(CurvePoint("chain", g, chain_expectation(p, g), 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))
-    for kind, measured in (("dynamic", acceptance.dynamic), ("merged", acceptance.merged)):
+    for kind, measured in (("dynamic", acceptance.dynamic), ("merged", acceptance.merged), ("ngram", acceptance.ngram)):
         out += [CurvePoint(kind, m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=m.width, depth=m.depth,
                            ngram_tokens=m.ngram_tokens, ngram_min_prob=m.ngram_min_prob) for m in measured]
     return out
@@ -54,6 +55,8 @@ def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float,
     ones: interpolated)."""
     if point.kind == "autoregressive":
         return latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
+    if point.kind == "ngram":
+        return ngram_round_cost_ms(latency, batch, next(m for m in acceptance.ngram if m.num_nodes == point.num_nodes))
     if point.kind in ("dynamic", "merged"):
         measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
         return measured_round_cost_ms(latency, batch, measured[(point.num_nodes, point.ngram_tokens)])
@@ -94,7 +97,7 @@ def usable_prompt_tokens(bundle, latency: LatencyProfile) -> PromptTokens | None
 
 
 METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "tree", "dynamic": "dynamic",
-                  "merged": "dynamic", "ppd": "ppd"}
+                  "merged": "dynamic", "ngram": "anpd", "ppd": "ppd"}
 
 
 def tune(cfg: TuneConfig) -> Plan:
@@ -127,6 +130,8 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
         return "no speculation (drafting does not pay here)"
     if kind == "ppd":
         return f"PPD sparse tree of {num_nodes} rows (no draft model)"
+    if kind == "ngram":
+        return f"ANPD: up to {num_nodes} n-gram drafted tokens (no draft model)"
     what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} node{'' if num_nodes == 1 else 's'}"
     return what + (f" + up to {ngram_tokens} n-gram drafts" if ngram_tokens else "")
 

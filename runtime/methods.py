@@ -7,6 +7,8 @@
 | tree           | DraftModelDrafter, static TreeSpec   | exact match / one-hot rejection           |
 | dynamic        | DynamicTreeDrafter (EAGLE-2 style)   | exact match / one-hot rejection           |
 | auto           | what plan.json says for the batch    | as the chosen method                      |
+|                | (a tree, dynamic tree, anpd, ppd or  |                                           |
+|                | no speculation)                      |                                           |
 | anpd           | NgramDrafter (no model), chain/tree  | exact match / one-hot rejection           |
 | + ngram_tokens | sd / tree / dynamic's drafter merged | exact match / one-hot rejection           |
 |                | with an NgramDrafter (MergedDrafter) |                                           |
@@ -304,7 +306,8 @@ class Ppd(Method):
 @dataclass(frozen=True)
 class Auto(Method):
     name: ClassVar[str] = "auto"
-    summary: ClassVar[str] = "what the bundle's plan.json chose for the batch size (static or dynamic tree, or none)"
+    summary: ClassVar[str] = ("what the bundle's plan.json chose for the batch size (static or dynamic tree, ANPD, PPD, "
+                              "or none)")
 
     def resolve(self, pipe, batch_size: int) -> Method:
         """The plan's choice for this batch size, as a concrete method."""
@@ -319,6 +322,8 @@ class Auto(Method):
             return Tree(tree=best.paths)
         if choice.method == "ppd":
             return Ppd(ppd_budget=best.num_nodes)
+        if choice.method == "anpd":
+            return Anpd(num_draft_tokens=best.num_nodes)
         return Autoregressive()
 
     def build(self, pipe, params, batch_size):

@@ -122,7 +122,8 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
     return lat
 
 
-def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0):
+def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0,
+                     ngram=()):
     """An acceptance.json from a depth x rank table (and measured dynamic / merged trees)."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import Acceptance, Stamp
@@ -131,7 +132,7 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
     p = np.array(depth_rank, dtype=float)
     acc = Acceptance(Stamp.make(bundle), {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
-                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0)
+                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram))
     artifacts.save(bundle, acc)
     return acc
 

@@ -38,10 +38,10 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(demo_bundle, copy)
     cfg = CalibrationConfig(bundle=copy, num_prompts=4, new_tokens=24, max_depth=4, max_rank=4, max_nodes=8, seed=1,
-                            dynamic_sizes=(2, 6), merged_sizes=(6,))
+                            dynamic_sizes=(2, 6), merged_sizes=(6,), ngram_sizes=(3, 7))
     a = calibrate(cfg, progress=False)
     b = calibrate(cfg, progress=False)
-    assert (a.depth_rank, a.trees, a.dynamic, a.merged) == (b.depth_rank, b.trees, b.dynamic, b.merged)
+    assert (a.depth_rank, a.trees, a.dynamic, a.merged, a.ngram) == (b.depth_rank, b.trees, b.dynamic, b.merged, b.ngram)
     assert artifacts.load(copy, Acceptance) == b  # what was saved is what loads
     assert 0 < a.depth_rank[0][0] <= 1
     # dynamic trees are measured by decoding: at most `depth` drafted tokens accepted per round, and at
@@ -58,6 +58,9 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     (d6,) = [d for d in a.dynamic if d.num_nodes == 6]
     assert (m.num_nodes, m.ngram_tokens) == (6, 7) and 6 < m.nodes_per_round <= 13
     assert m.expected_accepted > d6.expected_accepted
+    # ANPD's n-gram drafts, measured by decoding: no draft calls, at most K drafted (and accepted) per round
+    assert [(g.num_nodes, g.draft_calls_per_round) for g in a.ngram] == [(3, 0.0), (7, 0.0)]
+    assert all(0 <= g.expected_accepted <= g.nodes_per_round <= g.num_nodes for g in a.ngram)
     c = calibrate(replace(cfg, seed=2), progress=False)
     assert c.depth_rank != a.depth_rank
 

@@ -11,11 +11,11 @@ from specrt.calibration.tune import TuneConfig, tune
 from tests.fakes import measured_tree, write_acceptance, write_latency
 
 
-def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,), host_ms=None):
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,), host_ms=None, ngram=()):
     """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
     if not (tmp_path / "manifest.json").is_file():
         (tmp_path / "manifest.json").write_text("{}")
-    write_acceptance(tmp_path, depth_rank, dynamic, merged)
+    write_acceptance(tmp_path, depth_rank, dynamic, merged, ngram=ngram)
     write_latency(tmp_path, target_ms, draft_ms, batches, host_ms=host_ms)
     return tmp_path
 
@@ -141,6 +141,36 @@ def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_
     assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
 
 
+def test_measured_ngram_drafts_are_a_candidate_and_auto_runs_anpd(demo_bundle, tmp_path):
+    """ANPD (no draft model) is weighed from its acceptance measured by decoding: with an expensive draft model and
+    n-gram drafts that are accepted well, the plan picks it and auto runs it, token-identical to AR."""
+    import shutil
+
+    from specrt.calibration.tune import describe_plan
+    from specrt.runtime.drafters import NgramDrafter
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    ngram = [measured_tree(3, 1, 3, 0.9, 0.0, per_round=2.0), measured_tree(7, 1, 7, 1.2, 0.0, per_round=5.0)]
+    write_bundle(b, [[0.5, 0.1], [0.5, 0.1]], lambda n: 10 + 0.1 * n, lambda n: 5.0, ngram=ngram)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    choice = plan.choices[1]
+    assert (choice.method, choice.best.kind, choice.best.num_nodes) == ("anpd", "ngram", 7)
+    row = next(r for r in plan.curves[1] if r.kind == "ngram" and r.num_nodes == 7)
+    # target L(5 + 1) = 10.6 ms (the hist-free width is nodes per round), no draft model, no host term here
+    assert row.predicted_tokens_per_s == pytest.approx(1e3 * 2.2 / 10.6, rel=1e-3)
+    assert "ANPD: up to 7 n-gram drafted tokens" in describe_plan(plan)
+    pipe = Pipeline.load(b, threads=2)
+    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    assert isinstance(drafter, NgramDrafter) and drafter.num_draft_tokens == 7
+    prompts = ["def add(a, b):", "import os\n"]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
+    assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
+
+
 def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
     import shutil
 
@@ -213,7 +243,7 @@ def test_the_readme_tuning_flow_with_default_threads(demo_bundle, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
     calibrate(CalibrationConfig(bundle=b, num_prompts=2, new_tokens=16, max_depth=3, max_rank=3, max_nodes=6,
-                                dynamic_sizes=(4,), merged_sizes=()), progress=False)
+                                dynamic_sizes=(4,), merged_sizes=(), ngram_sizes=(5,)), progress=False)
     profile(ProfileConfig(bundle=b, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 2, 4, 8), repeats=1, warmup=0),
             progress=False)
     tune(TuneConfig(bundle=b, batch_sizes=(1,)))
