@@ -267,6 +267,7 @@ class Pipeline:
     def _sequences(self, prompts, max_new_tokens: list[int], slack: int) -> list[SeqState]:
         seqs = []
         for i, (p, max_new_tokens) in enumerate(zip(prompts, max_new_tokens)):
+            DecodeOptions(max_new_tokens)  # each limit checked as one
             ids = self.encode(p)
             need = len(ids) + max_new_tokens + slack
             if need > self.max_context:
@@ -362,6 +363,7 @@ class Pipeline:
         runners back."""
         from specrt.runtime.server import Server
 
+        DecodeOptions(seed=seed, batch_size=max_batch)  # checked as generate checks them
         return Server(self, method, max_batch, temperature, top_k, top_p, seed, **options)
 
     def decode(self, ids) -> str:

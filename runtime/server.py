@@ -130,11 +130,9 @@ class _Queue(Waiting):
 class Server:
     def __init__(self, pipe, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, **options):
-        from specrt.runtime.pipeline import DecodeOptions
-
+        """Made by Pipeline.server, which checks max_batch and seed."""
         self.pipe = pipe
         self.params = SamplingParams(temperature, top_k, top_p)
-        DecodeOptions(seed=seed, batch_size=max_batch)  # checks both as generate does
         self.max_batch = max_batch
         self._scheduler, self._slack = pipe._scheduler(method, options, self.params, max_batch)
         self._rng = np.random.default_rng(seed)
@@ -151,14 +149,11 @@ class Server:
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128) -> Request:
         """Queue one request (a string or token ids); returns at once. Raises InvalidRequestError for a bad
         prompt or limit, in this thread, and after close()."""
-        from specrt.runtime.pipeline import DecodeOptions
-
-        DecodeOptions(max_new_tokens)
         with self._lock:
             if self._closing:
                 raise InvalidRequestError("this server is closed: submit to a new one")
             index = self._submitted
-            (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for a bad prompt
+            (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
             seq.index = index
             seq.started = time.perf_counter()
             request = Request(self, seq)
