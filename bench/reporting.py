@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -223,7 +224,7 @@ def results_table(results: list[tuple[Path, str, dict]], docs_page: str) -> list
     """The README's results table: a headline per committed bench result, its date and where its table is."""
     lines = ["| result | measured | date | command |", "|---|---|---|---|"]
     for path, verb, data in results:
-        anchor = VERBS[verb][1].lower().replace(":", "").replace(" / ", "--").replace(" ", "-")
+        anchor = re.sub(r"[^\w\- ]", "", VERBS[verb][1].lower()).replace(" ", "-")  # as GitHub makes heading anchors
         lines.append(f"| [`{path.stem}`]({docs_page}#{anchor}) | {headline(verb, data)} | {data.get('date', '-')} | "
                      f"`{bench_command(verb, data)}` |")
     return lines

@@ -1,5 +1,5 @@
 """`specrt tune` (after `specrt calibrate` and `specrt profile`): pick, per batch size, the speculation with
-the best predicted speed, if it beats no speculation by a margin (`min_gain`, 5%: the size of the cost model's
+the best predicted speed, if it beats no speculation by a margin (`min_gain`, 15%: the size of the cost model's
 errors), else no speculation.
 
 For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
@@ -33,9 +33,11 @@ from specrt.runtime.tree import TreeSpec
 @dataclass(frozen=True)
 class TuneConfig(BundleOptions):
     batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)")
-    # bench batch (tiny pair, batch 1): a tree predicted 1.02x AR ran at 0.87x; predictions carry errors of that size
-    min_gain: float = option(0.05, "speculate only where predicted at least this much faster than no speculation "
-                                   "(0.05: 5%); below it, autoregressive, the safe default", ge=0)
+    # bench batch on the tiny pair: a tree predicted at 1.02x AR ran at 0.87x, ANPD predicted at 1.09x ran at 0.91x
+    # (its n-gram acceptance on the held-out text overstated HumanEval's): a gain inside the cost model's error
+    # band (issue 14 asks for +-15%) is no reason to speculate
+    min_gain: float = option(0.15, "speculate only where predicted at least this much faster than no speculation "
+                                   "(0.15: 15%, the cost model's error band); below it, autoregressive", ge=0)
 
 
 def candidates(acceptance: Acceptance) -> list[CurvePoint]:

@@ -149,13 +149,13 @@ class Server:
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128) -> Request:
         """Queue one request (a string or token ids); returns at once. Raises InvalidRequestError for a bad
         prompt or limit, in this thread, and after close()."""
+        started = time.perf_counter()
+        (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
         with self._lock:
             if self._closing:
                 raise InvalidRequestError("this server is closed: submit to a new one")
             index = self._submitted
-            (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
-            seq.index = index
-            seq.started = time.perf_counter()
+            seq.index, seq.started = index, started
             request = Request(self, seq)
             self._requests[index] = request
             self._submitted += 1
