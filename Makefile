@@ -122,9 +122,13 @@ bench-ppd: $(STAMP)
 	test -f $(OUT)/ppd.json || $(MAKE) ppd
 	$(BIN)/specrt bench ppd --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
-# throughput and request latency by batch size, continuous against static batching
+# throughput and request latency by batch size: continuous against static, unpadded against padded, measured against
+# the cost model, auto against the rest (auto needs the bundle's plan, tuned for batch sizes 1-16)
 bench-batch: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
+	test -f $(OUT)/plan.json || ($(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS) && \
+		$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS) --batch-sizes 1,2,4,8,16 && \
+		$(BIN)/specrt tune --bundle $(OUT) --batch-sizes 1,2,4,8,16)
 	$(BIN)/specrt bench batch --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
 soak: $(STAMP)
