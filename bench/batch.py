@@ -155,8 +155,8 @@ def predictor(pipe, requests: list[tuple[int, int]]):
 
     try:
         acceptance, latency = pipe.acceptance(), pipe.latency()
-    except BundleError as e:
-        return (lambda *a: (None, None)), str(e)
+    except BundleError as e:  # said with the bundle as given: no machine path in a committed result
+        return (lambda *a: (None, None)), str(e).replace(str(Path(pipe.bundle).resolve()), str(pipe.bundle))
     p = np.array(acceptance.depth_rank)
     plan = pipe.plan() if pipe.has_plan() else None
 
