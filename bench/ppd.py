@@ -5,7 +5,9 @@ autoregressive, the comparison methods (sd, dynamic, anpd by default), PPD at th
 profile picks (where this machine is profiled) and at each `--budgets` size, and at the picked size the
 paper's ablations at that size (at least 2ek + 1 rows, so that the naive tree has a candidate): the sparse
 tree, the naive tree (every node carries all k prompt tokens, no pruning) and a random tree (the sparse
-tree's candidates and number of prompt tokens, placed at random). Per row: tokens/s, speedup over AR,
+tree's candidates and number of prompt tokens, placed at random). With `--temperature` > 0, also AR and the picked
+PPD tree sampled at that temperature, PPD verified both ways: lossless one-hot rejection and typical acceptance (not
+lossless; its speedup is against the sampled AR). Per row: tokens/s, speedup over AR,
 tokens per target call, and for PPD rows the share of rounds accepting at least d candidates (d = 1..k:
 accepted length by distance). From ppd.json: guess accuracy by distance for the trained prompt tokens, the
 untrained ones and the no-prompt-token baseline (the last position's own logits), the accepted length per
@@ -34,6 +36,8 @@ class PpdBenchConfig(BenchConfig, BackendOptions):
     methods: tuple[str, ...] = option(("sd", "dynamic", "anpd"), "methods to compare with (defaults of each)")
     budgets: tuple[int, ...] = option((4, 8, 16, 32), "PPD tree sizes measured besides the picked one ('' for none)")
     ablations: bool = option(True, "also the naive and random trees at the picked size")
+    temperature: float = option(0.7, "also AR and the picked PPD tree sampled at this temperature, PPD verified by "
+                                     "lossless rejection and by typical acceptance (0: none)", ge=0)
 
 
 def _row_stats(outs) -> tuple[int, int, np.ndarray, list]:
@@ -71,22 +75,34 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
             configs[f"ppd {what} tree ({ablation} rows)"] = (
                 "ppd", {"ppd_tree": {"paths": [list(p) for p in t.paths], "prompts": list(t.prompts)}})
 
+    sampled = f"T={cfg.temperature:g}"
+    if cfg.temperature:
+        sampling = {"temperature": cfg.temperature, "seed": 0}
+        configs[f"autoregressive, {sampled}"] = ("autoregressive", sampling)
+        for acceptance in ("exact", "typical"):
+            configs[f"ppd {acceptance}, {sampled} (picked)"] = (
+                "ppd", {**sampling, "ppd_budget": picked.budget, "ppd_acceptance": acceptance})
+
     def run(method, options):
         return _row_stats(pipe.generate(prompts, method=method, max_new_tokens=cfg.max_new_tokens, **options))
 
     seconds, stats = timed_runs({n: (lambda c=c: run(*c)) for n, c in configs.items()}, cfg.runs, 1, f"bench ppd {cfg.label}")
-    base_tokens, _, _, base_ids = stats["autoregressive"]
-    base = base_tokens / statistics.median(seconds["autoregressive"])
+    def speed(name):
+        return stats[name][0] / statistics.median(seconds[name])
+
+    base_ids = stats["autoregressive"][3]
     k = tokens.num_prompt_tokens
     rows = []
     for name, (method, options) in configs.items():
         n, rounds, hist, ids = stats[name]
-        speed = n / statistics.median(seconds[name])
+        hot = bool(options.get("temperature"))  # sampled rows: against the sampled AR; token identity does not apply
         at_least = [round(float(hist[d:].sum() / max(1, hist.sum())), 4) for d in range(1, k + 1)]
-        rows.append({"name": name, "method": method, "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speed / base, 3),
+        rows.append({"name": name, "method": method, "tokens_per_s": round(speed(name), 2),
+                     "speedup_vs_ar": round(speed(name) / speed(f"autoregressive, {sampled}" if hot else "autoregressive"), 3),
+                     "temperature": options.get("temperature", 0.0), "acceptance": options.get("ppd_acceptance"),
                      "tokens_per_target_call": round(n / rounds, 3),
                      "accepted_at_least": at_least if method == "ppd" else None,
-                     "same_tokens_as_ar": ids == base_ids, "runs_s": [round(s, 3) for s in seconds[name]]})
+                     "same_tokens_as_ar": None if hot else ids == base_ids, "runs_s": [round(s, 3) for s in seconds[name]]})
     predicted = {what: round(score(np.array(table), list(picked.paths), list(picked.prompts), e)[0], 4)
                  for what, table in (("trained", tokens.accuracy), ("untrained", tokens.initial_accuracy),
                                      ("no prompt tokens", tokens.baseline_accuracy))}
@@ -110,7 +126,9 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
 def markdown(data: dict) -> str:
     c, s = data["config"], data["summary"]
     k = len(s["accuracy"]["trained"])
-    lines = [f"### PPD `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy, "
+    hot = f"; rows marked T= sample at that temperature (vs the sampled AR; typical acceptance is not lossless)" \
+        if c.get("temperature") else ""
+    lines = [f"### PPD `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy{hot}, "
              f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",
              "| row | tokens/s | vs AR | tokens/target call | " + " | ".join(f"rounds accepting >= {d}" for d in range(1, k + 1))
              + " | same tokens as AR |", "|---|---:|---:|---:|" + "---:|" * k + "---:|"]
@@ -118,7 +136,7 @@ def markdown(data: dict) -> str:
         shares = r["accepted_at_least"] or [None] * k
         lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}x | {r['tokens_per_target_call']:.2f} | "
                      + " | ".join("-" if v is None else f"{v:.1%}" for v in shares)
-                     + f" | {'yes' if r['same_tokens_as_ar'] else 'NO'} |")
+                     + f" | {({True: 'yes', False: 'NO', None: '-'})[r['same_tokens_as_ar']]} |")
     lines += ["", "| guess of distance | trained top-1 | untrained top-1 | no prompt tokens top-1 | trained top-"
                   f"{len(s['accuracy']['trained'][0])} |", "|---:|---:|---:|---:|---:|"]
     for d in range(k):

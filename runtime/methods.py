@@ -13,8 +13,8 @@
 | + ngram_tokens | sd / tree / dynamic's drafter merged | exact match / one-hot rejection           |
 |                | with an NgramDrafter (MergedDrafter) |                                           |
 | mtad           | BeamDrafter (best beam or top beams) | JointLikelihoodVerifier (not lossless)    |
-| ppd            | PromptTokenDrafter: the target's own | exact match / one-hot rejection           |
-|                | prompt-token guesses, sparse tree    |                                           |
+| ppd            | PromptTokenDrafter: the target's own | exact match / one-hot rejection, or       |
+|                | prompt-token guesses, sparse tree    | typical acceptance (not lossless)         |
 
 Each method is a frozen dataclass of its own options, their defaults, bounds and help declared once next
 to its builder, registered by name in METHODS. `make_method(name, options)` refuses, by name, an option
@@ -32,7 +32,7 @@ from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, Drafter, Dy
                                      NgramDrafter, PromptTokenDrafter)
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
-from specrt.runtime.verify import JointLikelihoodVerifier, make_verifier
+from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best static tree replaces it once `specrt tune` has run.
@@ -267,8 +267,19 @@ class Ppd(Method):
     ppd_tree: object = option(None, "a sparse tree of your own instead: {\"paths\": [[0], [1], [0, 0]], \"prompts\": "
                                     "[3, 1, 0, 0]} (candidates as child ranks; prompt tokens of the root, then of each "
                                     "candidate)", metavar="JSON")
+    ppd_acceptance: str = option("exact", "exact: exact match, or lossless one-hot rejection when sampling; typical: "
+                                          "Medusa's typical acceptance (temperature > 0 only; NOT lossless)",
+                                 choices=("exact", "typical"))
+    typical_epsilon: float = option(0.09, "typical acceptance: accept p(x) > min(epsilon, delta * exp(-entropy))",
+                                    gt=0, le=1)
+    typical_delta: float = option(0.3, "typical acceptance: delta of that threshold", gt=0, le=1)
 
     def _validate(self):
+        if self.ppd_acceptance != "typical":
+            given = [f.name for f in fields(self) if f.name.startswith("typical_") and getattr(self, f.name) != f.default]
+            if given:
+                raise InvalidRequestError(f"{', '.join(given)} apply to typical acceptance: give ppd_acceptance "
+                                          "'typical'")
         if self.ppd_tree is None:
             return
         if self.ppd_budget is not None:
@@ -299,7 +310,14 @@ class Ppd(Method):
             tree = tokens.tree(self.ppd_budget) if self.ppd_budget is not None else pipe.ppd_tree(batch_size)
             paths, prompts = tree.paths, tree.prompts
         drafter = PromptTokenDrafter(paths, prompts, tokens.vocab_size, tokens.num_prompt_tokens, tokens.num_ensemble)
-        return Built(drafter, make_verifier(params), len(paths) + tokens.num_ensemble * sum(prompts) + 1)
+        if self.ppd_acceptance == "typical":
+            if params.greedy:
+                raise InvalidRequestError("ppd_acceptance 'typical' needs temperature > 0 (greedy PPD verifies by "
+                                          "exact match)")
+            verifier = TypicalVerifier(self.typical_epsilon, self.typical_delta)
+        else:
+            verifier = make_verifier(params)
+        return Built(drafter, verifier, len(paths) + tokens.num_ensemble * sum(prompts) + 1)
 
 
 @register

@@ -12,6 +12,8 @@
   Deterministic drafts (top-k children, n-grams; `draft_probs is None`) are one-hot proposals: trying
   children in order with q = one-hot is the same as drawing y ~ p and following the child whose token
   is y, if any; otherwise y is the bonus. Also lossless.
+- TypicalVerifier: typical acceptance (Medusa, Cai et al. 2024; one of PPD's two verification schemes).
+  Not lossless: it keeps drafted tokens the target finds plausible, not only those it would have drawn.
 """
 
 from __future__ import annotations
@@ -149,6 +151,64 @@ class JointLikelihoodVerifier:
         row = logits[path[-1] + 1 if path else 0]
         bonus = int(row.argmax()) if params.greedy else sample(warp(row, params), rng)
         return Verdict(path, bonus)
+
+
+class TypicalVerifier:
+    """Typical acceptance: drafted token x below a node is accepted where the target's warped probability there
+    passes p(x) > min(epsilon, delta * exp(-H(p))), H the entropy of p (Medusa's criterion, Cai et al. 2024,
+    used by PPD; defaults epsilon 0.09 and delta 0.3 as in Medusa's released code). Low-entropy rows demand
+    a likely token, high-entropy rows (where many continuations are fine) take less likely ones too.
+
+    Every node whose ancestors all pass is a candidate end; the deepest wins (ties: the likeliest under the
+    target). The bonus is sampled from p truncated to the tokens that pass the same threshold, so every emitted
+    token passes it; the argmax always does (p_max >= exp(-H) >= delta * exp(-H) for delta <= 1). Needs
+    temperature > 0: at temperature 0 the exact-match verifier is the method. Not lossless: the emitted
+    distribution is not the target's, and a draft changes what is emitted.
+    """
+
+    def __init__(self, epsilon: float, delta: float):
+        if not 0 < epsilon <= 1 or not 0 < delta <= 1:
+            raise ValueError(f"typical acceptance needs epsilon and delta in (0, 1], got {epsilon}, {delta}")
+        self.epsilon, self.delta = epsilon, delta
+
+    def thresholds(self, probs: np.ndarray) -> np.ndarray:
+        """[...] the acceptance threshold of each distribution [..., V]."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropy = -np.where(probs > 0, probs * np.log(probs), 0.0).sum(axis=-1)
+        return np.minimum(self.epsilon, self.delta * np.exp(-entropy))
+
+    def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+        if params.greedy:
+            raise ValueError("typical acceptance needs temperature > 0 (greedy decoding verifies by exact match)")
+        path: list[int] = []
+        if len(tree):
+            rows = tree.parents + 1  # the row whose distribution scores each node
+            used = np.unique(rows)
+            probs = warp(logits[used], params)  # [R, V]
+            where = np.searchsorted(used, rows)
+            vocab = probs.shape[-1]
+            ok = tree.tokens < vocab  # ids past the vocabulary (PPD's prompt tokens) are never accepted
+            p = np.zeros(len(tree))
+            p[ok] = probs[where[ok], tree.tokens[ok]]
+            ok &= p > self.thresholds(probs)[where]
+            alive, logp = ok.copy(), np.where(ok, np.log(np.where(ok, p, 1.0)), -np.inf)
+            for i, parent in enumerate(tree.parents):  # parents come first
+                if parent >= 0 and alive[i]:
+                    alive[i] = alive[parent]
+                    logp[i] += logp[parent]
+            ends = np.flatnonzero(alive)
+            if len(ends):
+                depth = tree.depths()[ends + 1]
+                node = int(ends[np.lexsort((-logp[ends], -depth))[0]])
+                while node >= 0:
+                    path.append(node)
+                    node = int(tree.parents[node])
+                path.reverse()
+        p = warp(logits[path[-1] + 1 if path else 0], params)
+        keep = p > self.thresholds(p)
+        if keep.any():  # not for a uniform p with delta = 1, where nothing passes strictly
+            p = np.where(keep, p, 0.0)
+        return Verdict(path, sample(p / p.sum(), rng))
 
 
 def make_verifier(params: SamplingParams):

@@ -61,6 +61,49 @@ def test_sampling_ppd_uses_the_lossless_one_hot_verifier(ppd_bundle):
     assert a.token_ids == b.token_ids and len(a.token_ids) == 16 and max(a.token_ids) < 4096
 
 
+def test_typical_acceptance_emits_only_tokens_that_pass_its_threshold(ppd_bundle):
+    """Typical acceptance is not lossless, but every token it emits, accepted guess or bonus, passes Medusa's
+    threshold under the target's own (teacher-forced) distribution at its position; rejection sampling at the
+    same temperature emits tokens below it."""
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams, warp
+    from specrt.runtime.step_inputs import pack_step
+    from specrt.runtime.verify import TypicalVerifier
+
+    pipe = Pipeline.load(ppd_bundle, threads=2)
+    params, check = SamplingParams(temperature=1.0), TypicalVerifier(0.09, 0.3)
+    prompt = pipe.encode("def fibonacci(n):")
+
+    def below_threshold(acceptance):
+        [out] = pipe.generate([prompt], method="ppd", max_new_tokens=48, temperature=1.0, seed=5, ppd_budget=8,
+                              ppd_acceptance=acceptance)
+        ids = np.array(prompt + out.token_ids[:-1])
+        with pipe.target.runner() as r:  # one teacher-forced step over the prompt and the output
+            cache = r.new_cache(1)
+            logits = r.step(*pack_step(cache, [ids], [np.arange(len(ids))]), cache)[0][0]
+        p = warp(logits[len(prompt) - 1:], params)
+        passes = p[np.arange(len(out.token_ids)), out.token_ids] > check.thresholds(p)
+        return int((~passes).sum()), out
+
+    misses, typical = below_threshold("typical")
+    assert misses == 0 and len(typical.token_ids) == 48
+    assert typical.stats.target_calls < 48  # guesses were accepted
+    assert below_threshold("exact")[0] > 0  # the lossless sampler does emit unlikely tokens
+
+
+def test_typical_acceptance_is_refused_where_it_does_not_apply(ppd_bundle):
+    from specrt.errors import InvalidRequestError
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(ppd_bundle, threads=2)
+    with pytest.raises(InvalidRequestError, match="temperature > 0"):
+        pipe.generate("def f(x):", method="ppd", max_new_tokens=4, ppd_acceptance="typical")
+    with pytest.raises(InvalidRequestError, match="typical_delta apply to typical acceptance"):
+        pipe.generate("def f(x):", method="ppd", max_new_tokens=4, temperature=0.5, typical_delta=0.5)
+    with pytest.raises(InvalidRequestError, match="ppd_acceptance must be one of"):
+        pipe.generate("def f(x):", method="ppd", max_new_tokens=4, ppd_acceptance="loose")
+
+
 def test_both_backends_compute_the_same_prompt_token_logits(ppd_bundle):
     from specrt.runtime.pipeline import Pipeline
     from specrt.runtime.step_inputs import pack_step

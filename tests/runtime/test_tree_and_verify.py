@@ -182,3 +182,39 @@ def test_vectorised_greedy_tree_verification_matches_the_walk():
         fast = GreedyVerifier().verify(DraftTree(tokens, spec.parents, spec=spec), logits, GREEDY, None)
         walk = GreedyVerifier().verify(DraftTree(tokens, spec.parents), logits, GREEDY, None)
         assert (fast.path, fast.bonus) == (walk.path, walk.bonus)
+
+
+def logits_of(probs):
+    return np.log(np.asarray(probs, np.float64))
+
+
+def test_typical_threshold_by_hand():
+    from specrt.runtime.verify import TypicalVerifier
+
+    v = TypicalVerifier(epsilon=0.09, delta=0.3)
+    # uniform over 4: H = log 4, delta * exp(-H) = 0.075 < epsilon; a peaked row: epsilon caps it
+    assert v.thresholds(np.full(4, 0.25)) == pytest.approx(0.075)
+    assert v.thresholds(np.array([0.97, 0.01, 0.01, 0.01])) == pytest.approx(0.09)
+
+
+def test_typical_acceptance_keeps_plausible_tokens_and_takes_the_deepest_path():
+    from specrt.runtime.verify import TypicalVerifier
+
+    params = SamplingParams(temperature=1.0)
+    v = TypicalVerifier(epsilon=0.09, delta=0.3)
+    flat = [0.3, 0.3, 0.2, 0.2]  # threshold min(0.09, 0.3 exp(-H)) = 0.077: every token passes
+    peaked = [0.94, 0.02, 0.02, 0.02]  # threshold 0.09: only token 0 passes
+    #   root -> n0 (token 2, passes under flat) -> n2 (token 1, fails under peaked)
+    #        -> n1 (token 3, passes)            -> n3 (token 0, passes) -> n4 (prompt id 9: never accepted)
+    tree = DraftTree(np.array([2, 3, 1, 0, 9]), np.array([-1, -1, 0, 1, 3]))
+    logits = logits_of([flat, peaked, [0.25] * 4, peaked, [0.25] * 4, peaked])
+    for seed in range(20):
+        verdict = v.verify(tree, logits, params, np.random.default_rng(seed))
+        assert verdict.path == [1, 3]  # not the argmax at the root (token 0) nor n0's branch: the deeper one
+        assert verdict.bonus in (0, 1, 2, 3)  # row of n3 is uniform: everything passes 0.075
+    # a lone token below the threshold is rejected, and the bonus passes it: only token 0 under `peaked`
+    lone = DraftTree.chain([1])
+    bonuses = {v.verify(lone, logits_of([peaked, flat]), params, np.random.default_rng(s)).bonus for s in range(50)}
+    assert bonuses == {0}
+    with pytest.raises(ValueError, match="temperature > 0"):
+        v.verify(lone, logits_of([peaked, flat]), GREEDY, np.random.default_rng(0))
