@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize inplace triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,21 @@ build: $(STAMP)
 SCHEME    ?= int8-weights
 quantize: $(STAMP)
 	$(BIN)/specrt quantize --bundle $(OUT) --scheme $(SCHEME)
+
+# the tuner choosing between the exported graphs and quantized variants (SCHEMES=a,b): each variant quantized,
+# calibrated and profiled on its own (beside its graphs, quant/<scheme>/), then one plan that names the variant it
+# picked (a quantized one only where predicted >= 15% faster: it decodes other tokens); run it with --quant plan
+SCHEMES   ?= int8-weights
+comma     := ,
+tune-variants: $(STAMP)
+	test -f $(OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS)
+	test -f $(OUT)/latency.json || $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
+	for s in $(subst $(comma), ,$(SCHEMES)); do \
+	  $(BIN)/specrt quantize --bundle $(OUT) --scheme $$s && \
+	  $(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS) --quant $$s && \
+	  $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS) --quant $$s || exit 1; \
+	done
+	$(BIN)/specrt tune --bundle $(OUT) --variants exported,$(SCHEMES)
 
 # step graphs that write their K/V into the cache in place (TensorRT's KV-cache route); run with --kv-update graph
 inplace: $(STAMP)

@@ -275,6 +275,8 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
             # what makes it: all its inputs where it is missing, itself alone where it exists
             "command": cls.command(bundle, artifact.stamp.machine if artifact else None, "stale" if present else "missing")}
     latency, acceptance, plan = read[LatencyProfile], read[Acceptance], read[Plan]
+    if plan is not None and plan.quant:  # tuned over variants, it picked a quantized one: show its evidence
+        latency, acceptance = (artifacts.read(bundle, cls, quant=plan.quant)[0] for cls in (LatencyProfile, Acceptance))
     facts["machine"] = _plain(latency.stamp.machine) if latency and latency.stamp.machine else None
     facts["latency"] = None if latency is None else {
         "curves": {role: {str(b): {str(n): round(latency.step_ms(role, b, n), 4) for n in sorted({n for c in per.values() for n in c})
@@ -292,8 +294,10 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "trees": [(t.num_nodes, t.expected_accepted) for t in acceptance.trees],
         "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {
-        "choices": _plain(plan.choices), "curves": _plain(plan.curves),
-        "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"}
+        "choices": _plain(plan.choices), "curves": _plain(plan.curves), "quant": plan.quant,
+        "variants": _plain(plan.variants),
+        "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"
+                   + (f" --variants {','.join(plan.variants)}" if plan.variants and len(plan.variants) > 1 else "")}
     facts["engines"] = {cls.FILE: _plain(read[cls]) for cls in (EngineSet, TrtEngineSet, QuantSet) if read[cls]}
     ppd = read[PromptTokens]
     facts["ppd"] = None if ppd is None else {
@@ -368,6 +372,13 @@ def recommendation(facts: dict) -> list[str]:
     if state != "ok":
         lines += [f"**The plan would be refused here:** {state}", ""]
     roof = lat["roofline_ms"]["target"] if lat else None
+    variants = plan.get("variants") or {}
+    if len(variants) > 1:
+        lines += [f"Tuned over variants of the step graphs, the plan picked **{plan['quant'] or 'exported'}** (load "
+                  f"with `--quant {plan['quant'] or 'plan'}`); predicted tok/s at batch "
+                  f"{', '.join(map(str, next(iter(variants.values()))))}: "
+                  + "; ".join(f"{v} {', '.join(f'{x:.1f}' for x in speed.values())}" for v, speed in variants.items())
+                  + ". The figures below are the picked variant's.", ""]
     lines += ["`method=\"auto\"` runs, per batch size, what the tuner predicts fastest on this machine:", "",
               "| batch | run | predicted tok/s | vs autoregressive | measured tok/s (decode) | measured / predicted | "
               "of roofline |", "|---:|---|---:|---:|---:|---:|---:|"]

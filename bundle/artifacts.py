@@ -56,6 +56,9 @@ class Artifact:
     FILE: ClassVar[str]
     FORMAT: ClassVar[int]
     COMMAND: ClassVar[str]  # what makes it; {bundle} and {flags} (the machine's backend flags) are filled in
+    # measured on one variant of the step graphs: the exported graphs' at FILE, quantized variant S's at
+    # quant/S/FILE (beside its graphs), so that the tuner can weigh variants side by side
+    PER_VARIANT: ClassVar[bool] = False
 
     stamp: Stamp
 
@@ -64,51 +67,68 @@ class Artifact:
         """What to run to (re)make it; `reason` is "missing", "machine" (measured elsewhere) or "stale"."""
         return cls.COMMAND.format(bundle=bundle, flags=machine.flags() if machine else "").replace("  ", " ").strip()
 
+    @classmethod
+    def file(cls, quant: str | None = None) -> str:
+        """Where it lies in the bundle (relative): per variant of the step graphs for PER_VARIANT artifacts."""
+        return f"quant/{quant}/{cls.FILE}" if quant and cls.PER_VARIANT else cls.FILE
+
+    @classmethod
+    def variant_command(cls, bundle: Path, machine: Machine | None, reason: str, quant: str | None) -> str:
+        cmd = cls.command(bundle, machine, reason)
+        return cmd + (f" --quant {quant}" if quant and cls.PER_VARIANT and f"--quant {quant}" not in cmd else "")
+
     def mismatch(self) -> str | None:
         """Why this artifact cannot be used in this process beyond its stamp (libraries, devices), or None."""
         return None
 
 
-def save(bundle: Path, artifact: Artifact) -> Path:
-    """Write atomically into the bundle; returns the path."""
-    path = Path(bundle) / artifact.FILE
+def save(bundle: Path, artifact: Artifact, quant: str | None = None) -> Path:
+    """Write atomically into the bundle (a PER_VARIANT artifact: where variant `quant`'s lie); returns the path."""
+    path = Path(bundle) / artifact.file(quant)
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"format": artifact.FORMAT, **to_data(artifact)})
     return path
 
 
-def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None, here: bool = True) -> Artifact:
+def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None, here: bool = True,
+         quant: str | None = None) -> Artifact:
     """The bundle's artifact of this type, checked against the bundle and (if given) this machine; and with
-    `here`, against this process's libraries and devices (Artifact.mismatch: engines built elsewhere)."""
+    `here`, against this process's libraries and devices (Artifact.mismatch: engines built elsewhere). A
+    PER_VARIANT artifact is variant `quant`'s, else the machine's variant (Machine.quant)."""
     bundle = Path(bundle).resolve()
-    path = bundle / cls.FILE
-    redo = f"re-run `{cls.command(bundle, machine, 'stale')}`"
+    if quant is None and machine is not None:
+        quant = machine.quant
+    name = cls.file(quant)
+    path = bundle / name
+    redo = f"re-run `{cls.variant_command(bundle, machine, 'stale', quant)}`"
     if not path.is_file():
-        raise BundleError(f"no {cls.FILE} in {bundle}: run `{cls.command(bundle, machine)}` first")
+        raise BundleError(f"no {name} in {bundle}: run `{cls.variant_command(bundle, machine, 'missing', quant)}` first")
     artifact = _parse(cls, path, redo)
     stamp = artifact.stamp
     if stamp.manifest_sha256 != manifest_sha256(bundle):
         raise BundleError(f"{path} was made for another export of this bundle (its manifest.json changed): {redo}")
     if machine is not None and stamp.machine is not None and stamp.machine != machine:
         raise BundleError(f"{path} was measured on {stamp.machine.describe()}, but this is {machine.describe()}: "
-                          f"re-run `{cls.command(bundle, machine, 'machine')}` here")
-    for name, digest in stamp.inputs.items():
-        if not (bundle / name).is_file() or sha256_file(bundle / name) != digest:
-            raise BundleError(f"{path} was made from an earlier {name} (it changed or is gone since): {redo}")
+                          f"re-run `{cls.variant_command(bundle, machine, 'machine', quant)}` here")
+    for input_name, digest in stamp.inputs.items():
+        if not (bundle / input_name).is_file() or sha256_file(bundle / input_name) != digest:
+            raise BundleError(f"{path} was made from an earlier {input_name} (it changed or is gone since): {redo}")
     why = artifact.mismatch() if here else None
     if why:
-        raise BundleError(f"{path} {why}: re-run `{cls.command(bundle, machine, 'machine')}` here")
+        raise BundleError(f"{path} {why}: re-run `{cls.variant_command(bundle, machine, 'machine', quant)}` here")
     return artifact
 
 
-def read(bundle: Path, cls: type[Artifact]) -> tuple[Artifact | None, str]:
-    """The bundle's artifact of this type for reading about it (a report), and "ok" or why `load` would refuse
-    it (not counting this process's devices); the artifact is None only when it is missing or unreadable."""
+def read(bundle: Path, cls: type[Artifact], quant: str | None = None) -> tuple[Artifact | None, str]:
+    """The bundle's artifact of this type (of variant `quant`, for PER_VARIANT ones) for reading about it (a
+    report), and "ok" or why `load` would refuse it (not counting this process's devices); the artifact is None
+    only when it is missing or unreadable."""
     try:
-        return load(bundle, cls, here=False), "ok"
+        return load(bundle, cls, here=False, quant=quant), "ok"
     except SpecrtError as e:
         why = str(e)
     try:
-        return _parse(cls, Path(bundle).resolve() / cls.FILE, ""), why
+        return _parse(cls, Path(bundle).resolve() / cls.file(quant), ""), why
     except (OSError, SpecrtError):
         return None, why
 
@@ -142,11 +162,12 @@ def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]
     """(file, "ok" or why it would be refused) for every artifact type: what `specrt inspect` prints."""
     out = []
     for cls in ARTIFACTS:
+        name = cls.file(machine.quant if machine else None)
         try:
             load(bundle, cls, machine)
-            out.append((cls.FILE, "ok"))
+            out.append((name, "ok"))
         except SpecrtError as e:
-            out.append((cls.FILE, str(e)))
+            out.append((name, str(e)))
     return out
 
 
@@ -181,6 +202,7 @@ class Acceptance(Artifact):
     FILE: ClassVar[str] = "acceptance.json"
     FORMAT: ClassVar[int] = 1
     COMMAND: ClassVar[str] = "specrt calibrate --bundle {bundle}"
+    PER_VARIANT: ClassVar[bool] = True  # a quantized target accepts other drafts
 
     config: dict  # the CalibrationConfig it was made with
     num_positions: int
@@ -207,6 +229,7 @@ class LatencyProfile(Artifact):
     FILE: ClassVar[str] = "latency.json"
     FORMAT: ClassVar[int] = 1
     COMMAND: ClassVar[str] = "specrt profile --bundle {bundle} {flags}"
+    PER_VARIANT: ClassVar[bool] = True  # a quantized step costs less
 
     config: dict  # the ProfileConfig it was made with
     models: dict[str, dict[int, dict[int, dict[int, float]]]]  # role -> batch -> context -> new tokens -> ms
@@ -302,6 +325,10 @@ class Plan(Artifact):
 
     choices: dict[int, PlanChoice]  # batch size -> choice
     curves: dict[int, tuple[CurvePoint, ...]]  # batch size -> every candidate weighed
+    quant: str | None = None  # the variant of the step graphs the choices are for (None: as exported)
+    # with `tune --variants`: each variant weighed ("exported" or the scheme) -> batch size -> its best predicted
+    # tokens/s (after the min_gain rule); None: tuned on one variant
+    variants: dict[str, dict[int, float]] | None = None
 
     def choice_for(self, batch_size: int) -> PlanChoice:
         """The choice of the largest tuned batch size <= batch_size (else the smallest)."""

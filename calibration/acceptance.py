@@ -225,5 +225,5 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         ngram=tuple(ngram_acceptance(pipe, prompts, cfg.ngram_sizes, cfg.new_tokens, progress)),
         seconds=round(time.perf_counter() - t0, 2),
     )
-    artifacts.save(cfg.bundle, result)
+    artifacts.save(cfg.bundle, result, quant=pipe.machine.quant)
     return result

@@ -126,8 +126,8 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
     data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
                           host_ms=host_ms, copy_bandwidth=round(copy_bandwidth(pipe.machine.device)),
                           host_batch=host_batch)
-    artifacts.save(cfg.bundle, data)
-    plot_latency(data, cfg.bundle / "latency.png")
+    path = artifacts.save(cfg.bundle, data, quant=pipe.machine.quant)
+    plot_latency(data, path.with_suffix(".png"))
     return data
 
 

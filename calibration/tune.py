@@ -10,6 +10,13 @@ acceptance calibration measured by decoding, PPD's sparse trees where the bundle
 speculation (L_target(batch, 1) + host work per token), which wins where drafting does
 not pay. The plan is stamped with the machine the latency profile was measured on and the hashes of the
 acceptance and latency files it was made from.
+
+Variants (`--variants exported,static-int8`): each variant of the step graphs is weighed on its own evidence
+(quant/S/acceptance.json and quant/S/latency.json, from `specrt calibrate|profile --quant S`), and the plan
+picks the one with the best predicted speed over the tuned batch sizes (geometric mean); a quantized variant
+only where that beats the exported graphs by min_gain too, since it decodes other tokens. plan.json names
+the variant (`quant`) and what each was predicted to do; `auto` runs on a pipeline loaded with that variant
+(`quant="plan"`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd
 from specrt.runtime.tree import TreeSpec
 
 
+EXPORTED = "exported"  # the variant name of the step graphs as exported (quant None)
+
+
 @dataclass(frozen=True)
 class TuneConfig(BundleOptions):
     batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)")
@@ -38,6 +48,12 @@ class TuneConfig(BundleOptions):
     # model's error band (issue 14 asks for +-15%) is no reason to speculate
     min_gain: float = option(0.15, "speculate only where predicted at least this much faster than no speculation "
                                    "(0.15: 15%, the cost model's error band); below it, autoregressive", ge=0)
+    variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated and "
+                                                    "profiled on its own (`specrt calibrate|profile --quant S`): "
+                                                    "exported and quantized schemes (`specrt quantize`). The plan "
+                                                    "picks one for every batch size; a quantized one only where "
+                                                    "predicted min_gain faster than the exported graphs (it computes "
+                                                    "other tokens: list one only where that is acceptable)")
 
 
 def candidates(acceptance: Acceptance) -> list[CurvePoint]:
@@ -102,14 +118,27 @@ METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "
                   "merged": "dynamic", "ngram": "anpd", "ppd": "ppd"}
 
 
-def tune(cfg: TuneConfig) -> Plan:
-    acceptance = artifacts.load(cfg.bundle, Acceptance)
-    latency = artifacts.load(cfg.bundle, LatencyProfile)
+def evidence(bundle: Path, variant: str) -> tuple[Acceptance, LatencyProfile]:
+    """A variant's acceptance.json and latency.json, refused where either was measured on another variant."""
+    quant = None if variant == EXPORTED else variant
+    acceptance = artifacts.load(bundle, Acceptance, quant=quant)
+    latency = artifacts.load(bundle, LatencyProfile, quant=quant)
+    flag = f" --quant {quant}" if quant else ""
+    for what, measured, verb in ((Acceptance.file(quant), acceptance.config.get("quant"), "calibrate"),
+                                 (LatencyProfile.file(quant), latency.stamp.machine and latency.stamp.machine.quant,
+                                  "profile")):
+        if measured != quant:
+            raise SpecrtError(f"{bundle / what} was measured on {measured or 'the exported graphs'}, not on "
+                              f"{variant}: re-run `specrt {verb} --bundle {bundle}{flag}`")
+    return acceptance, latency
+
+
+def choose(cfg: TuneConfig, acceptance: Acceptance, latency: LatencyProfile, prompt_tokens: PromptTokens | None):
+    """(choices, curves) by batch size on one variant's evidence."""
     missing = [b for b in cfg.batch_sizes if b not in latency.batch_sizes()]
     if missing:
         raise SpecrtError(f"batch size(s) {', '.join(map(str, missing))} were not profiled (profiled: "
                           f"{', '.join(map(str, latency.batch_sizes()))}): re-run `specrt profile` with --batch-sizes")
-    prompt_tokens = usable_prompt_tokens(Path(cfg.bundle), latency)
     choices, curves = {}, {}
     for batch in cfg.batch_sizes:
         rows = weigh(acceptance, latency, batch, prompt_tokens)
@@ -120,9 +149,38 @@ def tune(cfg: TuneConfig) -> Plan:
         choices[batch] = PlanChoice(METHOD_OF_KIND[best.kind], best, best_static,
                                     round(best.predicted_tokens_per_s / rows[0].predicted_tokens_per_s, 3))
         curves[batch] = tuple(rows)
-    inputs = (Acceptance.FILE, LatencyProfile.FILE) + ((PromptTokens.FILE,) if prompt_tokens else ())
-    plan = Plan(stamp=Stamp.make(cfg.bundle, latency.stamp.machine, inputs=inputs), choices=choices, curves=curves)
-    artifacts.save(cfg.bundle, plan)
+    return choices, curves
+
+
+def tune(cfg: TuneConfig) -> Plan:
+    bundle = Path(cfg.bundle)
+    if not cfg.variants or len(set(cfg.variants)) < len(cfg.variants):
+        raise SpecrtError(f"variants must name each variant once, e.g. {EXPORTED},static-int8; got {list(cfg.variants)}")
+    weighed, inputs = {}, []
+    for variant in cfg.variants:
+        acceptance, latency = evidence(bundle, variant)
+        prompt_tokens = usable_prompt_tokens(bundle, latency)
+        weighed[variant] = (latency, *choose(cfg, acceptance, latency, prompt_tokens))
+        quant = None if variant == EXPORTED else variant
+        inputs += [Acceptance.file(quant), LatencyProfile.file(quant)] + ([PromptTokens.FILE] if prompt_tokens else [])
+    machines = {replace(latency.stamp.machine, quant=None) for latency, _, _ in weighed.values()}
+    if len(machines) > 1:
+        raise SpecrtError("the variants were profiled with different machines, backends or threads ("
+                          + "; ".join(f"{v}: {w[0].stamp.machine.describe()}" for v, w in weighed.items())
+                          + "): profile each here with the same flags")
+    speeds = {v: {b: c.best.predicted_tokens_per_s for b, c in choices.items()} for v, (_, choices, _) in weighed.items()}
+
+    def score(variant: str) -> float:  # geometric mean over the tuned batch sizes
+        return float(np.exp(np.mean(np.log(list(speeds[variant].values())))))
+
+    picked = max(weighed, key=score)
+    if picked != EXPORTED and EXPORTED in weighed and score(picked) < (1 + cfg.min_gain) * score(EXPORTED):
+        picked = EXPORTED  # a quantized target decodes other tokens: only for a gain beyond the model's error
+    latency, choices, curves = weighed[picked]
+    plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=tuple(dict.fromkeys(inputs))), choices=choices,
+                curves=curves, quant=None if picked == EXPORTED else picked,
+                variants={v: {b: round(x, 4) for b, x in speed.items()} for v, speed in speeds.items()})
+    artifacts.save(bundle, plan)
     return plan
 
 
@@ -140,6 +198,10 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
 
 def describe_plan(plan: Plan) -> str:
     lines = []
+    if plan.variants and len(plan.variants) > 1:
+        picked = plan.quant or EXPORTED
+        lines.append(f"variant: {picked} (predicted tokens/s by batch size: " + "; ".join(
+            f"{v} " + ", ".join(f"{x:.1f}" for x in speed.values()) for v, speed in plan.variants.items()) + ")")
     for batch, c in plan.choices.items():
         best = c.best
         what = describe_point(best.kind, best.num_nodes, best.ngram_tokens)

@@ -103,7 +103,8 @@ class Pipeline:
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
         (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for);
         quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
-        models it has a variant for run it, the others their exported graph; kv_update: "runtime" (the exported
+        models it has a variant for run it, the others their exported graph; "plan": the variant plan.json picked
+        (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported
         graphs return new K/V, the runtime writes the accepted rows) or "graph" (`specrt inplace`'s variants write
         them into the cache in place; ort backend, and trt engines built with --kv-update graph)."""
         from tokenizers import Tokenizer
@@ -112,6 +113,11 @@ class Pipeline:
             raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
         bundle = Path(bundle)
         manifest = load_manifest(bundle, verify=verify)
+        if quant == "plan":  # the variant `specrt tune --variants` picked
+            plan, why = artifacts.read(bundle, Plan)
+            if plan is None:
+                raise BundleError(f"quant='plan' needs the bundle's plan: {why}")
+            quant = plan.quant
         engines = None
         if backend in ENGINE_SETS:
             kind = ENGINE_SETS[backend]
@@ -155,6 +161,13 @@ class Pipeline:
 
     # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
     def plan(self) -> Plan:
+        picked, _ = artifacts.read(self.bundle, Plan)
+        if picked is not None and picked.quant != self.machine.quant:  # tuned over variants: it picked another
+            what = f"the {picked.quant} variant" if picked.quant else "the exported step graphs"
+            here = f"the {self.machine.quant} variant" if self.machine.quant else "the exported step graphs"
+            load = f"quant={picked.quant!r} (--quant {picked.quant})" if picked.quant else "no quant"
+            raise BundleError(f"{self.bundle / Plan.FILE} picked {what}, this pipeline runs {here}: load with "
+                              f"{load} or quant='plan' (--quant plan), or re-run `specrt tune`")
         return artifacts.load(self.bundle, Plan, self.machine)
 
     def has_plan(self) -> bool:
@@ -166,23 +179,24 @@ class Pipeline:
     def acceptance(self) -> Acceptance:
         """acceptance.json, refused if it was measured on another variant of the step graphs (a quantized target
         accepts other drafts than the exported one)."""
-        acc = artifacts.load(self.bundle, Acceptance)
+        acc = artifacts.load(self.bundle, Acceptance, quant=self.machine.quant)
         measured = acc.config.get("quant")
         if measured != self.machine.quant:
             what = f"the {measured} variant" if measured else "the exported step graphs"
             here = f"the {self.machine.quant} variant" if self.machine.quant else "the exported step graphs"
             flag = f" --quant {self.machine.quant}" if self.machine.quant else ""
-            raise BundleError(f"{self.bundle / Acceptance.FILE} was measured on {what}, this pipeline runs {here}: "
+            raise BundleError(f"{self.bundle / Acceptance.file(self.machine.quant)} was measured on {what}, this pipeline runs {here}: "
                               f"re-run `specrt calibrate --bundle {self.bundle}{flag}`")
         return acc
 
     def draft_temperature(self) -> float:
-        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated. Taken
-        from an acceptance.json of any variant of the step graphs (it scales the draft's scores; `specrt calibrate
-        --quant S` fits it to a quantized target)."""
-        if not (self.bundle / Acceptance.FILE).is_file():
-            return 1.0
-        return artifacts.load(self.bundle, Acceptance).draft_temperature
+        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated: this
+        variant's calibration, else the exported graphs' (it scales the draft's scores; `specrt calibrate --quant
+        S` fits it to a quantized target)."""
+        for quant in dict.fromkeys((self.machine.quant, None)):  # this variant's, else the exported graphs'
+            if (self.bundle / Acceptance.file(quant)).is_file():
+                return artifacts.load(self.bundle, Acceptance, quant=quant).draft_temperature
+        return 1.0
 
     def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
         """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step

@@ -116,24 +116,24 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
     ns = range(1, max_tokens + 1)
     models = {"target": {b: {128: {n: b * target_ms(n) for n in ns}} for b in batches},
               "draft": {b: {128: {n: b * draft_ms(n) for n in ns}} for b in batches}}
-    lat = LatencyProfile(Stamp.make(bundle, machine or Machine.here("ort", 2)), {}, models, host_ms or {},
-                         host_batch=host_batch)
-    artifacts.save(bundle, lat)
+    machine = machine or Machine.here("ort", 2)
+    lat = LatencyProfile(Stamp.make(bundle, machine), {}, models, host_ms or {}, host_batch=host_batch)
+    artifacts.save(bundle, lat, quant=machine.quant)  # a quantized variant's beside its graphs
     return lat
 
 
 def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0,
-                     ngram=()):
-    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees)."""
+                     ngram=(), quant: str | None = None):
+    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees), of variant `quant`."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import Acceptance, Stamp
     from specrt.calibration.acceptance import best_trees, chain_expectation
 
     p = np.array(depth_rank, dtype=float)
-    acc = Acceptance(Stamp.make(bundle), {}, 0, (), tuple(map(tuple, depth_rank)), (),
+    acc = Acceptance(Stamp.make(bundle), {"quant": quant} if quant else {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
                      tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram))
-    artifacts.save(bundle, acc)
+    artifacts.save(bundle, acc, quant=quant)
     return acc
 
 

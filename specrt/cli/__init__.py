@@ -181,7 +181,9 @@ def cmd_calibrate(args) -> None:
     if r.merged:
         print("merged with n-gram drafts, measured accepted tokens per round (nodes verified): "
               + ", ".join(f"{d.num_nodes} nodes {d.expected_accepted:.2f} ({d.nodes_per_round:.1f})" for d in r.merged))
-    print(f"wrote {cfg.bundle}/acceptance.json")
+    from specrt.bundle.artifacts import Acceptance
+
+    print(f"wrote {cfg.bundle}/{Acceptance.file(cfg.quant)}")
 
 
 def cmd_profile(args) -> None:
@@ -192,7 +194,8 @@ def cmd_profile(args) -> None:
     for b in data.batch_sizes():
         print(f"batch {b}: target L(1) {data.step_ms('target', b, 1):.2f} ms, L(8) {data.step_ms('target', b, 8):.2f} ms; "
               f"draft L(1) {data.step_ms('draft', b, 1):.2f} ms")
-    print(f"wrote {cfg.bundle}/latency.json and latency.png ({data.stamp.machine.describe()})")
+    name = data.file(data.stamp.machine.quant)
+    print(f"wrote {cfg.bundle}/{name} and {name[:-len('.json')]}.png ({data.stamp.machine.describe()})")
 
 
 def cmd_tune(args) -> None:

@@ -133,9 +133,81 @@ def test_an_acceptance_measured_on_one_variant_is_refused_by_another(quant_bundl
 
     b = tmp_path / "b"
     shutil.copytree(quant_bundle, b)
-    acc = write_acceptance(b, [[0.5, 0.2]])
-    artifacts.save(b, replace(acc, config={"quant": "int4-weights"}))
+    write_acceptance(b, [[0.5, 0.2]], quant="int4-weights")  # lies beside the variant's graphs
+    assert (b / "quant/int4-weights/acceptance.json").is_file() and not (b / "acceptance.json").exists()
     assert Pipeline.load(b, threads=2, quant="int4-weights").acceptance().config["quant"] == "int4-weights"
+    with pytest.raises(BundleError, match=r"no quant/int8-weights/acceptance.json in .*: run `specrt calibrate "
+                                          r"--bundle .* --quant int8-weights` first"):
+        Pipeline.load(b, threads=2, quant="int8-weights").acceptance()
+    acc = write_acceptance(b, [[0.5, 0.2]])
+    artifacts.save(b, replace(acc, config={"quant": "int4-weights"}))  # one measured before variants had places
     with pytest.raises(BundleError, match="measured on the int4-weights variant, this pipeline runs the exported step "
                                           "graphs: re-run `specrt calibrate --bundle .*`"):
         Pipeline.load(b, threads=2).acceptance()
+
+
+def _variant_evidence(bundle, variant_ms: float, threads: int = 2):
+    """The exported pair at 10 ms a target step, variant int8-weights at `variant_ms`, the same acceptance."""
+    from specrt.bundle.machine import Machine
+    from tests.fakes import write_acceptance, write_latency
+
+    for quant, ms in ((None, 10.0), ("int8-weights", variant_ms)):
+        write_acceptance(bundle, [[0.6, 0.2]] * 4, quant=quant)
+        write_latency(bundle, lambda n, ms=ms: ms * (1 + 0.01 * n), batches=(1, 2),
+                      machine=Machine.here("ort", threads if quant else 2, quant=quant))
+
+
+def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle, tmp_path, humaneval):
+    from specrt.calibration.tune import TuneConfig, describe_plan, tune
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    _variant_evidence(b, variant_ms=4.0)
+    assert (b / "latency.json").is_file() and (b / "quant/int8-weights/latency.json").is_file()
+    only = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))  # default: the exported graphs alone
+    assert only.quant is None and list(only.variants) == ["exported"]
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2), variants=("exported", "int8-weights")))
+    assert plan.quant == "int8-weights" and plan.stamp.machine.quant == "int8-weights"
+    assert set(plan.stamp.inputs) == {"acceptance.json", "latency.json", "quant/int8-weights/acceptance.json",
+                                      "quant/int8-weights/latency.json"}
+    for batch in (1, 2):  # same acceptance, 2.5x cheaper target steps (the draft's cost is the same)
+        assert 2.0 < plan.variants["int8-weights"][batch] / plan.variants["exported"][batch] <= 2.5
+    assert describe_plan(plan).startswith("variant: int8-weights (predicted tokens/s by batch size: exported ")
+    from specrt.bench.reporting import collect, recommendation
+
+    facts = collect(b)  # the report shows the picked variant's evidence and says which it picked
+    assert facts["plan"]["quant"] == "int8-weights" and facts["machine"]["quant"] == "int8-weights"
+    assert "the plan picked **int8-weights** (load with `--quant int8-weights`)" in "\n".join(recommendation(facts))
+    assert facts["plan"]["command"].endswith("--variants exported,int8-weights")
+    pipe = Pipeline.load(b, threads=2, quant="plan")
+    assert pipe.machine.quant == "int8-weights"
+    prompts = humaneval[:3]
+    auto = pipe.generate(prompts, method="auto", max_new_tokens=12)
+    assert [g.token_ids for g in auto] == [g.token_ids for g in pipe.generate(prompts, max_new_tokens=12)]
+    with pytest.raises(BundleError, match="picked the int8-weights variant, this pipeline runs the exported step "
+                                          r"graphs: load with quant='int8-weights' \(--quant int8-weights\) or "
+                                          "quant='plan'"):
+        Pipeline.load(b, threads=2).generate(prompts[:1], method="auto", max_new_tokens=4)
+    _variant_evidence(b, variant_ms=4.5)  # the variant's evidence changed: the plan is stale
+    with pytest.raises(BundleError, match="made from an earlier (quant/int8-weights/)?(acceptance|latency).json"):
+        pipe.plan()
+
+
+def test_a_quantized_variant_is_picked_only_for_a_gain_beyond_min_gain(quant_bundle, tmp_path):
+    from specrt.calibration.tune import TuneConfig, tune
+
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    _variant_evidence(b, variant_ms=9.0)  # 1.11x: inside the cost model's error band
+    both = ("exported", "int8-weights")
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=both)).quant is None
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=both, min_gain=0.05)).quant == "int8-weights"
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=("int8-weights",))).quant == "int8-weights"
+    with pytest.raises(SpecrtError, match="name each variant once"):
+        tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=("exported", "exported")))
+    with pytest.raises(BundleError, match=r"no quant/int4-weights/acceptance.json .* --quant int4-weights` first"):
+        tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=("exported", "int4-weights")))
+    _variant_evidence(b, variant_ms=4.0, threads=1)
+    with pytest.raises(SpecrtError, match="profiled with different machines, backends or threads"):
+        tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=both))
