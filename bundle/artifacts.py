@@ -451,6 +451,7 @@ class TrtEngineSet(EngineSet):
     version_compatible: bool  # runs with later TensorRT versions (TensorRT's lean runtime in the plan)
     workspace_bytes: int
     kv_update: str = "runtime"  # "graph": built from `specrt inplace`'s graphs (a static cache the engine writes)
+    quant: str | None = None  # built from this quantized variant's Q/DQ graphs (`specrt quantize`), None: as exported
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
@@ -500,7 +501,8 @@ class QuantVariant:
 
 @dataclass(frozen=True)
 class QuantSet(Artifact):
-    """Quantized variants of the bundle's step graphs (`specrt quantize`), run by the ort backend with --quant."""
+    """Quantized variants of the bundle's step graphs (`specrt quantize`), run by the ort backend with --quant (and
+    built into TensorRT plans: `specrt build --backend trt --quant int8-qdq`)."""
 
     FILE: ClassVar[str] = "quant.json"
     FORMAT: ClassVar[int] = 1
@@ -512,6 +514,18 @@ class QuantSet(Artifact):
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
         scheme = f" --scheme {machine.quant}" if machine and machine.quant else ""
         return f"specrt quantize --bundle {bundle}{scheme}"
+
+    def graphs(self, bundle: Path, scheme: str, verify: bool = True) -> dict[str, str]:
+        """role -> the step graph (relative to the bundle) of variant `scheme`, refused where it is missing or
+        (verify) changed since `specrt quantize` wrote it."""
+        if scheme not in self.variants:
+            raise BundleError(f"{bundle} has no {scheme} variant (it has: {', '.join(sorted(self.variants)) or 'none'}): "
+                              f"run `specrt quantize --bundle {bundle} --scheme {scheme}`")
+        for v in self.variants[scheme].values():
+            if not (Path(bundle) / v.file).is_file() or (verify and sha256_file(Path(bundle) / v.file) != v.sha256):
+                raise BundleError(f"{Path(bundle) / v.file} is missing or changed since `specrt quantize` wrote it: "
+                                  f"re-run `specrt quantize --bundle {bundle} --scheme {scheme}`")
+        return {role: v.file for role, v in self.variants[scheme].items()}
 
 
 # -- ppd.json -------------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                        "graph = from `specrt inplace`'s graphs: the engine writes each step's K/V into "
                                        "a static cache of --capacity in place (IKVCacheUpdateLayer + IAttention, "
                                        "TensorRT >= 10.15)", choices=KV_UPDATES)
+    quant: str | None = option(None, "trt: build from a quantized variant's step graphs: int8-qdq (`specrt quantize "
+                                     "--scheme int8-qdq`), TensorRT's explicit INT8 from symmetric Q/DQ (strongly "
+                                     "typed: no precision flags)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -57,6 +60,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
         if self.kv_update == "graph" and self.backend != "trt":
             raise InvalidRequestError("--kv-update graph builds TensorRT engines (--backend trt); the ort backend runs "
                                       "the in-graph step graphs without a build (`specrt inplace`, then --kv-update graph)")
+        if self.quant is not None and (self.backend != "trt" or self.kv_update == "graph"):
+            raise InvalidRequestError("--quant builds TensorRT plans from a quantized variant's Q/DQ graphs (--backend "
+                                      "trt, --kv-update runtime); the ort backend runs the variants without a build")
         if self.kv_update == "graph" and self.token_profiles[-1] > self.capacity:
             raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
                                       f"({self.capacity}): an in-graph step writes all its rows into the cache")

@@ -14,6 +14,9 @@ Face models, and its current release pins transformers < 4.58):
                   on held-out text (the held-out stdlib files acceptance calibration reads; never HumanEval).
                   uint8 activations because ONNX Runtime's x86 8-bit GEMM multiplies uint8 by int8 (with int8
                   activations the inflated target's steps were far slower in an ad-hoc timing; not a bench figure).
+    int8-qdq      the same calibration, symmetric: int8 activations and weights, every zero point 0: TensorRT's
+                  explicit INT8 (`specrt build --backend trt --quant int8-qdq`), which takes only symmetric Q/DQ.
+                  ONNX Runtime runs it too (slowly on x86, see above), which is how it is checked here.
 
 Not offered: onnxruntime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger). It quantizes a step's
 activations with one scale over all its rows, so a token's logits depend on which other tokens share its step:
@@ -45,7 +48,10 @@ from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
 from specrt.graphs.passes import data_file, graph_bytes
 
-SCHEMES = ("int8-weights", "int4-weights", "static-int8")
+SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq")
+# what TensorRT builds from (`specrt build --backend trt --quant S`): explicit quantization, Q/DQ with zero points 0
+# (TensorRT's quantization is symmetric: docs "Working with Quantized Types"); MatMulNBits is ONNX Runtime's own op
+TRT_SCHEMES = ("int8-qdq",)
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
 QUANT_DIR = "quant"
 
@@ -53,12 +59,13 @@ QUANT_DIR = "quant"
 @dataclass(frozen=True)
 class QuantizeConfig(BundleOptions):
     model: str = option("both", "which step graphs: target, draft or both", choices=("target", "draft", "both"))
-    scheme: str = option("int8-weights", "int8-weights / int4-weights (weight-only, activations float) or "
-                                         "static-int8 (QDQ, activation ranges calibrated on held-out text)",
+    scheme: str = option("int8-weights", "int8-weights / int4-weights (weight-only, activations float), "
+                                         "static-int8 (QDQ, activation ranges calibrated on held-out text) or "
+                                         "int8-qdq (the same, symmetric: for TensorRT's explicit INT8)",
                          choices=SCHEMES)
-    calibration_prompts: int = option(16, "static-int8: held-out prompts the activation ranges are measured on", ge=1)
-    prompt_tokens: int = option(128, "static-int8: tokens per calibration prompt", ge=16)
-    seed: int = option(0, "static-int8: seed of the held-out prompts' offsets", ge=0)
+    calibration_prompts: int = option(16, "static-int8, int8-qdq: held-out prompts the activation ranges are measured on", ge=1)
+    prompt_tokens: int = option(128, "static-int8, int8-qdq: tokens per calibration prompt", ge=16)
+    seed: int = option(0, "static-int8, int8-qdq: seed of the held-out prompts' offsets", ge=0)
 
 
 def weight_matmuls(model) -> tuple[list[str], list[str]]:
@@ -139,10 +146,13 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
         session = onnxruntime.InferenceSession(str(src), providers=["CPUExecutionProvider"])
         reader = _CalibrationReader(session, entry, prompts)
         del session
-        quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+        symmetric = cfg.scheme == "int8-qdq"
+        quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                         weight_type=QuantType.QInt8, per_channel=True,
                         nodes_to_quantize=quantize, nodes_to_exclude=keep, op_types_to_quantize=["MatMul"],
-                        use_external_data_format=external)
+                        use_external_data_format=external,
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {})
         calibration = {"corpus_sha256": corpus_hash(load_corpus()[1]), "prompts": cfg.calibration_prompts,
                        "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed}
     return QuantVariant(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),

@@ -10,6 +10,9 @@ For each model, from the bundle's step ONNX (the plain step contract, which ever
               range's largest T and half the capacity. The table is repeated once per slot: concurrent
               execution contexts never share a profile (TensorRT's rule for dynamic shapes).
     config    workspace limit, hardware compatibility level, version compatibility (as asked)
+    --quant   int8-qdq: from `specrt quantize`'s symmetric Q/DQ graphs instead. TensorRT's explicit quantization:
+              in a strongly typed network the Q/DQ nodes say where INT8 runs, and no precision flag is set
+              (TensorRT docs, "Explicit Quantization"); checked against ONNX Runtime running the same graphs
     check     each plan is loaded by the trt backend and its steps compared with the eager step module on
               random feeds (padded profiles included): within the export's parity tolerance for the dtype
 
@@ -180,6 +183,42 @@ def _in_graph_sources(trt, bundle: Path) -> dict[str, str]:
     return {role: graphs[role].file for role in contract.ROLES}
 
 
+# How far a plan built from Q/DQ graphs may differ from ONNX Runtime running the same graphs, per unit of the
+# largest logit. Both multiply int8 by int8 exactly, but they may fold the scales in another order, and where one
+# rounds an activation to the neighbouring int8 step the logits move by that step's share. Not yet measured on a
+# real TensorRT build (none runs here): the fake's engines run the graph itself.
+QUANT_TOL = 5e-2
+
+
+def _quantized_sources(bundle: Path, scheme: str) -> dict[str, str]:
+    """role -> the quantized step graph TensorRT builds from, refusing schemes it does not import."""
+    from specrt.bundle.artifacts import QuantSet
+    from specrt.engines.quantize import TRT_SCHEMES
+
+    if scheme not in TRT_SCHEMES:
+        why = ("ONNX Runtime's MatMulNBits, an operator TensorRT does not import" if scheme.endswith("-weights") else
+               "Q/DQ with uint8 activations and non-zero zero points, where TensorRT takes symmetric Q/DQ only")
+        raise SpecrtError(f"{scheme} is {why}: quantize with `specrt quantize --bundle {bundle} --scheme "
+                          f"{TRT_SCHEMES[0]}` and build --quant {TRT_SCHEMES[0]}")
+    return artifacts.load(bundle, QuantSet).graphs(bundle, scheme)
+
+
+def onnx_reference(path: Path, entry: ModelEntry):
+    """A step callable (torch tensors in, (logits,) out) that runs a step graph in ONNX Runtime on the CPU: what a
+    plan built from a quantized graph is checked against (the eager module computes the float model)."""
+    import onnxruntime
+    import torch
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = contract.input_names(entry.num_layers)  # the order the step module takes them in
+
+    def step(*tensors):
+        feeds = {n: t.cpu().numpy() for n, t in zip(names, tensors)}
+        return (torch.from_numpy(session.run([contract.LOGITS], feeds)[0]),)
+
+    return step
+
+
 def build_trt(cfg: BuildConfig, progress: bool = True) -> TrtEngineSet:
     trt = import_tensorrt()  # first: without TensorRT, one line and nothing else happens
     return build_plans(trt, cfg, resolve_device("trt", cfg.device), progress)
@@ -200,6 +239,8 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
     graphs = {role: e.onnx for role, e in entries.items()}
     if cfg.kv_update == "graph":
         graphs = _in_graph_sources(trt, bundle)
+    quantized = _quantized_sources(bundle, cfg.quant) if cfg.quant else {}
+    graphs.update(quantized)  # a variant of one model only: the other's exported graph
     for role, graph in graphs.items():
         if not graph:
             raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx), which TensorRT builds from: "
@@ -219,13 +260,20 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         cuda_graphs=False, build_seconds=seconds, parity={}, plans=plans, plan_bytes=sizes, plan_sha256=digests,
         profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},
         hardware_compatibility=cfg.hardware_compatibility, version_compatible=cfg.version_compatible,
-        workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update)
+        workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update, quant=cfg.quant)
     rng, parity = np.random.default_rng(0), {}
     for role, entry in entries.items():
         backend = TrtBackend(entry, bundle, device, engines)
-        module = StepModule(load_checkpoint(bundle / entry.hf_dir, entry.dtype, device)).eval()
+        if role in quantized:  # the same Q/DQ graph in ONNX Runtime, not the float model
+            module = onnx_reference(bundle / quantized[role], entry)
+        else:
+            module = StepModule(load_checkpoint(bundle / entry.hf_dir, entry.dtype, device)).eval()
         err, scale = check_engine_step(backend, rng, check_shapes(cfg), module)
-        check_tolerance(f"the {role}'s TensorRT step", entry.dtype, err, scale)
+        if role in quantized and err > QUANT_TOL * max(1.0, scale):
+            raise SpecrtError(f"the {role}'s TensorRT step differs from ONNX Runtime running its {cfg.quant} graph by "
+                              f"{err:.2e} (tolerance {QUANT_TOL} per unit of the largest logit, {scale:.1f})")
+        if role not in quantized:
+            check_tolerance(f"the {role}'s TensorRT step", entry.dtype, err, scale)
         parity[role] = err
         del backend, module
     engines = replace(engines, parity=parity)

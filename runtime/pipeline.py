@@ -140,8 +140,13 @@ class Pipeline:
                 raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
                                           f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
             kv_update = engines.kv_update
+            if quant is not None and quant != engines.quant:
+                built = f"the {engines.quant} variant" if engines.quant else "the exported step graphs"
+                raise InvalidRequestError(f"{bundle / engines.FILE} was built from {built}: rebuild with "
+                                          f"`{engines.command(bundle)} --quant {quant}` to run {quant}")
+            quant = engines.quant  # the plans hold the variant they were built from
         if kv_update == "graph" and backend == "trt":
-            graphs = _quantized_graphs(bundle, backend, quant)  # {}; a quant variant is refused on trt
+            graphs = {}  # the plans hold the graphs they were built from
             prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
         elif kv_update == "graph":
             graphs = _in_place_graphs(bundle, backend, quant, verify)
@@ -436,19 +441,10 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
 
 
 def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
-    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one."""
-    if quant is None:
+    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one, and on trt,
+    whose plans were built from it."""
+    if quant is None or backend == "trt":
         return {}
     if backend != "ort":
         raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) run on the ort backend, not {backend!r}")
-    variants = artifacts.load(bundle, QuantSet).variants
-    if quant not in variants:
-        raise BundleError(f"{bundle} has no {quant} variant (it has: {', '.join(sorted(variants)) or 'none'}): run "
-                          f"`specrt quantize --bundle {bundle} --scheme {quant}`")
-    graphs = {}
-    for role, v in variants[quant].items():
-        if not (bundle / v.file).is_file() or sha256_file(bundle / v.file) != v.sha256:
-            raise BundleError(f"{bundle / v.file} is missing or changed since `specrt quantize` wrote it: re-run "
-                              f"`specrt quantize --bundle {bundle} --scheme {quant}`")
-        graphs[role] = v.file
-    return graphs
+    return artifacts.load(bundle, QuantSet).graphs(bundle, quant)

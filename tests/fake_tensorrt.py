@@ -118,6 +118,13 @@ class OnnxParser:
             self.errors.append(f"cannot read {path}: {e}")
             return False
         ops = {n.op_type for n in model.graph.node}
+        foreign = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")})
+        if foreign:  # ONNX Runtime's contrib ops (MatMulNBits): the parser has no importer for them
+            self.errors.append(f"No importer registered for op: {foreign[0]}")
+            return False
+        if not _symmetric_qdq(model):
+            self.errors.append("Assertion failed: TRT only supports symmetric quantization - zeroPt must be all zeros")
+            return False
         version = tuple(int(p) for p in __version__.split(".")[:2])
         for op in ("TensorScatter", "Attention"):
             if op in ops and version < (10, 15):
@@ -126,6 +133,20 @@ class OnnxParser:
         self.network.onnx = path
         self.network.inputs = [_Tensor(i.name) for i in model.graph.input]
         return True
+
+
+def _symmetric_qdq(model) -> bool:
+    """Whether every QuantizeLinear / DequantizeLinear has int8 zero points of 0 (TensorRT's explicit quantization
+    is symmetric and signed)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2]:
+            zero = numpy_helper.to_array(inits[n.input[2]])
+            if zero.dtype != np.int8 or zero.any():
+                return False
+    return True
 
 
 class IOptimizationProfile:

@@ -137,6 +137,63 @@ def test_lossless_methods_on_trt_engines_equal_autoregressive_and_switch_profile
     assert not [c for c in fake.CALLS if c[0] == "set_optimization_profile_async"]  # set once, at load
 
 
+@pytest.fixture(scope="module")
+def int8_trt(demo_bundle, tmp_path_factory):
+    """The demo bundle quantized int8-qdq (symmetric Q/DQ) and static-int8 (uint8), with fake-TensorRT plans of int8-qdq."""
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.engines.trt import build_plans
+
+    fake.reset()
+    b = tmp_path_factory.mktemp("trt-int8") / "b"
+    shutil.copytree(demo_bundle, b)
+    for scheme in ("int8-qdq", "static-int8"):
+        quantize(QuantizeConfig(bundle=b, scheme=scheme, calibration_prompts=4, prompt_tokens=64), progress=False)
+    cfg = BuildConfig(bundle=b, backend="trt", quant="int8-qdq", **TABLE)
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(sys.modules, "tensorrt", fake)
+        engines = build_plans(fake, cfg, "cpu", progress=False)
+    return b, engines, list(fake.CALLS)
+
+
+def test_int8_plans_are_built_from_symmetric_qdq_graphs_without_precision_flags(trt, int8_trt, humaneval):
+    from specrt.runtime.pipeline import Pipeline
+
+    b, engines, calls = int8_trt
+    parsed = [c[1] for c in calls if c[0] == "parse_from_file"]
+    assert [p.split("/b/")[-1] for p in parsed] == ["quant/int8-qdq/target.onnx", "quant/int8-qdq/draft.onnx"]
+    builds = [c for c in calls if c[0] == "build_serialized_network"]
+    assert all(flags == 1 << int(fake.NetworkDefinitionCreationFlag.STRONGLY_TYPED) and builder_flags == []
+               for _, flags, builder_flags, *_ in builds)  # strongly typed: the Q/DQ nodes say where INT8 runs
+    assert engines.quant == "int8-qdq" and artifacts.load(b, TrtEngineSet, here=False).quant == "int8-qdq"
+    assert all(err < 1e-4 for err in engines.parity.values())  # against ONNX Runtime running the same graphs
+    # lossless against the quantized pair's autoregressive decoding (ONNX Runtime, the same Q/DQ graphs)
+    pipe, ort = _pipeline(b, engines), Pipeline.load(b, threads=2, quant="int8-qdq")
+    prompts = humaneval[:3]
+    ar = [o.token_ids for o in ort.generate(prompts, max_new_tokens=16)]
+    assert [o.token_ids for o in pipe.generate(prompts, max_new_tokens=16)] == ar
+    for kw in (dict(method="sd"), dict(method="tree")):
+        assert [o.token_ids for o in pipe.generate(prompts, max_new_tokens=16, batch_size=2, **kw)] == ar, kw
+
+
+def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, int8_trt, tmp_path):
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.trt import build_plans
+
+    b, _, _ = int8_trt
+    with pytest.raises(SpecrtError, match="static-int8 is Q/DQ with uint8 activations and non-zero zero points.*"
+                                          "--scheme int8-qdq"):
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="static-int8", **TABLE), "cpu", progress=False)
+    with pytest.raises(SpecrtError, match="int8-weights is ONNX Runtime's MatMulNBits"):
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="int8-weights", **TABLE), "cpu", progress=False)
+    with pytest.raises(InvalidRequestError, match="--quant builds TensorRT plans"):
+        BuildConfig(bundle=b, backend="graphs", quant="int8-qdq")
+    # the fake parser refuses such graphs as TensorRT's would: it is not only the builder's check that stops them
+    parser = fake.OnnxParser(fake.INetworkDefinition(0), None)
+    assert not parser.parse_from_file(str(b / "quant/static-int8/target.onnx"))
+    assert "zeroPt must be all zeros" in parser.get_error(0)
+
+
 def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, humaneval):
     from concurrent.futures import ThreadPoolExecutor
 
