@@ -54,6 +54,7 @@ SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq")
 TRT_SCHEMES = ("int8-qdq",)
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
 QUANT_DIR = "quant"
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")  # onnxruntime.quantization.CalibrationMethod's
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class QuantizeConfig(BundleOptions):
     calibration_prompts: int = option(16, "static-int8, int8-qdq: held-out prompts the activation ranges are measured on", ge=1)
     prompt_tokens: int = option(128, "static-int8, int8-qdq: tokens per calibration prompt", ge=16)
     seed: int = option(0, "static-int8, int8-qdq: seed of the held-out prompts' offsets", ge=0)
+    calibration_method: str = option("minmax", "static-int8, int8-qdq: activation ranges from the extremes seen "
+                                               "(minmax), a histogram's 99.999th percentile (percentile) or its "
+                                               "entropy-optimal clip (entropy)", choices=CALIBRATION_METHODS)
 
 
 def weight_matmuls(model) -> tuple[list[str], list[str]]:
@@ -87,14 +91,16 @@ def weight_matmuls(model) -> tuple[list[str], list[str]]:
 
 class _CalibrationReader:
     """Step-graph feeds from held-out text for onnxruntime's calibrator: each prompt's first half as a prefill
-    (empty cache), then its second half against the first half's K/V (what decode steps see)."""
+    (empty cache), then its second half against the first half's K/V (what decode steps see). `uniform`: the
+    second halves only, every feed of one shape (onnxruntime's histogram calibrators stack what they collect)."""
 
-    def __init__(self, session, entry: ModelEntry, prompts: list[list[int]]):
+    def __init__(self, session, entry: ModelEntry, prompts: list[list[int]], uniform: bool = False):
         self._feeds = []
         for ids in prompts:
             half = len(ids) // 2
             first, past = self._step(session, entry, ids[:half], None)
-            self._feeds.append(first)
+            if not uniform:
+                self._feeds.append(first)
             self._feeds.append(self._step(session, entry, ids[half:], past)[0])
         self._iter = iter(self._feeds)
 
@@ -140,11 +146,13 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
         q.process()
         q.model.save_model_to_file(str(dest), external)
     else:
+        from onnxruntime.quantization import CalibrationMethod
+
         from specrt.checkpoints.corpus import corpus_hash, load_corpus, validation_prompts
 
         prompts = validation_prompts(encode, cfg.calibration_prompts, cfg.prompt_tokens, cfg.seed)
         session = onnxruntime.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-        reader = _CalibrationReader(session, entry, prompts)
+        reader = _CalibrationReader(session, entry, prompts, uniform=cfg.calibration_method != "minmax")
         del session
         symmetric = cfg.scheme == "int8-qdq"
         quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ,
@@ -152,9 +160,11 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
                         weight_type=QuantType.QInt8, per_channel=True,
                         nodes_to_quantize=quantize, nodes_to_exclude=keep, op_types_to_quantize=["MatMul"],
                         use_external_data_format=external,
+                        calibrate_method={"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+                                          "entropy": CalibrationMethod.Entropy}[cfg.calibration_method],
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {})
         calibration = {"corpus_sha256": corpus_hash(load_corpus()[1]), "prompts": cfg.calibration_prompts,
-                       "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed}
+                       "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed, "method": cfg.calibration_method}
     return QuantVariant(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
                         source_bytes=graph_bytes(src), quantized_nodes=len(quantize),
                         seconds=round(time.perf_counter() - t0, 2), calibration=calibration)

@@ -127,6 +127,20 @@ def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundl
     assert "`int4-weights`: AR " in headline("quant", data)
 
 
+def test_histogram_calibration_is_recorded_and_stays_lossless(demo_bundle, tmp_path, humaneval):
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    q = quantize(QuantizeConfig(bundle=b, scheme="static-int8", model="target", calibration_method="percentile",
+                                calibration_prompts=4, prompt_tokens=64), progress=False)
+    assert q.variants["static-int8"]["target"].calibration["method"] == "percentile"
+    pipe = Pipeline.load(b, threads=2, quant="static-int8")
+    ar = pipe.generate(humaneval[:2], max_new_tokens=12)
+    assert [g.token_ids for g in pipe.generate(humaneval[:2], method="sd", max_new_tokens=12)] == [g.token_ids for g in ar]
+
+
 def test_an_acceptance_measured_on_one_variant_is_refused_by_another(quant_bundle, tmp_path):
     from specrt.runtime.pipeline import Pipeline
     from tests.fakes import write_acceptance
