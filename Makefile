@@ -57,19 +57,18 @@ SCHEME    ?= int8-weights
 quantize: $(STAMP)
 	$(BIN)/specrt quantize --bundle $(OUT) --scheme $(SCHEME)
 
-# the tuner choosing between the exported graphs and quantized variants (SCHEMES=a,b): each variant quantized,
-# calibrated and profiled on its own (beside its graphs, quant/<scheme>/), then one plan that names the variant it
-# picked (a quantized one only where predicted >= 15% faster: it decodes other tokens); run it with --quant plan
+# the tuner choosing between the exported graphs and quantized variants (SCHEMES=a,b): each variant quantized and
+# calibrated (beside its graphs, quant/<scheme>/), all profiled side by side in one run, then one plan that names the
+# variant it picked (a quantized one only where predicted >= 15% faster: it decodes other tokens); run --quant plan
 SCHEMES   ?= int8-weights
 comma     := ,
 tune-variants: $(STAMP)
 	test -f $(OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS)
-	test -f $(OUT)/latency.json || $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS)
 	for s in $(subst $(comma), ,$(SCHEMES)); do \
 	  $(BIN)/specrt quantize --bundle $(OUT) --scheme $$s && \
-	  $(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS) --quant $$s && \
-	  $(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS) --quant $$s || exit 1; \
+	  $(BIN)/specrt calibrate --bundle $(OUT) --threads $(THREADS) --quant $$s || exit 1; \
 	done
+	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS) --variants exported,$(SCHEMES)
 	$(BIN)/specrt tune --bundle $(OUT) --variants exported,$(SCHEMES)
 
 # step graphs that write their K/V into the cache in place (TensorRT's KV-cache route); run with --kv-update graph

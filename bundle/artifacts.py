@@ -51,6 +51,14 @@ class Stamp:
                      {name: sha256_file(Path(bundle) / name) for name in inputs})
 
 
+EXPORTED = "exported"  # the name of the step graphs as exported among variants (quant None)
+
+
+def variant_quant(variant: str) -> str | None:
+    """The quant of a variant's name: None for the exported graphs, else the scheme."""
+    return None if variant == EXPORTED else variant
+
+
 @dataclass(frozen=True)
 class Artifact:
     FILE: ClassVar[str]

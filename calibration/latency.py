@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import LatencyProfile, Stamp
+from specrt.bundle.artifacts import LatencyProfile, Stamp, variant_quant
 from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees
 from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
-from specrt.errors import SpecrtError
+from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 
 NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
@@ -45,6 +45,17 @@ class ProfileConfig(BundleOptions, BackendOptions):
     repeats: int = option(5, "timed steps per point (the median is kept)", ge=1)
     warmup: int = option(2, "untimed steps per point", ge=0)
     max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
+    variants: tuple[str, ...] = option((), "profile these variants of the step graphs (exported and quantized schemes) "
+                                           "in one run, each point of each variant timed side by side, each into its "
+                                           "own latency.json: what `tune --variants` compares, under the same load "
+                                           "(default: the one --quant selects)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.variants and self.quant is not None:
+            raise InvalidRequestError("give --quant (one variant) or --variants (several), not both")
+        if len(set(self.variants)) < len(self.variants):
+            raise InvalidRequestError(f"variants must name each variant once, got {list(self.variants)}")
 
 
 def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
@@ -95,40 +106,51 @@ def time_step(runner, batch: int, num_tokens: int, context: int, repeats: int, w
     return statistics.median(times)
 
 
-def profile(cfg: ProfileConfig, progress: bool = True) -> LatencyProfile:
+def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, LatencyProfile]:
+    """Profile the variant --quant selects, or each of cfg.variants side by side; quant -> what was written."""
+    from contextlib import ExitStack
+
     from tqdm import tqdm
 
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
-    largest = pipe.target.max_step_tokens or max(cfg.num_tokens)  # static-shape engines: their largest profile
+    quants = [variant_quant(v) for v in cfg.variants] if cfg.variants else [cfg.quant]
+    pipes = {q: Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "quant": q}) for q in quants}
+    largest = min(p.target.max_step_tokens or max(cfg.num_tokens) for p in pipes.values())  # static-shape engines
     points = [(role, b, c, n) for role in ("target", "draft") for b in cfg.batch_sizes for c in cfg.contexts
               for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step and n <= largest]
     if not points:
         raise SpecrtError("nothing to profile: every batch * num_tokens exceeds max_tokens_per_step")
     too_long = max(cfg.contexts) + max(cfg.num_tokens)
-    if too_long > pipe.max_context:
-        raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's {pipe.max_context}")
-    models: dict = {"target": {}, "draft": {}}
-    with pipe.target.runner() as target, pipe.draft.runner() as draft:  # given back before host_per_round decodes
-        runners = {"target": target, "draft": draft}
+    if too_long > min(p.max_context for p in pipes.values()):
+        raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's "
+                          f"{min(p.max_context for p in pipes.values())}")
+    models: dict = {q: {"target": {}, "draft": {}} for q in quants}
+    with ExitStack() as stack:  # given back before host_per_round decodes
+        runners = {(q, role): stack.enter_context(getattr(p, role).runner()) for q, p in pipes.items()
+                   for role in ("target", "draft")}
         for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
-            ms = 1e3 * time_step(runners[role], b, n, c, cfg.repeats, cfg.warmup)
-            models[role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
-    host = [(kind, b) for b in sorted(set(cfg.batch_sizes) | {1}) for kind in HOST_BATCH_SIZES]
-    host_ms, host_batch = {}, {}
-    for kind, b in tqdm(host, desc="profile host work", unit="point", disable=not progress):
-        table = host_per_round(pipe, kind, b)
-        if b == 1:
-            host_ms[kind] = table
-        else:
-            host_batch.setdefault(kind, {})[b] = table
-    data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models,
-                          host_ms=host_ms, copy_bandwidth=round(copy_bandwidth(pipe.machine.device)),
-                          host_batch=host_batch)
-    path = artifacts.save(cfg.bundle, data, quant=pipe.machine.quant)
-    plot_latency(data, path.with_suffix(".png"))
-    return data
+            for q in quants:  # variants side by side: a point's costs compared under the same load
+                ms = 1e3 * time_step(runners[q, role], b, n, c, cfg.repeats, cfg.warmup)
+                models[q][role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
+    bandwidth = round(copy_bandwidth(next(iter(pipes.values())).machine.device))
+    out = {}
+    for q, pipe in pipes.items():
+        host = [(kind, b) for b in sorted(set(cfg.batch_sizes) | {1}) for kind in HOST_BATCH_SIZES]
+        host_ms, host_batch = {}, {}
+        for kind, b in tqdm(host, desc=f"profile host work{f' ({q})' if q else ''}", unit="point",
+                            disable=not progress):
+            table = host_per_round(pipe, kind, b)
+            if b == 1:
+                host_ms[kind] = table
+            else:
+                host_batch.setdefault(kind, {})[b] = table
+        data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
+                              host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch)
+        path = artifacts.save(cfg.bundle, data, quant=q)
+        plot_latency(data, path.with_suffix(".png"))
+        out[q] = data
+    return out
 
 
 def host_per_round(pipe, kind: str = "tree", batch: int = 1, new_tokens: int = 48) -> dict[int, float]:

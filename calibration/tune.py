@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens, Stamp
+from specrt.bundle.artifacts import (EXPORTED, Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens,
+                                    Stamp, variant_quant)
 from specrt.calibration.acceptance import chain_expectation
 from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
 from specrt.bundle.manifest import BundleOptions
@@ -35,9 +36,6 @@ from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd
 from specrt.runtime.tree import TreeSpec
-
-
-EXPORTED = "exported"  # the variant name of the step graphs as exported (quant None)
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "
 
 def evidence(bundle: Path, variant: str) -> tuple[Acceptance, LatencyProfile]:
     """A variant's acceptance.json and latency.json, refused where either was measured on another variant."""
-    quant = None if variant == EXPORTED else variant
+    quant = variant_quant(variant)
     acceptance = artifacts.load(bundle, Acceptance, quant=quant)
     latency = artifacts.load(bundle, LatencyProfile, quant=quant)
     flag = f" --quant {quant}" if quant else ""
@@ -161,7 +159,7 @@ def tune(cfg: TuneConfig) -> Plan:
         acceptance, latency = evidence(bundle, variant)
         prompt_tokens = usable_prompt_tokens(bundle, latency)
         weighed[variant] = (latency, *choose(cfg, acceptance, latency, prompt_tokens))
-        quant = None if variant == EXPORTED else variant
+        quant = variant_quant(variant)
         inputs += [Acceptance.file(quant), LatencyProfile.file(quant)] + ([PromptTokens.FILE] if prompt_tokens else [])
     machines = {replace(latency.stamp.machine, quant=None) for latency, _, _ in weighed.values()}
     if len(machines) > 1:
@@ -178,7 +176,7 @@ def tune(cfg: TuneConfig) -> Plan:
         picked = EXPORTED  # a quantized target decodes other tokens: only for a gain beyond the model's error
     latency, choices, curves = weighed[picked]
     plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=tuple(dict.fromkeys(inputs))), choices=choices,
-                curves=curves, quant=None if picked == EXPORTED else picked,
+                curves=curves, quant=variant_quant(picked),
                 variants={v: {b: round(x, 4) for b, x in speed.items()} for v, speed in speeds.items()})
     artifacts.save(bundle, plan)
     return plan

@@ -190,12 +190,12 @@ def cmd_profile(args) -> None:
     from specrt.calibration.latency import ProfileConfig, profile
 
     cfg = config_from(ProfileConfig, args)
-    data = profile(cfg)
-    for b in data.batch_sizes():
-        print(f"batch {b}: target L(1) {data.step_ms('target', b, 1):.2f} ms, L(8) {data.step_ms('target', b, 8):.2f} ms; "
-              f"draft L(1) {data.step_ms('draft', b, 1):.2f} ms")
-    name = data.file(data.stamp.machine.quant)
-    print(f"wrote {cfg.bundle}/{name} and {name[:-len('.json')]}.png ({data.stamp.machine.describe()})")
+    for quant, data in profile(cfg).items():
+        for b in data.batch_sizes():
+            print(f"{quant + ', ' if quant else ''}batch {b}: target L(1) {data.step_ms('target', b, 1):.2f} ms, L(8) "
+                  f"{data.step_ms('target', b, 8):.2f} ms; draft L(1) {data.step_ms('draft', b, 1):.2f} ms")
+        name = data.file(quant)
+        print(f"wrote {cfg.bundle}/{name} and {name[:-len('.json')]}.png ({data.stamp.machine.describe()})")
 
 
 def cmd_tune(args) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import QuantSet
+from specrt.bundle.artifacts import LatencyProfile, QuantSet
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 
 SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq")
@@ -206,6 +206,28 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
     _variant_evidence(b, variant_ms=4.5)  # the variant's evidence changed: the plan is stale
     with pytest.raises(BundleError, match="made from an earlier (quant/int8-weights/)?(acceptance|latency).json"):
         pipe.plan()
+
+
+def test_variants_are_profiled_side_by_side_each_into_its_own_profile(quant_bundle, tmp_path):
+    from specrt.calibration.latency import ProfileConfig, profile
+    from specrt.calibration.tune import TuneConfig, tune
+    from tests.fakes import write_acceptance
+
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 4), repeats=1, warmup=0,
+                        variants=("exported", "int4-weights"))
+    got = profile(cfg, progress=False)
+    assert list(got) == [None, "int4-weights"]
+    assert artifacts.load(b, LatencyProfile).stamp.machine.quant is None
+    q = artifacts.load(b, LatencyProfile, quant="int4-weights")
+    assert q.stamp.machine.quant == "int4-weights" and q.models["target"][1][32].keys() == {1, 4}
+    for quant in (None, "int4-weights"):
+        write_acceptance(b, [[0.6, 0.2]] * 2, quant=quant)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=("exported", "int4-weights"), min_gain=0))
+    assert set(plan.variants) == {"exported", "int4-weights"}
+    with pytest.raises(InvalidRequestError, match="give --quant .* or --variants .*, not both"):
+        ProfileConfig(bundle=b, quant="int4-weights", variants=("exported", "int4-weights"))
 
 
 def test_a_quantized_variant_is_picked_only_for_a_gain_beyond_min_gain(quant_bundle, tmp_path):
