@@ -12,7 +12,9 @@ not pay. The plan is stamped with the machine the latency profile was measured o
 acceptance and latency files it was made from.
 
 Variants (`--variants exported,static-int8`): each variant of the step graphs is weighed on its own evidence
-(quant/S/acceptance.json and quant/S/latency.json, from `specrt calibrate|profile --quant S`), and the plan
+(quant/S/acceptance.json and quant/S/latency.json, from `specrt calibrate --quant S` and `specrt profile --variants
+exported,S`, which times the variants side by side: profiled minutes apart, on a loaded machine, their costs drift
+apart more than 8-bit weights change them on the tiny pair), and the plan
 picks the one with the best predicted speed over the tuned batch sizes (geometric mean); a quantized variant
 only where that beats the exported graphs by min_gain too, since it decodes other tokens. plan.json names
 the variant (`quant`) and what each was predicted to do; `auto` runs on a pipeline loaded with that variant
@@ -46,9 +48,10 @@ class TuneConfig(BundleOptions):
     # model's error band (issue 14 asks for +-15%) is no reason to speculate
     min_gain: float = option(0.15, "speculate only where predicted at least this much faster than no speculation "
                                    "(0.15: 15%, the cost model's error band); below it, autoregressive", ge=0)
-    variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated and "
-                                                    "profiled on its own (`specrt calibrate|profile --quant S`): "
-                                                    "exported and quantized schemes (`specrt quantize`). The plan "
+    variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated on its "
+                                                    "own (`specrt calibrate --quant S`) and profiled (best side by "
+                                                    "side: `specrt profile --variants exported,S`): exported and "
+                                                    "quantized schemes (`specrt quantize`). The plan "
                                                     "picks one for every batch size; a quantized one only where "
                                                     "predicted min_gain faster than the exported graphs (it computes "
                                                     "other tokens: list one only where that is acceptable)")
