@@ -122,6 +122,12 @@ class Pipeline:
         if backend in ENGINE_SETS:
             kind = ENGINE_SETS[backend]
             engines = artifacts.load(bundle, kind)
+            if backend == "trt":  # the plans hold the variant of the step graphs they were built from
+                if quant is not None and quant != engines.quant:
+                    built = f"the {engines.quant} variant" if engines.quant else "the exported step graphs"
+                    raise InvalidRequestError(f"{bundle / engines.FILE} was built from {built}: rebuild with "
+                                              f"`{engines.command(bundle)} --quant {quant}` to run {quant}")
+                quant = engines.quant
             if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
                 raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
                                           f"with that device or re-run `{kind.command(bundle)} --device {device}`")
@@ -140,11 +146,6 @@ class Pipeline:
                 raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
                                           f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
             kv_update = engines.kv_update
-            if quant is not None and quant != engines.quant:
-                built = f"the {engines.quant} variant" if engines.quant else "the exported step graphs"
-                raise InvalidRequestError(f"{bundle / engines.FILE} was built from {built}: rebuild with "
-                                          f"`{engines.command(bundle)} --quant {quant}` to run {quant}")
-            quant = engines.quant  # the plans hold the variant they were built from
         if kv_update == "graph" and backend == "trt":
             graphs = {}  # the plans hold the graphs they were built from
             prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None

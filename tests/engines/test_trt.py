@@ -188,6 +188,11 @@ def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, i
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="int8-weights", **TABLE), "cpu", progress=False)
     with pytest.raises(InvalidRequestError, match="--quant builds TensorRT plans"):
         BuildConfig(bundle=b, backend="graphs", quant="int8-qdq")
+    from specrt.runtime.pipeline import Pipeline
+
+    with pytest.raises(InvalidRequestError, match=r"trt-engines.json was built from the int8-qdq variant: rebuild with "
+                                                  r"`specrt build --bundle .* --backend trt --quant static-int8`"):
+        Pipeline.load(b, backend="trt", quant="static-int8")  # the plans hold one variant: no other runs on them
     # the fake parser refuses such graphs as TensorRT's would: it is not only the builder's check that stops them
     parser = fake.OnnxParser(fake.INetworkDefinition(0), None)
     assert not parser.parse_from_file(str(b / "quant/static-int8/target.onnx"))
