@@ -59,6 +59,11 @@ def variant_quant(variant: str) -> str | None:
     return None if variant == EXPORTED else variant
 
 
+def variant_words(quant: str | None) -> str:
+    """A variant in an error message: "the int8-weights variant", "the exported step graphs"."""
+    return f"the {quant} variant" if quant else "the exported step graphs"
+
+
 @dataclass(frozen=True)
 class Artifact:
     FILE: ClassVar[str]

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import ENGINE_SETS, Acceptance, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet
+from specrt.bundle.artifacts import (ENGINE_SETS, Acceptance, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet,
+                                    variant_words)
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
 from specrt.config import Config, option
@@ -124,9 +125,8 @@ class Pipeline:
             engines = artifacts.load(bundle, kind)
             if backend == "trt":  # the plans hold the variant of the step graphs they were built from
                 if quant is not None and quant != engines.quant:
-                    built = f"the {engines.quant} variant" if engines.quant else "the exported step graphs"
-                    raise InvalidRequestError(f"{bundle / engines.FILE} was built from {built}: rebuild with "
-                                              f"`{engines.command(bundle)} --quant {quant}` to run {quant}")
+                    raise InvalidRequestError(f"{bundle / engines.FILE} was built from {variant_words(engines.quant)}: "
+                                              f"rebuild with `{engines.command(bundle)} --quant {quant}` to run {quant}")
                 quant = engines.quant
             if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
                 raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
@@ -169,8 +169,7 @@ class Pipeline:
     def plan(self) -> Plan:
         picked, _ = artifacts.read(self.bundle, Plan)
         if picked is not None and picked.quant != self.machine.quant:  # tuned over variants: it picked another
-            what = f"the {picked.quant} variant" if picked.quant else "the exported step graphs"
-            here = f"the {self.machine.quant} variant" if self.machine.quant else "the exported step graphs"
+            what, here = variant_words(picked.quant), variant_words(self.machine.quant)
             load = f"quant={picked.quant!r} (--quant {picked.quant})" if picked.quant else "no quant"
             raise BundleError(f"{self.bundle / Plan.FILE} picked {what}, this pipeline runs {here}: load with "
                               f"{load} or quant='plan' (--quant plan), or re-run `specrt tune`")
@@ -188,10 +187,10 @@ class Pipeline:
         acc = artifacts.load(self.bundle, Acceptance, quant=self.machine.quant)
         measured = acc.config.get("quant")
         if measured != self.machine.quant:
-            what = f"the {measured} variant" if measured else "the exported step graphs"
-            here = f"the {self.machine.quant} variant" if self.machine.quant else "the exported step graphs"
+            what, here = variant_words(measured), variant_words(self.machine.quant)
             flag = f" --quant {self.machine.quant}" if self.machine.quant else ""
-            raise BundleError(f"{self.bundle / Acceptance.file(self.machine.quant)} was measured on {what}, this pipeline runs {here}: "
+            raise BundleError(f"{self.bundle / Acceptance.file(self.machine.quant)} was measured on {what}, this "
+                              f"pipeline runs {here}: "
                               f"re-run `specrt calibrate --bundle {self.bundle}{flag}`")
         return acc
 
