@@ -12,8 +12,9 @@ unpadded over padded and the padding ratio (padding slots per new token), p50 / 
 the call's start to a request's last token: waiting included, as a server's client sees it), whether every
 request's tokens are the single-sequence autoregressive ones, and the cost model's prediction where the
 bundle has the artifacts for one (acceptance.json, a latency.json of this machine; `auto` and `tree` also
-plan.json): the calibrated tokens per round and the profiled round cost at each live batch size, the batch
-draining as its sequences finish (calibration.cost.workload_ms), prefill included.
+plan.json): each request's output walked through the tokens per round calibrated where each round starts
+(acceptance grows along an output: short requests accept less) and the profiled round cost at each live batch
+size, the batch draining as its sequences finish (calibration.cost.workload_ms), prefill included.
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     or None): the cost model over this workload (prompt tokens, new tokens per request) for the methods it has a
     calibration of."""
     from specrt.bundle.artifacts import CurvePoint
-    from specrt.calibration.acceptance import chain_expectation, tree_expectation
-    from specrt.calibration.cost import prefill_ms, workload_ms
+    from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
+    from specrt.calibration.cost import prefill_ms, rounds_needed, workload_ms
     from specrt.calibration.tune import point_cost_ms
     from specrt.errors import BundleError
     from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd
@@ -186,13 +187,15 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         if c is None:
             return None, None
         roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
+        by_position = position_acceptance(acceptance, c)
+        rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
         try:
-            ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), c.expected_accepted + 1,
-                             requests, batch, batching,
-                             lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
+            ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), rounds, requests, batch,
+                             batching, lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
         except SpecrtError:
             return None, None  # a batch size or step beyond the profile
-        return sum(new for _, new in requests) / (ms / 1e3), c.expected_accepted + 1
+        new_tokens = sum(new for _, new in requests)
+        return new_tokens / (ms / 1e3), new_tokens / sum(rounds(new) for _, new in requests)
 
     return predict, None
 
@@ -228,9 +231,10 @@ def markdown(data: dict) -> str:
     if data.get("predictions", "ok") != "ok":
         lines += ["", f"No predictions: {data['predictions']}"]
     else:
-        lines += ["", "Predicted: the batch cost model over this workload (calibrated tokens per round, profiled round "
-                      "cost at each live batch size as the batch drains, prefill included); in brackets, measured / "
-                      "predicted - 1. Padding ratio: padding slots in the target KV cache per new token."]
+        lines += ["", "Predicted: the batch cost model over this workload (each output walked through the tokens per "
+                      "round calibrated where each round starts, profiled round cost at each live batch size as the "
+                      "batch drains, prefill included); in brackets, measured / predicted - 1. Padding ratio: padding "
+                      "slots in the target KV cache per new token."]
     return "\n".join(lines) + "\n"
 
 

@@ -292,12 +292,14 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "draft_temperature": acceptance.draft_temperature, "num_positions": acceptance.num_positions,
         "rank_histogram": acceptance.rank_histogram,
         "trees": [(t.num_nodes, t.expected_accepted) for t in acceptance.trees],
+        "by_position": by_position_series(acceptance),
         "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {
         "choices": _plain(plan.choices), "curves": _plain(plan.curves), "quant": plan.quant,
         "variants": _plain(plan.variants),
         "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"
-                   + (f" --variants {','.join(plan.variants)}" if plan.variants and len(plan.variants) > 1 else "")}
+                   + (f" --variants {','.join(plan.variants)}" if plan.variants and len(plan.variants) > 1 else "")
+                   + (f" --new-tokens {plan.new_tokens}" if plan.new_tokens else "")}
     facts["engines"] = {cls.FILE: _plain(read[cls]) for cls in (EngineSet, TrtEngineSet, QuantSet) if read[cls]}
     ppd = read[PromptTokens]
     facts["ppd"] = None if ppd is None else {
@@ -493,6 +495,23 @@ def latency_section(facts: dict, plots: dict) -> list[str]:
     return lines
 
 
+def by_position_series(acceptance: Acceptance) -> dict | None:
+    """Accepted drafted tokens per round by the output position rounds start at (acceptance grows along an output):
+    sd's chain, ANPD's n-gram drafts and the merged trees; None where the calibration predates these estimates."""
+    from specrt.bundle.artifacts import CurvePoint
+    from specrt.calibration.acceptance import position_acceptance
+    from specrt.runtime.methods import Sd
+
+    if not acceptance.position_bucket:
+        return None
+    g = Sd.num_draft_tokens
+    series = {f"sd (chain of {g})": position_acceptance(acceptance, CurvePoint(
+        "chain", g, 0.0, 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))}
+    series.update({f"ANPD, K = {m.num_nodes}": m.accepted_by_position for m in acceptance.ngram})
+    series.update({f"dynamic {m.num_nodes} + {m.ngram_tokens} n-gram": m.accepted_by_position for m in acceptance.merged})
+    return {"bucket": acceptance.position_bucket, "series": {k: list(v) for k, v in series.items() if v}}
+
+
 def acceptance_section(facts: dict, plots: dict) -> list[str]:
     acc = facts["acceptance"]
     lines = ["## Acceptance", ""]
@@ -512,8 +531,17 @@ def acceptance_section(facts: dict, plots: dict) -> list[str]:
                                  tuple(e for _, e in acc["trees"]), dashed=True, marker=False))
     plots["plots/acceptance.svg"] = svg.line_chart("expected accepted drafted tokens per round", "drafted tokens (nodes)",
                                                    "E[accepted]", series, log_x=True)
-    lines += ["", "![expected accepted tokens: chains and calibrated trees](plots/acceptance.svg)", "",
-              f"Command: `{acc['command']}`", ""]
+    lines += ["", "![expected accepted tokens: chains and calibrated trees](plots/acceptance.svg)", ""]
+    by = acc.get("by_position")
+    if by and by["series"]:
+        plots["plots/acceptance-by-position.svg"] = svg.line_chart(
+            "accepted drafted tokens per round, by where in the output a round starts", "output position",
+            "accepted per round", [svg.Series(name, tuple(by["bucket"] * i for i in range(len(ys))), tuple(ys))
+                                   for name, ys in by["series"].items()])
+        lines += [f"Acceptance grows along an output (by buckets of {by['bucket']} output positions; the batch cost "
+                  "model and `specrt tune --new-tokens` walk each output through it):", "",
+                  "![accepted per round by output position](plots/acceptance-by-position.svg)", ""]
+    lines += [f"Command: `{acc['command']}`", ""]
     return lines
 
 

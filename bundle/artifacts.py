@@ -208,6 +208,9 @@ class MeasuredTree:
     nodes_hist: dict[int, int]  # nodes verified in a round -> rounds
     ngram_tokens: int = 0  # n-gram drafts merged in (0: a plain dynamic tree)
     ngram_min_prob: float | None = None
+    # drafted tokens accepted per round by the output position a round starts at, per bucket of
+    # Acceptance.position_bucket positions (the last bucket: every later position); () before it was measured
+    accepted_by_position: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,10 @@ class Acceptance(Artifact):
     merged: tuple[MeasuredTree, ...]
     seconds: float
     ngram: tuple[MeasuredTree, ...] = ()  # ANPD (n-gram drafts, no draft model) by K; () before it was measured
+    # output positions per bucket of the by-position estimates (0: calibrated before they were measured)
+    position_bucket: int = 0
+    # [buckets][D][K]: depth_rank over the rounds that start in each bucket of output positions
+    depth_rank_by_position: tuple[tuple[tuple[float, ...], ...], ...] = ()
 
 
 # -- latency.json ---------------------------------------------------------------------------------
@@ -342,6 +349,7 @@ class Plan(Artifact):
     # with `tune --variants`: each variant weighed ("exported" or the scheme) -> batch size -> its best predicted
     # tokens/s (after the min_gain rule); None: tuned on one variant
     variants: dict[str, dict[int, float]] | None = None
+    new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --new-tokens`); None: calibration's
 
     def choice_for(self, batch_size: int) -> PlanChoice:
         """The choice of the largest tuned batch size <= batch_size (else the smallest)."""

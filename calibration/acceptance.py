@@ -25,6 +25,14 @@ latencies like any static tree. Merged trees (dynamic trees with MERGE_NGRAM_TOK
 in, `ngram_tokens`) are measured the same way, with the histogram of nodes verified per round (their
 number varies: n-gram drafts that agree with the draft model's cost nothing).
 
+Acceptance grows along an output: the draft model reads more context, and n-gram drafts (ANPD, merged
+trees) can only copy what the output has already said (measured on the tiny pair: ANPD accepts 0.12
+drafted tokens per round over HumanEval outputs of 16 tokens and 1.56 over 128; sd 1.13 and 1.73). So every
+estimate is also kept by the bucket of POSITION_BUCKET output positions a round starts at (the tables over
+the rounds starting there; the decoded measurements by where each round started), and the batch cost model
+walks each request's output through them (calibration.cost.rounds_needed): requests shorter than the
+calibration's are not predicted at its average.
+
 Deterministic for a seed: prompts are drawn by a seeded generator and decoding is greedy.
 """
 
@@ -38,11 +46,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, MeasuredTree, Stamp, TreeEstimate
+from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp, TreeEstimate
 from specrt.bundle.manifest import BundleOptions
 from specrt.checkpoints.corpus import validation_prompts
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.stats import POSITION_BUCKET
 from specrt.errors import SpecrtError
 
 MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
@@ -87,14 +96,17 @@ def nll_by_temperature(rows: np.ndarray, true: np.ndarray) -> np.ndarray:
     return np.array([-float(log_softmax(rows / t)[index, true].sum()) for t in TEMPERATURES])
 
 
-def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:
+def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int,
+                     starts: tuple[int, int | None] = (0, None)) -> tuple[np.ndarray, np.ndarray]:
     """(p [D, K], support [D]): acceptance of rank r at depth d given an accepted parent, and how many
-    start positions each depth's estimate rests on."""
+    start positions each depth's estimate rests on; `starts`: the output positions [first, last) a round may
+    start at (last None: to the end)."""
     counts = np.zeros((max_depth, max_rank))
     support = np.zeros(max_depth)
+    first, last = starts
     for ranks in rank_seqs:
         hit = ranks < max_rank
-        for s in range(len(ranks)):
+        for s in range(first, len(ranks) if last is None else min(last, len(ranks))):
             for d in range(max_depth):
                 if s + d >= len(ranks):
                     break
@@ -103,6 +115,31 @@ def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int)
                     break
                 counts[d, ranks[s + d]] += 1
     return counts / np.maximum(support, 1)[:, None], support
+
+
+def position_buckets(new_tokens: int) -> int:
+    """Buckets of POSITION_BUCKET output positions that decoding `new_tokens` tokens reaches."""
+    return max(1, -(-new_tokens // POSITION_BUCKET))
+
+
+def depth_rank_by_position(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int, new_tokens: int) -> np.ndarray:
+    """[buckets, D, K]: depth_rank_table over the rounds that start in each bucket of POSITION_BUCKET output
+    positions (the last bucket: every later one)."""
+    n = position_buckets(new_tokens)
+    return np.stack([depth_rank_table(rank_seqs, max_depth, max_rank,
+                                      (b * POSITION_BUCKET, None if b == n - 1 else (b + 1) * POSITION_BUCKET))[0]
+                     for b in range(n)])
+
+
+def position_acceptance(acceptance: Acceptance, point: CurvePoint) -> tuple[float, ...]:
+    """Expected drafted tokens accepted per round of a candidate by the bucket of output positions the round starts
+    at (acceptance.position_bucket positions each; the last: every later one); () where the calibration has no such
+    estimate (made before they were measured; ppd; autoregressive accepts nothing)."""
+    if point.kind in ("tree", "chain"):
+        return tuple(tree_expectation(np.array(p), point.paths) for p in acceptance.depth_rank_by_position)
+    measured = {"dynamic": acceptance.dynamic, "merged": acceptance.merged, "ngram": acceptance.ngram}.get(point.kind, ())
+    m = next((m for m in measured if (m.num_nodes, m.ngram_tokens) == (point.num_nodes, point.ngram_tokens)), None)
+    return m.accepted_by_position if m is not None else ()
 
 
 def best_trees(p: np.ndarray, max_nodes: int) -> list[TreeEstimate]:
@@ -137,11 +174,13 @@ def chain_expectation(p: np.ndarray, length: int) -> float:
     return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))
 
 
-def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> tuple[float, float, float, dict]:
+def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> tuple:
     """Decode each prompt alone with `method`; (accepted drafted tokens, draft calls and verified nodes per round,
-    verified nodes -> rounds)."""
+    verified nodes -> rounds, accepted drafted tokens per round by bucket of output positions)."""
     accepted = rounds = calls = nodes = 0
     widths: Counter = Counter()
+    by_rounds: Counter = Counter()
+    by_accepted: Counter = Counter()
     for prompt in prompts:
         st = pipe.generate([prompt], max_new_tokens=new_tokens, **method)[0].stats
         rounds += st.rounds
@@ -149,9 +188,16 @@ def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> 
         calls += st.draft_calls - st.prefill_draft_calls
         nodes += st.drafted
         widths.update(st.drafted_hist)
+        by_rounds.update(st.rounds_by_position)
+        by_accepted.update(st.accepted_by_position)
         bar.update()
     per = max(1, rounds)
-    return round(accepted / per, 6), round(calls / per, 4), round(nodes / per, 4), {k: widths[k] for k in sorted(widths)}
+    by_position, last = [], accepted / per
+    for b in range(position_buckets(new_tokens)):  # a bucket no round started in (EOS came first): the one before's
+        last = by_accepted[b] / by_rounds[b] if by_rounds[b] else last
+        by_position.append(round(last, 6))
+    return (round(accepted / per, 6), round(calls / per, 4), round(nodes / per, 4), {k: widths[k] for k in sorted(widths)},
+            tuple(by_position))
 
 
 def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
@@ -170,8 +216,9 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
             measured = _measure(pipe, prompts, new_tokens, bar, method="dynamic", num_draft_tokens=n,
                                 draft_temperature=temperature, ngram_tokens=ngram_tokens)
             width, depth = method.shape
+            *measured, by_position = measured
             out.append(MeasuredTree(n, width, depth, *measured, ngram_tokens,
-                                    method.ngram_min_prob if ngram_tokens else None))
+                                    method.ngram_min_prob if ngram_tokens else None, by_position))
     return out
 
 
@@ -183,8 +230,8 @@ def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, pro
     out = []
     with tqdm(total=len(sizes) * len(prompts), desc="calibrate n-gram drafts", unit="prompt", disable=not progress) as bar:
         for k in sizes:
-            measured = _measure(pipe, prompts, new_tokens, bar, method="anpd", num_draft_tokens=k)
-            out.append(MeasuredTree(k, 1, k, *measured))
+            *measured, by_position = _measure(pipe, prompts, new_tokens, bar, method="anpd", num_draft_tokens=k)
+            out.append(MeasuredTree(k, 1, k, *measured, accepted_by_position=by_position))
     return out
 
 
@@ -223,6 +270,10 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         merged=tuple(dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress,
                                         MERGE_NGRAM_TOKENS)),
         ngram=tuple(ngram_acceptance(pipe, prompts, cfg.ngram_sizes, cfg.new_tokens, progress)),
+        position_bucket=POSITION_BUCKET,
+        depth_rank_by_position=tuple(tuple(tuple(row) for row in table) for table in
+                                     depth_rank_by_position(rank_seqs, cfg.max_depth, cfg.max_rank, cfg.new_tokens)
+                                     .round(6).tolist()),
         seconds=round(time.perf_counter() - t0, 2),
     )
     artifacts.save(cfg.bundle, result, quant=pipe.machine.quant)

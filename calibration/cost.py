@@ -9,9 +9,15 @@ For a tree of n nodes, one round at batch size b costs
 A dynamic tree (measured by calibration) costs L_draft(b, 1) for the pending tokens, then one step of W
 beams per further draft call; a merged tree (n-gram drafts merged in) is costed at the expected widest
 tree of the batch, since a ragged step is as wide as its widest sequence.
+
+A workload (requests of given prompt and output lengths, workload_ms) is served in rounds: each request's
+output is walked through the acceptance calibrated where each round starts (rounds_needed: acceptance grows
+along an output), and each round costs what the batch's live size does as sequences finish.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,14 +74,29 @@ def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int]) -> fl
     return per_row * len(prompt_lens) * max(prompt_lens)
 
 
-def workload_ms(round_ms, tokens_per_round: float, requests: list[tuple[int, int]], max_batch: int,
+def rounds_needed(new: int, accepted: float, by_position: tuple[float, ...] = (), bucket: int = 0,
+                  whole: bool = True) -> float:
+    """Decode rounds to emit `new` tokens: each round emits 1 + the drafted tokens it is expected to accept where it
+    starts: `by_position[p // bucket]` at output position p (tokens emitted before it; the last bucket's beyond), or
+    `accepted` at every position without them. `whole`: a request's last round counts whole (what it costs); else
+    the share of it the request needed (the rate a stream of outputs of about this length sees)."""
+    position, rounds = 0.0, 0.0
+    while position < new:
+        step = 1.0 + (by_position[min(int(position) // bucket, len(by_position) - 1)] if by_position and bucket
+                      else accepted)
+        rounds += 1.0 if whole or position + step <= new else (new - position) / step
+        position += step
+    return max(1.0, rounds)
+
+
+def workload_ms(round_ms, rounds: Callable[[int], int], requests: list[tuple[int, int]], max_batch: int,
                 batching: str, prefill) -> float:
-    """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: each request
-    needs ceil(new / tokens_per_round) rounds; a round costs round_ms(live sequences), so a batch that drains
+    """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: a request of `new`
+    tokens needs rounds(new) rounds (rounds_needed); a round costs round_ms(live sequences), so a batch that drains
     (sequences finishing at different rounds) costs what its live size does; each group of requests admitted
     together pays `prefill(their prompt lengths)`. Continuous batching admits the next requests as soon as
     sequences finish; static batching runs each group of `max_batch` requests until its last one ends."""
-    rounds = [max(1, int(np.ceil(new / tokens_per_round))) for _, new in requests]
+    needed = [rounds(new) for _, new in requests]
     groups = [list(range(len(requests)))] if batching == "continuous" else \
         [list(range(i, min(i + max_batch, len(requests)))) for i in range(0, len(requests), max_batch)]
     total = 0.0
@@ -86,7 +107,7 @@ def workload_ms(round_ms, tokens_per_round: float, requests: list[tuple[int, int
             del waiting[:len(joining)]
             if joining:
                 total += prefill([requests[i][0] for i in joining])
-                live += [rounds[i] for i in joining]
+                live += [needed[i] for i in joining]
             step = min(live)  # rounds until the next sequence finishes, all at this live size
             total += step * round_ms(len(live))
             live = [r - step for r in live if r > step]

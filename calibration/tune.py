@@ -3,7 +3,9 @@ the best predicted speed, if it beats no speculation by a margin (`min_gain`, 15
 errors), else no speculation.
 
 For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
-says, so the predicted speed is batch * (E[accepted] + 1) / cost (PPD section 4's hardware-aware pruning,
+says, so the predicted speed is batch * (E[accepted] + 1) / cost (E over the calibration's outputs, or with
+`--new-tokens N` over outputs of N tokens, walked through the acceptance calibrated where each round starts:
+short outputs accept less, ANPD's most of all) (PPD section 4's hardware-aware pruning,
 with the Sequoia/Medusa tree construction). Candidates: the calibrated best static trees of 1..64 nodes,
 the rank-0 chains of 1..max_depth tokens, the dynamic and merged trees and ANPD's n-gram drafts whose
 acceptance calibration measured by decoding, PPD's sparse trees where the bundle has prompt tokens, and no
@@ -31,8 +33,8 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (EXPORTED, Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens,
                                     Stamp, variant_quant)
-from specrt.calibration.acceptance import chain_expectation
-from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
+from specrt.calibration.acceptance import chain_expectation, position_acceptance
+from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms, rounds_needed
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
@@ -48,6 +50,10 @@ class TuneConfig(BundleOptions):
     # model's error band (issue 14 asks for +-15%) is no reason to speculate
     min_gain: float = option(0.15, "speculate only where predicted at least this much faster than no speculation "
                                    "(0.15: 15%, the cost model's error band); below it, autoregressive", ge=0)
+    new_tokens: int | None = option(None, "tokens your requests typically generate: each candidate's acceptance over "
+                                          "outputs of that length (it grows along an output: n-gram drafts copy what "
+                                          "the output said); default: the calibration's average over its outputs",
+                                    ge=1)
     variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated on its "
                                                     "own (`specrt calibrate --quant S`) and profiled (best side by "
                                                     "side: `specrt profile --variants exported,S`): exported and "
@@ -82,10 +88,25 @@ def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float,
     return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
 
 
+def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int | None) -> float:
+    """Drafted tokens a round of the candidate accepts on average over outputs of `new_tokens` tokens, walked through
+    the acceptance calibrated where each round starts (None: the calibration's average over its own outputs)."""
+    if new_tokens is None:
+        return point.expected_accepted
+    if not acceptance.position_bucket:
+        raise SpecrtError("tuning for --new-tokens needs acceptance by output position, which this acceptance.json "
+                          "predates: re-run `specrt calibrate`")
+    by_position = position_acceptance(acceptance, point)
+    return new_tokens / rounds_needed(new_tokens, point.expected_accepted, by_position, acceptance.position_bucket,
+                                      whole=False) - 1
+
+
 def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
-          prompt_tokens: PromptTokens | None = None) -> list[CurvePoint]:
+          prompt_tokens: PromptTokens | None = None, new_tokens: int | None = None) -> list[CurvePoint]:
     """Candidates with their predicted cost and speed at one batch size; autoregressive first. With PPD's
-    prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows)."""
+    prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows). `new_tokens`:
+    each candidate's acceptance over outputs of that length (workload_accepted; PPD's trees keep their average,
+    calibrated without positions)."""
     target_1, host_1 = latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
     rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + host_1), target_1, host_1)]
     for c in candidates(acceptance):
@@ -93,6 +114,7 @@ def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
             target_ms, draft_ms = point_cost_ms(acceptance, latency, batch, c)
         except SpecrtError:
             continue  # beyond the profiled token counts for this batch size
+        c = replace(c, expected_accepted=workload_accepted(acceptance, c, new_tokens))
         speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + draft_ms)
         rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
                             draft_ms=round(draft_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
@@ -142,7 +164,7 @@ def choose(cfg: TuneConfig, acceptance: Acceptance, latency: LatencyProfile, pro
                           f"{', '.join(map(str, latency.batch_sizes()))}): re-run `specrt profile` with --batch-sizes")
     choices, curves = {}, {}
     for batch in cfg.batch_sizes:
-        rows = weigh(acceptance, latency, batch, prompt_tokens)
+        rows = weigh(acceptance, latency, batch, prompt_tokens, cfg.new_tokens)
         best = max(rows, key=lambda r: r.predicted_tokens_per_s)
         if best.predicted_tokens_per_s < (1 + cfg.min_gain) * rows[0].predicted_tokens_per_s:
             best = rows[0]  # too close to call: no speculation
@@ -179,7 +201,7 @@ def tune(cfg: TuneConfig) -> Plan:
         picked = EXPORTED  # a quantized target decodes other tokens: only for a gain beyond the model's error
     latency, choices, curves = weighed[picked]
     plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=tuple(dict.fromkeys(inputs))), choices=choices,
-                curves=curves, quant=variant_quant(picked),
+                curves=curves, quant=variant_quant(picked), new_tokens=cfg.new_tokens,
                 variants={v: {b: round(x, 4) for b, x in speed.items()} for v, speed in speeds.items()})
     artifacts.save(bundle, plan)
     return plan
@@ -203,6 +225,8 @@ def describe_plan(plan: Plan) -> str:
         picked = plan.quant or EXPORTED
         lines.append(f"variant: {picked} (predicted tokens/s by batch size: " + "; ".join(
             f"{v} " + ", ".join(f"{x:.1f}" for x in speed.values()) for v, speed in plan.variants.items()) + ")")
+    if plan.new_tokens:
+        lines.append(f"tuned for outputs of {plan.new_tokens} tokens")
     for batch, c in plan.choices.items():
         best = c.best
         what = describe_point(best.kind, best.num_nodes, best.ngram_tokens)

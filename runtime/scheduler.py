@@ -29,7 +29,7 @@ import numpy as np
 from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.stats import Stats
+from specrt.runtime.stats import POSITION_BUCKET, Stats
 from specrt.runtime.step_inputs import admit, pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
@@ -193,7 +193,7 @@ class Scheduler:
             if self.drafter is not None:
                 self.drafter.target_logits(logits)
                 self.drafter.commit(live, verdicts)
-            appended = []
+            appended, starts = [], [len(s.new_tokens) for s in live]
             for s, t, v in zip(live, trees, verdicts):
                 out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
                 appended.append(out)
@@ -202,13 +202,15 @@ class Scheduler:
                 if s.finished:
                     s.stats.seconds.finished = time.perf_counter() - (started if s.started is None else s.started)
             t_total = time.perf_counter() - t_round
-            for s, t, v in zip(live, trees, verdicts):
+            for s, t, v, start in zip(live, trees, verdicts, starts):
                 st = s.stats
                 st.target_calls += 1
                 st.drafted += len(t)
                 st.drafted_hist[len(t)] += 1
                 st.draft_calls += draft_calls
                 st.accepted_hist[len(v.path)] += 1
+                st.rounds_by_position[start // POSITION_BUCKET] += 1
+                st.accepted_by_position[start // POSITION_BUCKET] += len(v.path)
                 st.seconds.draft += t_draft
                 st.seconds.target += t_target
                 st.seconds.host += t_total - t_draft_model - t_target

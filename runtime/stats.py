@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+# output positions per bucket of Stats' by-position counts: acceptance grows along an output (n-gram drafts find
+# more of the output to copy, the draft model gets more context), and the cost model predicts short requests with it
+POSITION_BUCKET = 16
+
 
 @dataclass
 class StageSeconds:
@@ -28,6 +32,10 @@ class Stats:
     accepted_hist: Counter = field(default_factory=Counter)  # drafted tokens accepted in a round -> rounds
     drafted: int = 0  # drafted tokens (tree nodes) proposed over all rounds
     drafted_hist: Counter = field(default_factory=Counter)  # drafted tokens verified in a round -> rounds
+    # rounds, and drafted tokens they accepted, by the bucket (position // POSITION_BUCKET) of the output position the
+    # round started at (the new tokens emitted before it)
+    rounds_by_position: Counter = field(default_factory=Counter)
+    accepted_by_position: Counter = field(default_factory=Counter)
     padded: int = 0  # masked slots padded into this sequence's target cache (padded batches only)
     seconds: StageSeconds = field(default_factory=StageSeconds)
 
@@ -54,5 +62,7 @@ class Stats:
                 "prefill_draft_calls": self.prefill_draft_calls, "rounds": self.rounds,
                 "drafted": self.drafted, "draft_hit_ratio": self.draft_hit_ratio,
                 "accepted_hist": dict(sorted(self.accepted_hist.items())), "mean_accepted": self.mean_accepted,
-                "drafted_hist": dict(sorted(self.drafted_hist.items())), "padded": self.padded,
+                "drafted_hist": dict(sorted(self.drafted_hist.items())),
+                "rounds_by_position": dict(sorted(self.rounds_by_position.items())),
+                "accepted_by_position": dict(sorted(self.accepted_by_position.items())), "padded": self.padded,
                 "seconds": asdict(self.seconds)}

@@ -123,8 +123,9 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
 
 
 def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0,
-                     ngram=(), quant: str | None = None):
-    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees), of variant `quant`."""
+                     ngram=(), quant: str | None = None, by_position=()):
+    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees), of variant `quant`;
+    `by_position`: the tables by bucket of 16 output positions (none: calibrated before they were measured)."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import Acceptance, Stamp
     from specrt.calibration.acceptance import best_trees, chain_expectation
@@ -132,13 +133,15 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
     p = np.array(depth_rank, dtype=float)
     acc = Acceptance(Stamp.make(bundle), {"quant": quant} if quant else {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
-                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram))
+                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram),
+                     16 if by_position else 0, tuple(tuple(map(tuple, t)) for t in by_position))
     artifacts.save(bundle, acc, quant=quant)
     return acc
 
 
-def measured_tree(num_nodes, width, depth, accepted, calls, per_round=None, hist=None, ngram_tokens=0, min_prob=None):
+def measured_tree(num_nodes, width, depth, accepted, calls, per_round=None, hist=None, ngram_tokens=0, min_prob=None,
+                  by_position=()):
     from specrt.bundle.artifacts import MeasuredTree
 
     return MeasuredTree(num_nodes, width, depth, accepted, calls, per_round if per_round is not None else num_nodes,
-                        hist or {}, ngram_tokens, min_prob)
+                        hist or {}, ngram_tokens, min_prob, tuple(by_position))

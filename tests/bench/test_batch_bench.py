@@ -55,18 +55,19 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     from specrt.calibration.cost import workload_ms
 
     cost = lambda live: 10.0 + live  # noqa: E731  ms per round at a live batch size
+    rounds = lambda new: new // 2  # noqa: E731
     requests = [(5, 4), (5, 8), (5, 2)]  # (prompt tokens, new tokens), 2 tokens per round: 2, 4, 1 rounds
     # continuous, batch 2: rounds at live 2 until the first finishes (2 rounds), then the third joins
     # (live 2 for 1 round), then the second alone (1 round)
-    assert workload_ms(cost, 2.0, requests, 2, "continuous", lambda n: 0.0) == pytest.approx(2 * 12 + 12 + 11)
+    assert workload_ms(cost, rounds, requests, 2, "continuous", lambda n: 0.0) == pytest.approx(2 * 12 + 12 + 11)
     # static: [0, 1] take 2 rounds at live 2 then 2 alone; [2] 1 round alone
-    assert workload_ms(cost, 2.0, requests, 2, "static", lambda n: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
+    assert workload_ms(cost, rounds, requests, 2, "static", lambda n: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
     # prefill per group admitted together: static [0, 1] then [2]
     groups = []
-    workload_ms(cost, 2.0, requests, 2, "static", lambda lens: groups.append(lens) or 0.0)
+    workload_ms(cost, rounds, requests, 2, "static", lambda lens: groups.append(lens) or 0.0)
     assert groups == [[5, 5], [5]]
     groups.clear()
-    workload_ms(cost, 2.0, [(3, 4), (7, 8), (9, 2)], 2, "continuous", lambda lens: groups.append(lens) or 0.0)
+    workload_ms(cost, rounds, [(3, 4), (7, 8), (9, 2)], 2, "continuous", lambda lens: groups.append(lens) or 0.0)
     assert groups == [[3, 7], [9]]
     (tmp_path / "manifest.json").write_text("{}")
     lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=8)  # 2 ms per token row

@@ -29,7 +29,8 @@ def make_bundle(demo_bundle, tmp_path: Path, name: str, target_scale: float = 1.
     shutil.copytree(demo_bundle, b)
     lat = write_latency(b, lambda n: target_scale * (10 + 0.5 * n), lambda n: 1.0 + 0.05 * n, batches=(1, 2), max_tokens=32)
     artifacts.save(b, replace(lat, copy_bandwidth=2e9))
-    write_acceptance(b, [[0.7, 0.15, 0.05]] * 6, draft_temperature=0.6)
+    write_acceptance(b, [[0.7, 0.15, 0.05]] * 6, draft_temperature=0.6,
+                     by_position=[[[0.5, 0.1, 0.05]] * 6, [[0.7, 0.15, 0.05]] * 6])
     tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     return b
 
@@ -97,8 +98,9 @@ def test_every_plot_is_written_and_inlined_and_nothing_is_fetched(report):
     out = report.parent
     md = (out / "report.md").read_text()
     svgs = sorted(p.name for p in (out / "plots").glob("*.svg"))
-    assert {"latency-target.svg", "latency-draft.svg", "acceptance.svg", "plan-batch1.svg", "plan-batch2.svg",
-            "vs-latency.svg"} <= set(svgs)
+    assert {"latency-target.svg", "latency-draft.svg", "acceptance.svg", "acceptance-by-position.svg", "plan-batch1.svg",
+            "plan-batch2.svg", "vs-latency.svg"} <= set(svgs)
+    assert "Acceptance grows along an output (by buckets of 16 output positions" in md
     assert sum(name.startswith("bench-") for name in svgs) == 2
     for name in svgs:
         assert f"(plots/{name})" in md

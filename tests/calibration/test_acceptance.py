@@ -14,6 +14,38 @@ def test_depth_rank_table_conditions_on_accepted_parents():
     assert support[1] == 2 and p[1].tolist() == [0.0, 0.5]  # next ranks: 1 (hit, rank 1), 5 (miss)
 
 
+def test_tables_by_output_position_count_the_rounds_that_start_there(monkeypatch):
+    from specrt.bundle.artifacts import CurvePoint
+    from specrt.calibration import acceptance as acc
+
+    monkeypatch.setattr(acc, "POSITION_BUCKET", 2)
+    ranks = [np.array([5, 5, 0, 1, 0, 0])]  # misses at output positions 0-1, hits after
+    tables = acc.depth_rank_by_position(ranks, max_depth=2, max_rank=2, new_tokens=6)  # buckets [0,2) [2,4) [4,6)
+    assert tables.shape == (3, 2, 2)
+    assert tables[0, 0].tolist() == [0.0, 0.0]  # starts 0, 1: misses
+    assert tables[1, 0].tolist() == [0.5, 0.5] and tables[1, 1].tolist() == [0.5, 0.5]  # starts 2, 3 -> next 1, 0
+    assert tables[2, 0].tolist() == [1.0, 0.0] and tables[2, 1].tolist() == [1.0, 0.0]  # starts 4, 5; depth 2 from 4
+    # the last bucket is every later start: with 2 buckets for 4 tokens, starts 2..5 pool
+    pooled = acc.depth_rank_by_position(ranks, max_depth=1, max_rank=2, new_tokens=4)
+    assert pooled[1, 0].tolist() == [0.75, 0.25]
+    a = type("A", (), {"depth_rank_by_position": tables.tolist(), "dynamic": (), "merged": (), "ngram": ()})()
+    chain = CurvePoint("chain", 2, 0.0, 0.0, 0.0, 0.0, paths=((0,), (0, 0)))
+    assert acc.position_acceptance(a, chain) == pytest.approx((0.0, 0.5 + 0.25, 1.0 + 1.0))
+    assert acc.position_acceptance(a, CurvePoint("ppd", 4, 0.0, 0.0, 0.0, 0.0)) == ()
+
+
+def test_rounds_walk_each_output_through_the_acceptance_where_rounds_start():
+    from specrt.calibration.cost import rounds_needed
+
+    assert rounds_needed(10, 0.0) == 10  # autoregressive: a token a round
+    assert rounds_needed(10, 2.0) == 4  # positions 0 -> 3 -> 6 -> 9 -> 12
+    # no acceptance before position 4, then 3 drafted tokens a round: 0 1 2 3 | 4 8 (12)
+    assert rounds_needed(12, 9.0, (0.0, 3.0), bucket=4) == 6
+    assert rounds_needed(12, 9.0, (0.0, 0.0, 3.0), bucket=4) == 9  # 8 rounds of 1 token to position 8, then 12
+    assert rounds_needed(1, 2.0) == 1
+    assert rounds_needed(10, 2.0, whole=False) == pytest.approx(3 + 1 / 3)  # 0 -> 9, then a third of 9 -> 12
+
+
 def test_best_trees_are_nested_and_greedy():
     p = np.array([[0.8, 0.1], [0.5, 0.2], [0.9, 0.05]])
     trees = best_trees(p, max_nodes=5)
@@ -61,6 +93,11 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     # ANPD's n-gram drafts, measured by decoding: no draft calls, at most K drafted (and accepted) per round
     assert [(g.num_nodes, g.draft_calls_per_round) for g in a.ngram] == [(3, 0.0), (7, 0.0)]
     assert all(0 <= g.expected_accepted <= g.nodes_per_round <= g.num_nodes for g in a.ngram)
+    # by where rounds start in the output (24 tokens: buckets [0, 16) and [16, 24)), each bucket's figure within
+    # what a round can accept; tables per bucket of the same shape as the pooled one
+    assert a.position_bucket == 16 and np.array(a.depth_rank_by_position).shape == (2, 4, 4)
+    for m in a.dynamic + a.merged + a.ngram:
+        assert len(m.accepted_by_position) == 2 and all(0 <= x <= m.depth for x in m.accepted_by_position)
     c = calibrate(replace(cfg, seed=2), progress=False)
     assert c.depth_rank != a.depth_rank
 

@@ -11,11 +11,12 @@ from specrt.calibration.tune import TuneConfig, tune
 from tests.fakes import measured_tree, write_acceptance, write_latency
 
 
-def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,), host_ms=None, ngram=()):
+def write_bundle(tmp_path, depth_rank, target_ms, draft_ms, dynamic=(), merged=(), batches=(1,), host_ms=None, ngram=(),
+                 by_position=()):
     """acceptance.json and latency.json from synthetic curves (and a stand-in manifest unless one is there)."""
     if not (tmp_path / "manifest.json").is_file():
         (tmp_path / "manifest.json").write_text("{}")
-    write_acceptance(tmp_path, depth_rank, dynamic, merged, ngram=ngram)
+    write_acceptance(tmp_path, depth_rank, dynamic, merged, ngram=ngram, by_position=by_position)
     write_latency(tmp_path, target_ms, draft_ms, batches, host_ms=host_ms)
     return tmp_path
 
@@ -47,6 +48,30 @@ def test_a_gain_within_the_models_error_is_not_taken(tmp_path):
     assert tune(TuneConfig(bundle=b, batch_sizes=(1,), min_gain=0.0)).choices[1].method == "tree"
     choice = tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1]
     assert choice.method == "autoregressive" and choice.predicted_speedup == 1.0
+
+
+def test_tuning_for_short_outputs_weighs_the_acceptance_where_their_rounds_start(tmp_path):
+    """ANPD accepts nothing in an output's first 16 tokens and 4 a round after: on the calibration's average it
+    wins; tuned for 16-token outputs it never pays (no speculation); for 128 tokens it does again."""
+    from specrt.calibration.tune import describe_plan
+    from specrt.errors import SpecrtError
+
+    table = [[0.05, 0.01], [0.05, 0.01]]  # the draft model barely helps, and costs 5 ms a call
+    ngram = [measured_tree(7, 1, 7, 2.0, 0.0, per_round=5.0, by_position=(0.0, 4.0))]
+    b = write_bundle(tmp_path, table, lambda n: 10 + 0.1 * n, lambda n: 5.0, ngram=ngram, by_position=[table, table])
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1].method == "anpd"
+    short = tune(TuneConfig(bundle=b, batch_sizes=(1,), new_tokens=16))
+    assert short.choices[1].method == "autoregressive" and short.new_tokens == 16
+    row = next(r for r in short.curves[1] if r.kind == "ngram")
+    assert row.expected_accepted == 0.0  # 16 rounds of one token
+    assert "tuned for outputs of 16 tokens" in describe_plan(short)
+    long = tune(TuneConfig(bundle=b, batch_sizes=(1,), new_tokens=128))
+    row = next(r for r in long.curves[1] if r.kind == "ngram")
+    # 16 rounds of 1 token, then 112 tokens at 5 a round: 22.4 rounds (the last one in part)
+    assert long.choices[1].method == "anpd" and row.expected_accepted == pytest.approx(128 / (16 + 22.4) - 1, abs=1e-6)
+    write_bundle(b, table, lambda n: 10 + 0.1 * n, lambda n: 5.0, ngram=ngram)  # calibrated without positions
+    with pytest.raises(SpecrtError, match="predates: re-run `specrt calibrate`"):
+        tune(TuneConfig(bundle=b, batch_sizes=(1,), new_tokens=16))
 
 
 def test_tuning_an_unprofiled_batch_size_is_refused(tmp_path):

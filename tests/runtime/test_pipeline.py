@@ -1,3 +1,4 @@
+from collections import Counter
 """End-to-end greedy equality and API behaviour on the committed demo pair."""
 
 import pytest
@@ -178,6 +179,12 @@ def test_stats_are_consistent(pipelines, humaneval):
     assert (data["rounds"], data["drafted"], data["accepted_hist"]) == (s.rounds, s.drafted, dict(sorted(s.accepted_hist.items())))
     assert data["seconds"]["total"] == s.seconds.total and data["draft_hit_ratio"] == pytest.approx(s.accepted / s.drafted)
     assert s.drafted_hist == {4: s.rounds} and s.drafted == 4 * s.rounds
+    # by the bucket of 16 output positions each round started at: the rounds and what they accepted add up
+    assert sum(s.rounds_by_position.values()) == s.rounds and sum(s.accepted_by_position.values()) == s.accepted
+    ar = pipelines["ort"].generate(humaneval[3], method="autoregressive", max_new_tokens=40)
+    starts = range(len(ar.token_ids))  # a round per token, starting where the tokens before it end
+    assert ar.stats.rounds_by_position == Counter(p // 16 for p in starts) and len(ar.token_ids) > 32
+    assert not sum(ar.stats.accepted_by_position.values())
     merged = pipelines["ort"].generate(humaneval[3], method="dynamic", num_draft_tokens=4, ngram_tokens=5,
                                        max_new_tokens=40).stats
     widths = merged.drafted_hist
