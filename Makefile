@@ -83,6 +83,12 @@ triton: $(STAMP)
 calibrate: $(STAMP)
 	$(BIN)/specrt calibrate --bundle $(OUT)
 
+# Calibration text like the benchmark's without its prompts: HumanEval tasks 64-127 (the benches take the first
+# ones), for `specrt calibrate --prompts build/prompts/humaneval-64.jsonl`
+build/prompts/humaneval-64.jsonl: $(STAMP)
+	$(BIN)/python -c "from specrt.bench.prompts import humaneval_prompts, write_jsonl; \
+	write_jsonl('$@', humaneval_prompts(64, offset=64))"
+
 profile: $(STAMP)
 	$(BIN)/specrt profile --bundle $(OUT)
 

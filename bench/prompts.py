@@ -15,3 +15,14 @@ def humaneval_prompts(num: int, offset: int = 0) -> list[str]:
     if not 0 < num <= len(problems) - offset:
         raise SpecrtError(f"asked for {num} HumanEval prompts from {offset}; there are {len(problems)}")
     return [p["prompt"] for p in problems[offset:offset + num]]
+
+
+def write_jsonl(path, prompts: list[str]) -> None:
+    """Prompts as JSON Lines, one {"prompt": ...} per line (what `specrt calibrate --prompts` reads), atomically."""
+    import json
+    from pathlib import Path
+
+    from specrt.bundle.files import write_atomic
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(path), "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))

@@ -1,7 +1,8 @@
 """Acceptance calibration: how likely the target's next token is the draft's rank-r candidate, per depth.
 
 On held-out text (the standard-library files the demo pair never trained on; never HumanEval, which is
-the benchmark), the target decodes greedily from each prompt; the draft then reads prompt + trajectory
+the benchmark), or on the user's own prompts (`--prompts FILE`: acceptance depends on the text, so prompts
+like the traffic predict it best), the target decodes greedily from each prompt; the draft then reads prompt + trajectory
 in one teacher-forced step, and we record the rank of each target token among the draft's logits.
 From these rank sequences, for tree depth d and rank r < K:
 
@@ -39,15 +40,17 @@ Deterministic for a seed: prompts are drawn by a seeded generator and decoding i
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp, TreeEstimate
-from specrt.bundle.manifest import BundleOptions
+from specrt.bundle.manifest import BundleOptions, sha256_file
 from specrt.checkpoints.corpus import validation_prompts
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
@@ -71,6 +74,10 @@ class CalibrationConfig(BundleOptions, BackendOptions):
     merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
                                            "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
     ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)")
+    prompts: Path | None = option(None, "calibrate on your own prompts: a JSON Lines file, one {\"prompt\": \"...\"} "
+                                        "per line (the first --num-prompts, each cut to its last --prompt-tokens "
+                                        "tokens); default: held-out stdlib text. Acceptance depends on the text: "
+                                        "prompts like your traffic predict it best (never the prompts you benchmark on)")
 
 
 TEMPERATURES = np.unique(np.append(np.round(np.geomspace(0.1, 4.0, 81), 4), 1.0))  # draft_temperature's grid (1.0 exact)
@@ -235,6 +242,26 @@ def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, pro
     return out
 
 
+def read_prompts(path: Path, num: int) -> list[str]:
+    """The first `num` prompts of a JSON Lines file of {"prompt": "..."} objects; one clear line for a bad file."""
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecrtError(f"--prompts {path}: cannot read it ({e})") from None
+    prompts = []
+    for i, line in enumerate(lines[:num], start=1):
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (ValueError, KeyError, TypeError):
+            raise SpecrtError(f"--prompts {path}, line {i}: expected a JSON object with a \"prompt\" string") from None
+        if not isinstance(prompt, str) or not prompt:
+            raise SpecrtError(f"--prompts {path}, line {i}: \"prompt\" must be a non-empty string")
+        prompts.append(prompt)
+    if len(prompts) < num:
+        raise SpecrtError(f"--prompts {path} has {len(prompts)} prompt(s); --num-prompts asks for {num}")
+    return prompts
+
+
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     from tqdm import tqdm
 
@@ -242,7 +269,10 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
 
     t0 = time.perf_counter()
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
-    prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
+    if cfg.prompts is None:
+        prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens, cfg.seed)
+    else:
+        prompts = [pipe.encode(p)[-cfg.prompt_tokens:] for p in read_prompts(cfg.prompts, cfg.num_prompts)]
     rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
         out = pipe.generate([prompt], method="autoregressive", max_new_tokens=cfg.new_tokens)[0]
@@ -255,7 +285,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     positions = int(sum(len(r) for r in rank_seqs))
     result = Acceptance(
         stamp=Stamp.make(cfg.bundle),
-        config=config_dict(cfg),
+        config={**config_dict(cfg), **({"prompts_sha256": sha256_file(cfg.prompts)} if cfg.prompts else {})},
         num_positions=positions,
         rank_histogram=tuple(np.bincount(np.minimum(np.concatenate(rank_seqs), cfg.max_rank),
                                          minlength=cfg.max_rank + 1).tolist()),

@@ -102,6 +102,37 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     assert c.depth_rank != a.depth_rank
 
 
+def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
+    """--prompts FILE: the prompts a user's traffic looks like, recorded with their hash; a bad file in one line."""
+    import json
+    import shutil
+
+    from specrt.bundle.manifest import sha256_file
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate, read_prompts
+    from specrt.errors import SpecrtError
+
+    copy = tmp_path / "b"
+    shutil.copytree(demo_bundle, copy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):\n", "import os\n", "x = 1")))
+    cfg = CalibrationConfig(bundle=copy, num_prompts=2, new_tokens=12, max_depth=2, max_rank=2, max_nodes=3,
+                            dynamic_sizes=(), merged_sizes=(), ngram_sizes=(3,), prompts=prompts)
+    a = calibrate(cfg, progress=False)
+    assert a.config["prompts"] == str(prompts) and a.config["prompts_sha256"] == sha256_file(prompts)
+    assert a.num_positions == 2 * 12  # each prompt's 12 decoded tokens, whatever the prompt's length
+    stdlib = calibrate(CalibrationConfig(**{**vars(cfg), "prompts": None}), progress=False)
+    assert stdlib.depth_rank != a.depth_rank and "prompts_sha256" not in stdlib.config
+    assert read_prompts(prompts, 3)[2] == "x = 1"
+    with pytest.raises(SpecrtError, match="has 3 prompt\\(s\\); --num-prompts asks for 4"):
+        read_prompts(prompts, 4)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(SpecrtError, match="line 2: expected a JSON object with a \"prompt\" string"):
+        read_prompts(bad, 2)
+    with pytest.raises(SpecrtError, match="cannot read it"):
+        read_prompts(tmp_path / "missing.jsonl", 1)
+
+
 def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
     from specrt.calibration.acceptance import TEMPERATURES, nll_by_temperature
 
