@@ -14,12 +14,15 @@ request's tokens are the single-sequence autoregressive ones, and the cost model
 bundle has the artifacts for one (acceptance.json, a latency.json of this machine; `auto` and `tree` also
 plan.json): each request's output walked through the tokens per round calibrated where each round starts
 (acceptance grows along an output: short requests accept less) and the profiled round cost at each live batch
-size, the batch draining as its sequences finish (calibration.cost.workload_ms), prefill included.
+size, the batch draining as its sequences finish (calibration.cost.workload_ms), prefill included. Each row
+also records the drafted tokens it accepted per round by where in the output rounds started, beside the
+calibrated figures the prediction used (the plot's second panel, at each method's smallest batch size).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.plotting import finish_figure, pyplot
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.stats import POSITION_BUCKET
 
 BATCHINGS = ("continuous", "static")
 
@@ -87,9 +91,14 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
 
     def run(method, batch, how, padded):
         outs = pipe.generate(prompts, method=method, max_new_tokens=caps, batch_size=batch, batching=how, padded=padded)
+        rounds, accepted = Counter(), Counter()
+        for o in outs:
+            rounds.update(o.stats.rounds_by_position)
+            accepted.update(o.stats.accepted_by_position)
+        by_position = [round(accepted[b] / rounds[b], 3) if rounds[b] else None for b in range(max(rounds, default=-1) + 1)]
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
                 [o.token_ids for o in outs] == reference, sum(o.stats.padded for o in outs),
-                sum(o.stats.rounds for o in outs))
+                sum(o.stats.rounds for o in outs), by_position)
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
@@ -102,7 +111,7 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
         static = speed.get((m, b, "static", pad))
         unpadded = speed.get((m, b, how, False))
         latency = np.array(last[key][1])
-        predicted, per_round = (None, None) if pad else predict(m, b, how)
+        predicted, per_round, by_position = (None, None, ()) if pad else predict(m, b, how)
         rows.append({"method": m, "batch_size": b, "batching": how, "padded": pad,
                      "tokens_per_s": round(speed[key], 2),
                      "speedup_vs_ar": round(speed[key] / ar, 3) if ar else None,
@@ -113,6 +122,9 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
                      "tokens_per_round": round(last[key][0] / max(1, last[key][4]), 3),
                      "predicted_tokens_per_round": round(per_round, 3) if per_round else None,
                      "predicted_tokens_per_s": round(predicted, 2) if predicted else None,
+                     # drafted tokens accepted per round by the bucket of POSITION_BUCKET output positions a round started at
+                     "accepted_by_position": last[key][5],
+                     "predicted_accepted_by_position": [round(a, 3) for a in by_position],
                      "prediction_error": round(speed[key] / predicted - 1, 3) if predicted else None,
                      "latency_p50_s": round(float(np.percentile(latency, 50)), 3),
                      "latency_p95_s": round(float(np.percentile(latency, 95)), 3),
@@ -144,8 +156,8 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
 
 
 def predictor(pipe, requests: list[tuple[int, int]]):
-    """(predict(method, batch size, batching) -> (tokens/s, tokens per round) or Nones, why there are no predictions
-    or None): the cost model over this workload (prompt tokens, new tokens per request) for the methods it has a
+    """(predict(method, batch size, batching) -> (tokens/s, tokens per round, accepted per round by bucket of output
+    positions) or (None, None, ()), why there are no predictions or None): the cost model over this workload (prompt tokens, new tokens per request) for the methods it has a
     calibration of."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
@@ -157,7 +169,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     try:
         acceptance, latency = pipe.acceptance(), pipe.latency()
     except BundleError as e:  # said with the bundle as given: no machine path in a committed result
-        return (lambda *a: (None, None)), str(e).replace(str(Path(pipe.bundle).resolve()), str(pipe.bundle))
+        return (lambda *a: (None, None, ())), str(e).replace(str(Path(pipe.bundle).resolve()), str(pipe.bundle))
     p = np.array(acceptance.depth_rank)
     plan = pipe.plan() if pipe.has_plan() else None
 
@@ -182,10 +194,10 @@ def predictor(pipe, requests: list[tuple[int, int]]):
             return plan.choice_for(batch).best
         return None  # ppd, mtad: no prediction here
 
-    def predict(method: str, batch: int, batching: str) -> tuple[float | None, float | None]:
+    def predict(method: str, batch: int, batching: str) -> tuple[float | None, float | None, tuple[float, ...]]:
         c = point(method, batch)
         if c is None:
-            return None, None
+            return None, None, ()
         roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
         by_position = position_acceptance(acceptance, c)
         rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
@@ -193,9 +205,9 @@ def predictor(pipe, requests: list[tuple[int, int]]):
             ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), rounds, requests, batch,
                              batching, lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
         except SpecrtError:
-            return None, None  # a batch size or step beyond the profile
+            return None, None, ()  # a batch size or step beyond the profile
         new_tokens = sum(new for _, new in requests)
-        return new_tokens / (ms / 1e3), new_tokens / sum(rounds(new) for _, new in requests)
+        return new_tokens / (ms / 1e3), new_tokens / sum(rounds(new) for _, new in requests), by_position
 
     return predict, None
 
@@ -242,7 +254,7 @@ def plot(data: dict, path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": (3, 2)})
     names = list(dict.fromkeys(_name(r) for r in data["rows"]))
     for i, name in enumerate(names):
         color = f"C{i}"
@@ -256,6 +268,18 @@ def plot(data: dict, path: Path) -> None:
             pred = [r for r in rows if r.get("predicted_tokens_per_s")]
             ax.plot([r["batch_size"] for r in pred], [r["predicted_tokens_per_s"] for r in pred], "+" if how == "continuous"
                     else "1", color=color, markersize=9, linestyle="none")
+        # what the cost model's acceptance input looks like against what this run accepted (its smallest batch)
+        first = min((r for r in data["rows"] if _name(r) == name), key=lambda r: r["batch_size"])
+        measured = [(POSITION_BUCKET * b, a) for b, a in enumerate(first.get("accepted_by_position") or ()) if a is not None]
+        if measured and name != "autoregressive" and not first["padded"]:  # padded rows accept what unpadded ones do
+            acc.plot(*zip(*measured), "o-", color=color, label=name)
+            predicted = first.get("predicted_accepted_by_position") or ()
+            acc.plot([POSITION_BUCKET * b for b in range(len(predicted))], predicted, ":", color=color)
     ax.set_xscale("log", base=2)
     ax.text(0.01, 0.01, "+ / 1: predicted (continuous / static)", transform=ax.transAxes, fontsize=7)
+    acc.set_xlabel("output position a round starts at")
+    acc.set_ylabel("drafted tokens accepted per round")
+    acc.set_title("measured (o) and calibrated (dotted)")
+    acc.grid(alpha=0.3)
+    acc.legend(fontsize=7)
     finish_figure(fig, ax, path, "batch size", "tokens/s (all requests)", f"batch {data['label']}: throughput")

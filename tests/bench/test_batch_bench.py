@@ -40,6 +40,11 @@ def test_bench_batch_rows(demo_bundle, tmp_path):
     assert padded["padding_ratio"] > 0 and row["padding_ratio"] == 0
     assert data["predictions"].startswith("no acceptance.json")  # the bare export has no cost model
     assert all(r["predicted_tokens_per_s"] is None for r in data["rows"])
+    # accepted per round where rounds started (outputs of 4-12 tokens: one bucket); AR accepts nothing
+    assert [r["accepted_by_position"] for r in data["rows"][:3]] == [[0.0]] * 3
+    sd1 = data["rows"][3]
+    assert len(sd1["accepted_by_position"]) == 1 and 0 < sd1["accepted_by_position"][0] <= 4
+    assert sd1["tokens_per_round"] > 1 and sd1["predicted_accepted_by_position"] == []
     assert len(data["max_new_tokens_per_request"]) == 5 and (tmp_path / "batch-t.md").is_file()
     assert "| sd (padded) | 2 | static |" in (tmp_path / "batch-t.md").read_text()
     assert headline("batch", data).startswith("continuous / static batching at batch 2: `autoregressive` ")
