@@ -157,8 +157,8 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
 
 def predictor(pipe, requests: list[tuple[int, int]]):
     """(predict(method, batch size, batching) -> (tokens/s, tokens per round, accepted per round by bucket of output
-    positions) or (None, None, ()), why there are no predictions or None): the cost model over this workload (prompt tokens, new tokens per request) for the methods it has a
-    calibration of."""
+    positions) or (None, None, ()), why there are no predictions or None): the cost model over this workload (prompt
+    tokens, new tokens per request) for the methods it has a calibration of."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
     from specrt.calibration.cost import prefill_ms, rounds_needed, workload_ms

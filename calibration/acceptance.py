@@ -2,8 +2,8 @@
 
 On held-out text (the standard-library files the demo pair never trained on; never HumanEval, which is
 the benchmark), or on the user's own prompts (`--prompts FILE`: acceptance depends on the text, so prompts
-like the traffic predict it best), the target decodes greedily from each prompt; the draft then reads prompt + trajectory
-in one teacher-forced step, and we record the rank of each target token among the draft's logits.
+like the traffic predict it best), the target decodes greedily from each prompt; the draft then reads prompt +
+trajectory in one teacher-forced step, and we record the rank of each target token among the draft's logits.
 From these rank sequences, for tree depth d and rank r < K:
 
     p[d][r] = P(rank at position s + d - 1 == r | ranks at s .. s + d - 2 all < K)
