@@ -134,8 +134,10 @@ class MergeOptions(NgramOptions):
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
 
 
-def static_tree_built(pipe, spec: TreeSpec, params: SamplingParams) -> Built:
-    return Built(DraftModelDrafter(pipe.draft.runner(), spec, pipe.bucket), make_verifier(params), len(spec) + 1)
+def static_tree_built(pipe, spec: TreeSpec | dict[int, TreeSpec], params: SamplingParams) -> Built:
+    """The draft model filling a static tree (or, by live batch size, one of several: DraftModelDrafter)."""
+    largest = max(map(len, spec.values())) if isinstance(spec, dict) else len(spec)
+    return Built(DraftModelDrafter(pipe.draft.runner(), spec, pipe.bucket), make_verifier(params), largest + 1)
 
 
 @register
@@ -325,7 +327,7 @@ class Ppd(Method):
 class Auto(Method):
     name: ClassVar[str] = "auto"
     summary: ClassVar[str] = ("what the bundle's plan.json chose for the batch size (static or dynamic tree, ANPD, PPD, "
-                              "or none)")
+                              "or none; static trees follow the live batch size round by round)")
 
     def resolve(self, pipe, batch_size: int) -> Method:
         """The plan's choice for this batch size, as a concrete method."""
@@ -345,4 +347,11 @@ class Auto(Method):
         return Autoregressive()
 
     def build(self, pipe, params, batch_size):
+        """The plan's choice for batch_size; where the plan picked static trees at every tuned batch size up to it,
+        the tree of the live batch size each round (a batch that drains or fills changes its tree)."""
+        plan = pipe.plan()
+        choices = {b: c for b, c in plan.choices.items() if b <= batch_size} or {
+            min(plan.choices): plan.choice_for(batch_size)}
+        if len(choices) > 1 and all(c.method == "tree" for c in choices.values()):
+            return static_tree_built(pipe, {b: TreeSpec.from_paths(c.best.paths) for b, c in choices.items()}, params)
         return self.resolve(pipe, batch_size).build(pipe, params, batch_size)

@@ -9,6 +9,23 @@ from specrt.runtime.drafters.base import ModelDrafter
 from specrt.runtime.sampling import sample, warp
 from specrt.runtime.tree import DraftTree, TreeSpec
 
+class _Layout:
+    """A TreeSpec compiled for drafting: per level d >= 1, the nodes fed (those with children) and their visibility
+    of earlier fed nodes; the children of each node."""
+
+    def __init__(self, spec: TreeSpec):
+        self.spec = spec
+        self.plan = []
+        fed: list[int] = []
+        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
+        for level in spec.levels[:-1]:
+            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
+            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
+            self.plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
+            fed += expand.tolist()
+        self.children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
+
+
 class DraftModelDrafter(ModelDrafter):
     """Fills a TreeSpec with the draft model, one draft step per tree level.
 
@@ -18,26 +35,26 @@ class DraftModelDrafter(ModelDrafter):
     their top-k tokens become their children. A chain spec with temperature > 0 samples each token from
     the warped draft distribution q instead (and records q for lossless rejection sampling); trees use
     deterministic top-k children, verified against one-hot drafts.
+
+    `spec` may also map batch sizes to TreeSpecs: each round drafts the tree of the largest batch size <= the live
+    batch (the smallest's below it), so a batch that fills or drains switches its tree from one round to the next
+    (the tuner's choice per batch size: `auto` over continuous batching).
     """
 
-    def __init__(self, runner: Runner, spec: TreeSpec, bucket: int = 128):
+    def __init__(self, runner: Runner, spec: TreeSpec | dict[int, TreeSpec], bucket: int = 128):
         super().__init__(runner, bucket)
-        self.spec = spec
-        # per level d >= 1: nodes fed (those with children) and their visibility of earlier fed nodes
-        self._plan = []
-        fed: list[int] = []
-        anc = spec.row_mask[1:, 1:]  # [N, N] ancestor-or-self
-        for level in spec.levels[:-1]:
-            expand = np.asarray([i for i in level if spec.num_children[i + 1] > 0], dtype=np.int64)
-            vis = anc[np.ix_(expand, np.asarray(fed, dtype=np.int64))] if fed else np.zeros((len(expand), 0), bool)
-            self._plan.append((expand, vis, np.eye(len(expand), dtype=bool)))
-            fed += expand.tolist()
-        self._children = [spec.children(i) for i in range(-1, len(spec))]  # [N + 1] by parent (root first)
+        by_batch = spec if isinstance(spec, dict) else {1: spec}
+        self._layouts = {b: _Layout(t) for b, t in sorted(by_batch.items())}
+        self._layout = next(iter(self._layouts.values()))
+
+    def layout_for(self, batch: int) -> _Layout:
+        fit = [b for b in self._layouts if b <= batch]
+        return self._layouts[fit[-1] if fit else next(iter(self._layouts))]
 
     def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
         """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
         logits rows [B, len(parents), V], all parents of one level at once."""
-        kids = [self._children[p + 1] for p in parents]
+        kids = [self._layout.children[p + 1] for p in parents]
         if probs is not None:  # sampled chain: one child, drawn from q
             q = warp(rows[:, 0], params)
             for b in range(len(rows)):
@@ -46,7 +63,7 @@ class DraftModelDrafter(ModelDrafter):
             return
         child = np.concatenate(kids)  # [M] children of this level's parents
         which = np.repeat(np.arange(len(parents)), [len(k) for k in kids])  # [M] their parent's row
-        rank = self.spec.ranks[child]  # [M]
+        rank = self._layout.spec.ranks[child]  # [M]
         k = int(rank.max()) + 1
         if k == 1:
             tokens[:, child] = rows.argmax(axis=-1)[:, which]
@@ -57,14 +74,16 @@ class DraftModelDrafter(ModelDrafter):
         tokens[:, child] = top[:, which, rank]
 
     def _propose(self, seqs, params, rng):
-        spec, batch = self.spec, len(seqs)
+        batch = len(seqs)
+        self._layout = self.layout_for(batch)
+        spec = self._layout.spec
         root = self._feed_pending(seqs)
         tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         sampled = spec.is_chain and not params.greedy
         probs = np.zeros((batch, len(spec), root.shape[-1])) if sampled else None
         self._fill(np.array([-1]), root[:, None], tokens, probs, params, rng)
         self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
-        for expand, vis, block in self._plan:
+        for expand, vis, block in self._layout.plan:
             logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
                                                   [spec.depths[expand]] * batch,
                                                   None if spec.is_chain else [vis] * batch, block)

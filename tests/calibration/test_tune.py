@@ -138,6 +138,39 @@ def test_host_work_can_tip_the_choice(tmp_path):
     assert tune(TuneConfig(bundle=b, batch_sizes=(1,))).choices[1].method == "autoregressive"
 
 
+def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundle, tmp_path):
+    """Host work that grows with the batch: the plan picks 6 nodes at batch 1 and 3 at batch 2 and 4. auto at batch
+    4 drafts 3-node trees while 2 or more sequences are live and 6-node trees once one is left; tokens stay AR's."""
+    import shutil
+
+    from specrt.runtime.drafters.draft_model import DraftModelDrafter
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.sampling import SamplingParams
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    write_bundle(b, [[0.9, 0.3], [0.9, 0.3], [0.9, 0.3]], lambda n: 10 + 1.0 * n, lambda n: 0.1, batches=(1, 2, 4))
+    write_latency(b, lambda n: 10 + 1.0 * n, lambda n: 0.1, (1, 2, 4), host_ms={"tree": {0: 0.0, 16: 0.0}},
+                  host_batch={"tree": {2: {0: 0.0, 16: 30.0}, 4: {0: 0.0, 16: 60.0}}})
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2, 4), min_gain=0.0))
+    assert {k: (c.method, c.best.num_nodes) for k, c in plan.choices.items()} == {1: ("tree", 6), 2: ("tree", 3),
+                                                                                  4: ("tree", 3)}
+    pipe = Pipeline.load(b, threads=2)
+    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 4).drafter
+    assert isinstance(drafter, DraftModelDrafter)
+    assert [len(drafter.layout_for(n).spec) for n in (1, 2, 3, 4, 8)] == [6, 3, 3, 3, 3]
+    drafter.close()
+    prompts = ["def add(a, b):", "import os\n", "class A:", "x = [", "for i in range(3):"]
+    caps = [40, 8, 12, 16, 10]  # the first outlives the others: its last rounds run alone
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=caps)
+    outs = pipe.generate(prompts, method="auto", max_new_tokens=caps, batch_size=4)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    assert set(outs[0].stats.drafted_hist) == {3, 6} and set(outs[1].stats.drafted_hist) == {3}
+    one = pipe.generate(prompts[:1], method="auto", max_new_tokens=24)[0]  # a batch of 1: the batch-1 tree only
+    assert set(one.stats.drafted_hist) == {6}
+
+
 def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_path):
     import shutil
 
