@@ -140,16 +140,15 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
     best unpadded row measured."""
     if pipe is None:
         return []
-    from specrt.calibration.tune import describe_point
+    from specrt.calibration.tune import describe_auto
 
     out = []
     for r in (r for r in rows if r["method"] == "auto"):
         peers = [q for q in rows if (q["batch_size"], q["batching"]) == (r["batch_size"], r["batching"]) and not q["padded"]]
         best = max(peers, key=lambda q: q["tokens_per_s"])
         ar = next((q for q in peers if q["method"] == "autoregressive"), None)
-        chosen = pipe.plan().choice_for(r["batch_size"]).best
         out.append({"batch_size": r["batch_size"], "batching": r["batching"],
-                    "chosen": describe_point(chosen.kind, chosen.num_nodes, chosen.ngram_tokens),
+                    "chosen": describe_auto(pipe.plan(), r["batch_size"]),
                     "tokens_per_s": r["tokens_per_s"], "vs_ar": round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None,
                     "best": best["method"], "vs_best": round(r["tokens_per_s"] / best["tokens_per_s"], 3)})
     return out

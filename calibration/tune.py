@@ -219,6 +219,17 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
     return what + (f" + up to {ngram_tokens} n-gram drafts" if ngram_tokens else "")
 
 
+def describe_auto(plan: Plan, batch_size: int) -> str:
+    """What `auto` runs for a call of batch_size, in words: the choice for that size, or the static tree of each
+    tuned size up to it (runtime.methods.Auto follows the live batch size where every one of those is a tree)."""
+    trees = plan.trees_by_batch(batch_size)
+    if trees is not None:
+        return "static trees by live batch size: " + ", ".join(
+            f"{t.num_nodes} node{'' if t.num_nodes == 1 else 's'} at {b}" for b, t in trees.items())
+    best = plan.choice_for(batch_size).best
+    return describe_point(best.kind, best.num_nodes, best.ngram_tokens)
+
+
 def describe_plan(plan: Plan) -> str:
     lines = []
     if plan.variants and len(plan.variants) > 1:

@@ -349,9 +349,7 @@ class Auto(Method):
     def build(self, pipe, params, batch_size):
         """The plan's choice for batch_size; where the plan picked static trees at every tuned batch size up to it,
         the tree of the live batch size each round (a batch that drains or fills changes its tree)."""
-        plan = pipe.plan()
-        choices = {b: c for b, c in plan.choices.items() if b <= batch_size} or {
-            min(plan.choices): plan.choice_for(batch_size)}
-        if len(choices) > 1 and all(c.method == "tree" for c in choices.values()):
-            return static_tree_built(pipe, {b: TreeSpec.from_paths(c.best.paths) for b, c in choices.items()}, params)
+        trees = pipe.plan().trees_by_batch(batch_size)
+        if trees is not None:
+            return static_tree_built(pipe, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
         return self.resolve(pipe, batch_size).build(pipe, params, batch_size)

@@ -143,6 +143,7 @@ def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundl
     4 drafts 3-node trees while 2 or more sequences are live and 6-node trees once one is left; tokens stay AR's."""
     import shutil
 
+    from specrt.calibration.tune import describe_auto
     from specrt.runtime.drafters.draft_model import DraftModelDrafter
     from specrt.runtime.methods import make_method
     from specrt.runtime.pipeline import Pipeline
@@ -160,6 +161,8 @@ def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundl
     drafter = make_method("auto", {}).build(pipe, SamplingParams(), 4).drafter
     assert isinstance(drafter, DraftModelDrafter)
     assert [len(drafter.layout_for(n).spec) for n in (1, 2, 3, 4, 8)] == [6, 3, 3, 3, 3]
+    assert describe_auto(plan, 4) == "static trees by live batch size: 6 nodes at 1, 3 nodes at 2, 3 nodes at 4"
+    assert describe_auto(plan, 1) == "tree of 6 nodes" and plan.trees_by_batch(1) is None
     drafter.close()
     prompts = ["def add(a, b):", "import os\n", "class A:", "x = [", "for i in range(3):"]
     caps = [40, 8, 12, 16, 10]  # the first outlives the others: its last rounds run alone
