@@ -9,6 +9,7 @@ from specrt.runtime.drafters.base import ModelDrafter
 from specrt.runtime.sampling import sample, warp
 from specrt.runtime.tree import DraftTree, TreeSpec
 
+
 class _Layout:
     """A TreeSpec compiled for drafting: per level d >= 1, the nodes fed (those with children) and their visibility
     of earlier fed nodes; the children of each node."""
@@ -48,6 +49,7 @@ class DraftModelDrafter(ModelDrafter):
         self._layout = next(iter(self._layouts.values()))
 
     def layout_for(self, batch: int) -> _Layout:
+        """The tree drafted for a round of `batch` live sequences."""
         fit = [b for b in self._layouts if b <= batch]
         return self._layouts[fit[-1] if fit else next(iter(self._layouts))]
 
