@@ -19,6 +19,7 @@ artifacts that have changed since.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -244,6 +245,20 @@ class Acceptance(Artifact):
 HOST_KINDS = ("tree", "dynamic", "merged")
 
 
+@functools.lru_cache(maxsize=4096)
+def nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
+    """The least-squares non-decreasing fit of a sequence (pool adjacent violators): a profiled cost that falls
+    as the work grows (a step of more tokens, a round of more nodes) is noise, and the tuner must not pick a
+    tree for it, so each run of such points is replaced by its mean."""
+    blocks: list[tuple[float, int]] = []  # (mean, points pooled)
+    for v in values:
+        blocks.append((float(v), 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append(((m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2))
+    return tuple(m for m, c in blocks for _ in range(c))
+
+
 @dataclass(frozen=True)
 class LatencyProfile(Artifact):
     FILE: ClassVar[str] = "latency.json"
@@ -268,8 +283,9 @@ class LatencyProfile(Artifact):
         return sorted(self.models[role])
 
     def step_ms(self, role: str, batch: float, num_tokens: float) -> float:
-        """L(n) at a batch size, averaged over the profiled contexts, linear between profiled n; between two
-        profiled batch sizes, linear between theirs (a batch that drains runs at every size below its own)."""
+        """L(n) at a batch size, averaged over the profiled contexts, linear between profiled n of the curve's
+        non-decreasing fit; between two profiled batch sizes, linear between theirs (a batch that drains runs at
+        every size below its own)."""
         per_batch = self.models[role].get(batch)
         if per_batch is None:
             sizes = self.batch_sizes(role)
@@ -284,20 +300,21 @@ class LatencyProfile(Artifact):
             ns = sorted(curve)
             if num_tokens > ns[-1]:
                 raise SpecrtError(f"{role} was profiled up to {ns[-1]} tokens at batch {batch}, not {num_tokens}")
-            values.append(float(np.interp(num_tokens, ns, [curve[n] for n in ns])))
+            values.append(float(np.interp(num_tokens, ns, nondecreasing(tuple(curve[n] for n in ns)))))
         return float(np.mean(values))
 
     def host(self, num_nodes: float, kind: str = "tree", batch: float = 1) -> float:
         """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured
-        sizes and batch sizes (beyond the largest profiled batch, along the line through the two largest); of this
-        kind where profiled, else of the next simpler one ("merged" -> "dynamic" -> "tree"), else 0."""
+        sizes (of their non-decreasing fit) and batch sizes (beyond the largest profiled batch, along the line
+        through the two largest); of this kind where profiled, else of the next simpler one ("merged" ->
+        "dynamic" -> "tree"), else 0."""
         for k in HOST_KINDS[: HOST_KINDS.index(kind) + 1][::-1]:
             table = self.host_ms.get(k)
             if table:
                 tables = {1: table, **(self.host_batch or {}).get(k, {})}
                 sizes = sorted(tables)
-                ys = [float(np.interp(num_nodes, sorted(tables[b]), [tables[b][n] for n in sorted(tables[b])]))
-                      for b in sizes]
+                ys = [float(np.interp(num_nodes, sorted(tables[b]),
+                                      nondecreasing(tuple(tables[b][n] for n in sorted(tables[b]))))) for b in sizes]
                 if batch > sizes[-1] and len(sizes) > 1:
                     slope = (ys[-1] - ys[-2]) / (sizes[-1] - sizes[-2])
                     return max(0.0, ys[-1] + slope * (batch - sizes[-1]))

@@ -1,15 +1,20 @@
 """`specrt profile`: latency L(n) of each model's step at n new tokens, per batch size and context.
 
-Each point is the median of `repeats` timed steps after `warmup` untimed ones, on a cache filled to
-`context` slots (contents do not change the cost). Points with batch * n above `max_tokens_per_step`
-are skipped (CPU time). It also measures the runtime's own host work per decode round (masks, drafting
-bookkeeping, verification, cache commits: everything outside model calls) for static and dynamic trees
-of several sizes at every profiled batch size (fewer sizes above batch 1), since on small models that is a
-real part of a round that grows with the batch (a dynamic tree's beam search is host work at every depth,
-per sequence), and the device's copy bandwidth, for the roofline: a step must read
-every weight once, so no step is faster than weight bytes / bandwidth. Writes latency.json (a
-LatencyProfile, stamped with this machine, backend, threads and device) into the bundle and latency.png
-beside it.
+Each point is the median of `repeats` timed steps after `warmup` untimed ones in each of `passes` passes over
+all points, on a cache filled to `context` slots (contents do not change the cost). Every pass visits the
+points in a new random order, so that a machine whose speed drifts over minutes (a shared VM, a GPU's clocks)
+shifts every point alike rather than some against others: the tuner compares points, and on sub-millisecond
+steps that drift was larger than the differences it weighs. A draft step is timed after an untimed target
+step, as in a decode round, where the target's step has just pushed the draft's weights out of the caches.
+Points with batch * n above `max_tokens_per_step` are skipped (CPU time).
+
+It also measures the runtime's own host work per decode round (masks, drafting bookkeeping, verification,
+cache commits: everything outside model calls) for static and dynamic trees of several sizes at every
+profiled batch size (fewer sizes above batch 1), since on small models that is a real part of a round that
+grows with the batch (a dynamic tree's beam search is host work at every depth, per sequence), and the
+device's copy bandwidth, for the roofline: a step must read every weight once, so no step is faster than
+weight bytes / bandwidth. Writes latency.json (a LatencyProfile, stamped with this machine, backend, threads
+and device) into the bundle and latency.png beside it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import LatencyProfile, Stamp, variant_quant
+from specrt.bundle.artifacts import LatencyProfile, Stamp, nondecreasing, variant_quant
 from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees
 from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
@@ -42,8 +47,10 @@ class ProfileConfig(BundleOptions, BackendOptions):
     batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile")
     contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at")
     num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile")
-    repeats: int = option(5, "timed steps per point (the median is kept)", ge=1)
-    warmup: int = option(2, "untimed steps per point", ge=0)
+    repeats: int = option(3, "timed steps per point per pass (the median over all passes is kept)", ge=1)
+    warmup: int = option(1, "untimed steps per point per pass", ge=0)
+    passes: int = option(3, "passes over every point (and host-work configuration), each in a new random order",
+                         ge=1)
     max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
     variants: tuple[str, ...] = option((), "profile these variants of the step graphs (exported and quantized schemes) "
                                            "in one run, each point of each variant timed side by side, each into its "
@@ -87,23 +94,32 @@ def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
     return 2 * n / best
 
 
-def time_step(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int) -> float:
-    """Median seconds of one step of `num_tokens` new tokens per sequence after `context` cached ones."""
+def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,
+               before=None) -> list[float]:
+    """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones, each after
+    `warmup` untimed ones; `before`: another runner, one untimed step of one token of which precedes every step
+    (the target before the draft, as in a decode round)."""
     from specrt.runtime.step_inputs import pack_step
 
-    cache = runner.new_cache(batch)
-    cache.reserve(context + num_tokens)
-    cache.lengths[:] = context
-    rng = np.random.default_rng(0)
-    rows = [rng.integers(0, runner.entry.vocab_size, num_tokens) for _ in range(batch)]
-    ids, pos, mask = pack_step(cache, rows, [context + np.arange(num_tokens)] * batch)
+    def inputs(r, n):
+        cache = r.new_cache(batch)
+        cache.reserve(context + n)
+        cache.lengths[:] = context
+        rng = np.random.default_rng(0)
+        rows = [rng.integers(0, r.entry.vocab_size, n) for _ in range(batch)]
+        return (*pack_step(cache, rows, [context + np.arange(n)] * batch), cache)
+
+    args = inputs(runner, num_tokens)
+    other = inputs(before, 1) if before is not None else None
     times = []
     for i in range(warmup + repeats):
+        if other is not None:
+            before.step(*other)
         t0 = time.perf_counter()
-        runner.step(ids, pos, mask, cache)
+        runner.step(*args)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, LatencyProfile]:
@@ -125,26 +141,31 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
     if too_long > min(p.max_context for p in pipes.values()):
         raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's "
                           f"{min(p.max_context for p in pipes.values())}")
-    models: dict = {q: {"target": {}, "draft": {}} for q in quants}
-    with ExitStack() as stack:  # given back before host_per_round decodes
+    samples: dict = {(q, *point): [] for q in quants for point in points}
+    rng = np.random.default_rng(0)
+    with ExitStack() as stack:  # given back before the host work's decodes
         runners = {(q, role): stack.enter_context(getattr(p, role).runner()) for q, p in pipes.items()
                    for role in ("target", "draft")}
-        for role, b, c, n in tqdm(points, desc="profile", unit="point", disable=not progress):
-            for q in quants:  # variants side by side: a point's costs compared under the same load
-                ms = 1e3 * time_step(runners[q, role], b, n, c, cfg.repeats, cfg.warmup)
-                models[q][role].setdefault(b, {}).setdefault(c, {})[n] = round(ms, 4)
+        with tqdm(total=cfg.passes * len(points), desc="profile", unit="point", disable=not progress) as bar:
+            for _ in range(cfg.passes):
+                for i in rng.permutation(len(points)):
+                    role, b, c, n = points[i]
+                    for q in quants:  # variants side by side: a point's costs compared under the same load
+                        before = runners[q, "target"] if role == "draft" else None
+                        samples[q, role, b, c, n] += step_times(runners[q, role], b, n, c, cfg.repeats, cfg.warmup,
+                                                                before)
+                    bar.update()
+    models: dict = {q: {"target": {}, "draft": {}} for q in quants}
+    for (q, role, b, c, n), times in samples.items():
+        models[q][role].setdefault(b, {}).setdefault(c, {})[n] = round(1e3 * statistics.median(times), 4)
     bandwidth = round(copy_bandwidth(next(iter(pipes.values())).machine.device))
     out = {}
     for q, pipe in pipes.items():
-        host = [(kind, b) for b in sorted(set(cfg.batch_sizes) | {1}) for kind in HOST_BATCH_SIZES]
         host_ms, host_batch = {}, {}
-        for kind, b in tqdm(host, desc=f"profile host work{f' ({q})' if q else ''}", unit="point",
-                            disable=not progress):
-            table = host_per_round(pipe, kind, b)
-            if b == 1:
-                host_ms[kind] = table
-            else:
-                host_batch.setdefault(kind, {})[b] = table
+        for (kind, b, n), ms in host_work(pipe, sorted(set(cfg.batch_sizes) | {1}), cfg.passes, rng,
+                                          desc=f"profile host work{f' ({q})' if q else ''}", progress=progress).items():
+            table = host_ms.setdefault(kind, {}) if b == 1 else host_batch.setdefault(kind, {}).setdefault(b, {})
+            table[n] = ms
         data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
                               host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch)
         path = artifacts.save(cfg.bundle, data, quant=q)
@@ -153,30 +174,57 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
     return out
 
 
-def host_per_round(pipe, kind: str = "tree", batch: int = 1, new_tokens: int = 48) -> dict[int, float]:
-    """Host milliseconds per decode round (outside any model call) by tree size, at a batch size.
-
-    kind "tree": static trees from a fixed synthetic acceptance table (the shape calibration would build);
-    size 0 is autoregressive. "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes; "merged": the same
-    with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes); above batch 1,
-    the HOST_BATCH_SIZES of each kind. Two generations per size on `batch` held-out prompts in one batch (of
-    new_tokens each, a third of that above batch 1); the second is measured."""
-    prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
-    sizes = (HOST_TREE_SIZES if kind == "tree" else HOST_DYNAMIC_SIZES) if batch == 1 else HOST_BATCH_SIZES[kind]
-    new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
-    trees = {t.num_nodes: t.paths for t in best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), max(HOST_TREE_SIZES))}
+def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
+    """(kind, batch size, tree nodes) of every decode whose host work is profiled: kind "tree": static trees
+    of HOST_TREE_SIZES nodes (0: autoregressive); "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes;
+    "merged": the same with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes);
+    above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
-    extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
-    out = {}
-    for n in [n for n in sizes if not largest or n + extra <= largest]:
-        if kind != "tree":
-            kw = {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
-        else:
-            kw = {"method": "autoregressive"} if n == 0 else {"method": "tree", "tree": trees[n]}
-        for _ in range(2):
-            stats = pipe.generate(prompts, max_new_tokens=new_tokens, batch_size=batch, **kw)[0].stats
-        out[n] = round(1e3 * stats.seconds.host / max(1, stats.rounds), 4)
+    at_batch_1 = {"tree": HOST_TREE_SIZES, "dynamic": HOST_DYNAMIC_SIZES, "merged": HOST_DYNAMIC_SIZES}
+    out = []
+    for b in batch_sizes:
+        for kind in HOST_BATCH_SIZES:
+            sizes = at_batch_1[kind] if b == 1 else HOST_BATCH_SIZES[kind]
+            extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
+            out += [(kind, b, n) for n in sizes if not largest or n + extra <= largest]
     return out
+
+
+def host_round_ms(pipe, kind: str, batch: int, num_nodes: int, new_tokens: int = 48) -> float:
+    """Host milliseconds per decode round (outside any model call) of one generation of `batch` held-out
+    prompts in one batch, `new_tokens` each (a third of that above batch 1), with a tree of this kind and size
+    (static trees from a fixed synthetic acceptance table: the shape calibration would build)."""
+    prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
+    new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
+    if kind != "tree":
+        kw = {"method": "dynamic", "num_draft_tokens": num_nodes,
+              "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
+    elif num_nodes == 0:
+        kw = {"method": "autoregressive"}
+    else:
+        table = np.array([[0.7, 0.15, 0.07, 0.03]] * 8)
+        kw = {"method": "tree", "tree": {t.num_nodes: t.paths for t in best_trees(table, num_nodes)}[num_nodes]}
+    stats = pipe.generate(prompts, max_new_tokens=new_tokens, batch_size=batch, **kw)[0].stats
+    return 1e3 * stats.seconds.host / max(1, stats.rounds)
+
+
+def host_work(pipe, batch_sizes: list[int], passes: int, rng, desc: str = "profile host work",
+              progress: bool = True) -> dict[tuple[str, int, int], float]:
+    """(kind, batch size, tree nodes) -> host ms per round: the median over `passes` generations of each of
+    host_configs, after an untimed one; each pass in a new random order (drift over minutes shifts every
+    configuration alike)."""
+    from tqdm import tqdm
+
+    configs = host_configs(pipe, batch_sizes)
+    times: dict = {c: [] for c in configs}
+    with tqdm(total=(passes + 1) * len(configs), desc=desc, unit="decode", disable=not progress) as bar:
+        for p in range(passes + 1):
+            for i in (range(len(configs)) if p == 0 else rng.permutation(len(configs))):
+                ms = host_round_ms(pipe, *configs[i])
+                if p > 0:
+                    times[configs[i]].append(ms)
+                bar.update()
+    return {c: round(statistics.median(ms), 4) for c, ms in times.items()}
 
 
 def plot_latency(data: LatencyProfile, path: Path) -> None:
@@ -189,9 +237,10 @@ def plot_latency(data: LatencyProfile, path: Path) -> None:
         for b, per_ctx in sorted(data.models[role].items()):
             for c, curve in sorted(per_ctx.items()):
                 ns = sorted(curve)
-                ax.plot(ns, [curve[n] for n in ns], marker=".", label=f"batch {b}, context {c}")
+                line, = ax.plot(ns, nondecreasing(tuple(curve[n] for n in ns)), label=f"batch {b}, context {c}")
+                ax.plot(ns, [curve[n] for n in ns], ".", color=line.get_color())
         ax.set_xlabel("new tokens per sequence (n)")
-        ax.set_ylabel("step latency (ms, median)")
+        ax.set_ylabel("step ms (dots: medians; lines: the fit tuned on)")
         ax.set_title(f"{role}: L(n), {m.backend}, {m.threads} threads, {m.gpu or m.device}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)

@@ -34,6 +34,21 @@ def test_round_trip_and_format_on_disk(bundle):
     assert (bundle / "latency.json").stat().st_mode & 0o777 == 0o666 & ~UMASK  # as a plain write would make it
 
 
+def test_the_tuner_reads_the_non_decreasing_fit_of_a_noisy_profile_and_the_file_keeps_what_was_measured(bundle):
+    from specrt.bundle.artifacts import nondecreasing
+
+    assert nondecreasing((1.0, 3.0, 2.0, 4.0)) == (1.0, 2.5, 2.5, 4.0)
+    assert nondecreasing((3.0, 2.0, 1.0)) == (2.0, 2.0, 2.0)
+    assert nondecreasing((1.0, 2.0, 2.0, 5.0)) == (1.0, 2.0, 2.0, 5.0)
+    assert nondecreasing((1.0, 4.0, 3.0, 2.0, 6.0)) == (1.0, 3.0, 3.0, 3.0, 6.0)
+    lat = write_latency(bundle, lambda n: {1: 1.0, 2: 0.6}.get(n, float(n)), max_tokens=4,
+                        host_ms={"tree": {0: 0.1, 4: 0.9, 8: 0.5, 16: 2.0}})
+    assert lat.step_ms("target", 1, 1) == pytest.approx(0.8) and lat.step_ms("target", 1, 2) == pytest.approx(0.8)
+    assert lat.step_ms("target", 1, 3) == pytest.approx(3.0)
+    assert lat.host(6) == pytest.approx(0.7) and lat.host(12) == pytest.approx(1.35)
+    assert artifacts.load(bundle, LatencyProfile, HERE).models["target"][1][128][2] == 0.6
+
+
 @pytest.mark.parametrize("corrupt,match", [
     (lambda p: p.unlink(), "no latency.json in .*: run `specrt profile --bundle .* --backend ort --threads 2` first"),
     (lambda p: p.write_text(p.read_text()[:50]), "is not valid JSON \\(truncated or edited\\?.*re-run `specrt profile"),

@@ -1,0 +1,81 @@
+"""`specrt profile`: every point timed in each pass, in a new order each pass; draft steps after a target step;
+host work the median over passes; what is saved is what was measured."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import LatencyProfile
+from specrt.calibration import latency
+from specrt.calibration.latency import ProfileConfig, profile, step_times
+from specrt.runtime.kv_cache import KVCache
+
+
+class Recorder:
+    """A runner that records its steps (and the context its cache was filled to) in a shared log."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.entry = type("Entry", (), {"vocab_size": 10, "role": name})()
+
+    def new_cache(self, batch, bucket=16):
+        return KVCache(lambda shape: np.zeros(shape, np.float32), 1, batch, 1, 1, 64, bucket=bucket)
+
+    def step(self, ids, pos, mask, cache):
+        self.log.append((self.name, ids.shape[1], int(cache.lengths[0])))
+
+
+def test_step_times_time_each_step_after_one_of_the_other_model():
+    log = []
+    draft, target = Recorder("draft", log), Recorder("target", log)
+    times = step_times(draft, 1, 3, 5, repeats=2, warmup=1, before=target)
+    assert len(times) == 2 and all(t >= 0 for t in times)
+    assert log == [("target", 1, 5), ("draft", 3, 5)] * 3  # warm-up included: the other model before every step
+    log.clear()
+    step_times(target, 1, 4, 5, repeats=2, warmup=0)
+    assert log == [("target", 4, 5)] * 2
+
+
+def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_median(demo_bundle, tmp_path,
+                                                                                    monkeypatch):
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    visits, host_calls = [], []
+
+    def fake_step_times(runner, batch, n, context, repeats, warmup, before=None):
+        role = runner.entry.role
+        visits.append((role, batch, context, n, before is not None))
+        return [0.001 * n * (1 + len([v for v in visits if v[:4] == (role, batch, context, n)]))]  # 2, 3, 4 ms x n
+
+    def fake_host_round_ms(pipe, kind, batch, nodes):
+        host_calls.append((kind, batch, nodes))
+        return float(len([c for c in host_calls if c == (kind, batch, nodes)]))  # 1 (untimed), 2, 3, 4
+
+    monkeypatch.setattr(latency, "step_times", fake_step_times)
+    monkeypatch.setattr(latency, "host_round_ms", fake_host_round_ms)
+    cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 2, 4), passes=3)
+    out = profile(cfg, progress=False)[None]
+
+    points = {(r, bs, 32, n) for r in ("target", "draft") for bs in (1, 2) for n in (1, 2, 4)}
+    passes = [visits[i * len(points):(i + 1) * len(points)] for i in range(3)]
+    assert len(visits) == 3 * len(points) and all({v[:4] for v in p} == points for p in passes)
+    assert len({tuple(p) for p in passes}) == 3  # a new order each pass
+    assert all(v[4] == (v[0] == "draft") for v in visits)  # the target's step precedes each draft step only
+    # the median of the passes' 2, 3 and 4 ms per token
+    assert out.models["target"][2][32] == {1: 3.0, 2: 6.0, 4: 12.0}
+    assert out.models["draft"][1][32][4] == 12.0
+    # host work: one untimed decode of each configuration, then one per pass; the median of 2, 3, 4
+    configs = set(host_calls)
+    assert len(host_calls) == 4 * len(configs) and out.host_ms["tree"][0] == 3.0 and out.host_batch["dynamic"][2][8] == 3.0
+    assert set(host_calls[:len(configs)]) == configs
+    assert artifacts.load(b, LatencyProfile) == out
+
+
+@pytest.mark.parametrize("passes", [0, -1])
+def test_profile_refuses_no_passes(passes, tmp_path):
+    from specrt.errors import InvalidRequestError
+
+    with pytest.raises((InvalidRequestError, ValueError), match="passes"):
+        ProfileConfig(bundle=tmp_path, passes=passes)
