@@ -242,7 +242,9 @@ class Acceptance(Artifact):
 
 
 # -- latency.json ---------------------------------------------------------------------------------
-HOST_KINDS = ("tree", "dynamic", "merged")
+HOST_KINDS = ("tree", "dynamic", "merged", "ngram")
+# a kind not in a profile (profiled before it was measured) is costed as the next simpler one's host work
+HOST_FALLBACK = {"merged": "dynamic", "dynamic": "tree", "ngram": "tree"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -306,9 +308,10 @@ class LatencyProfile(Artifact):
     def host(self, num_nodes: float, kind: str = "tree", batch: float = 1) -> float:
         """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured
         sizes (of their non-decreasing fit) and batch sizes (beyond the largest profiled batch, along the line
-        through the two largest); of this kind where profiled, else of the next simpler one ("merged" ->
-        "dynamic" -> "tree"), else 0."""
-        for k in HOST_KINDS[: HOST_KINDS.index(kind) + 1][::-1]:
+        through the two largest); of this kind where profiled, else of the next simpler one (HOST_FALLBACK: "merged"
+        -> "dynamic" -> "tree", "ngram" -> "tree"), else 0."""
+        k = kind
+        while k is not None:
             table = self.host_ms.get(k)
             if table:
                 tables = {1: table, **(self.host_batch or {}).get(k, {})}
@@ -319,6 +322,7 @@ class LatencyProfile(Artifact):
                     slope = (ys[-1] - ys[-2]) / (sizes[-1] - sizes[-2])
                     return max(0.0, ys[-1] + slope * (batch - sizes[-1]))
                 return float(np.interp(batch, sizes, ys))
+            k = HOST_FALLBACK.get(k)
         return 0.0
 
 

@@ -50,9 +50,10 @@ def step_width(tree: MeasuredTree, batch: int) -> float:
 
 def ngram_round_cost_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> tuple[float, float]:
     """(target ms, host ms) of one ANPD round (measured n-gram drafts): the target step as wide as the batch's
-    widest draft, no draft model, and the host work of a static tree that size (n-gram lookups are host work
-    too, not profiled on their own)."""
-    return latency.step_ms("target", batch, step_width(tree, batch) + 1), latency.host(tree.num_nodes, batch=batch)
+    widest draft, no draft model, and ANPD's own host work (n-gram lookups and updates, verification) at its
+    draft length (a static tree's where the profile predates it)."""
+    return (latency.step_ms("target", batch, step_width(tree, batch) + 1),
+            latency.host(tree.num_nodes, "ngram", batch=batch))
 
 
 def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTree) -> tuple[float, float]:

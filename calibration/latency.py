@@ -39,7 +39,8 @@ from specrt.plotting import pyplot, save_figure
 NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
 HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
-HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32)}  # per kind, at batch > 1
+HOST_NGRAM_SIZES = (2, 5, 10, 20)
+HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32), "ngram": (3, 10)}  # at batch > 1
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,12 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
     """(kind, batch size, tree nodes) of every decode whose host work is profiled: kind "tree": static trees
     of HOST_TREE_SIZES nodes (0: autoregressive); "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes;
     "merged": the same with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes);
-    above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's largest step."""
+    "ngram": ANPD drafting up to HOST_NGRAM_SIZES tokens (no draft model: a draft tree's bookkeeping would
+    overstate it several times); above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's
+    largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
-    at_batch_1 = {"tree": HOST_TREE_SIZES, "dynamic": HOST_DYNAMIC_SIZES, "merged": HOST_DYNAMIC_SIZES}
+    at_batch_1 = {"tree": HOST_TREE_SIZES, "dynamic": HOST_DYNAMIC_SIZES, "merged": HOST_DYNAMIC_SIZES,
+                  "ngram": HOST_NGRAM_SIZES}
     out = []
     for b in batch_sizes:
         for kind in HOST_BATCH_SIZES:
@@ -193,10 +197,13 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
 def host_round_ms(pipe, kind: str, batch: int, num_nodes: int, new_tokens: int = 48) -> float:
     """Host milliseconds per decode round (outside any model call) of one generation of `batch` held-out
     prompts in one batch, `new_tokens` each (a third of that above batch 1), with a tree of this kind and size
-    (static trees from a fixed synthetic acceptance table: the shape calibration would build)."""
+    (static trees from a fixed synthetic acceptance table: the shape calibration would build; "ngram": ANPD
+    drafting up to that many tokens)."""
     prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
     new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
-    if kind != "tree":
+    if kind == "ngram":
+        kw = {"method": "anpd", "num_draft_tokens": num_nodes}
+    elif kind != "tree":
         kw = {"method": "dynamic", "num_draft_tokens": num_nodes,
               "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
     elif num_nodes == 0:

@@ -204,15 +204,16 @@ class Pipeline:
         return 1.0
 
     def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
-        """Profiled ms of a round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
-        of n + 1 tokens and the host work of an n-node tree, at the largest profiled batch size <= batch_size
+        """Profiled ms of an ANPD round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
+        of n + 1 tokens and ANPD's host work at n, at the largest profiled batch size <= batch_size
         (a round's step costs what its widest sequence needs; each sequence is costed on that curve). Stops at
         the largest profiled step: a hardware-aware drafter verifies no more than that."""
         latency = self.latency()
         sizes = latency.batch_sizes()
         batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
         largest = min(max(curve) for curve in latency.models["target"][batch].values())
-        return [latency.step_ms("target", batch, n + 1) + latency.host(n, batch=batch) for n in range(min(num_draft_tokens, largest - 1) + 1)]
+        return [latency.step_ms("target", batch, n + 1) + latency.host(n, "ngram", batch=batch)
+                for n in range(min(num_draft_tokens, largest - 1) + 1)]
 
     def ppd_tree(self, batch_size: int):
         """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the

@@ -70,6 +70,8 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     configs = set(host_calls)
     assert len(host_calls) == 4 * len(configs) and out.host_ms["tree"][0] == 3.0 and out.host_batch["dynamic"][2][8] == 3.0
     assert set(host_calls[:len(configs)]) == configs
+    assert set(out.host_ms) == {"tree", "dynamic", "merged", "ngram"}  # ANPD's own, not a draft tree's
+    assert sorted(out.host_ms["ngram"]) == list(latency.HOST_NGRAM_SIZES) and sorted(out.host_batch["ngram"][2]) == [3, 10]
     assert artifacts.load(b, LatencyProfile) == out
 
 

@@ -101,7 +101,28 @@ def test_host_work_term_interpolates_and_falls_back_to_simpler_kinds(tmp_path):
     lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "dynamic": {2: 0.5, 32: 2.0},
                                                           "merged": {2: 0.7, 32: 2.2}})
     assert lat.host(8, "merged") == pytest.approx(1.0) and lat.host(8) == pytest.approx(0.3)
+    assert lat.host(8, "ngram") == pytest.approx(0.3)  # ANPD not profiled: the static trees' term, not dynamic's
     assert artifacts.load(tmp_path, LatencyProfile) == lat
+    lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "ngram": {2: 0.05, 10: 0.09}})
+    assert lat.host(6, "ngram") == pytest.approx(0.07) and lat.host(6) == pytest.approx(0.02 + 0.28 * 6 / 8)
+
+
+def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
+    """An ANPD round's host work is what ANPD's decodes were profiled at (no draft bookkeeping), both in the
+    tuner's cost and in the hardware-aware drafter's round costs."""
+    from specrt.bundle.artifacts import Acceptance
+    from specrt.calibration.tune import candidates, point_cost_ms
+    from specrt.runtime.pipeline import Pipeline
+
+    b = write_bundle(tmp_path, [[0.5]] * 4, lambda n: 1.0 + 0.1 * n, lambda n: 0.5,
+                     host_ms={"tree": {0: 0.1, 16: 1.7}, "ngram": {2: 0.2, 10: 0.3}},
+                     ngram=(measured_tree(5, 1, 5, 1.0, 0.0, 4.0, {4: 10}),))
+    acc, lat = artifacts.load(b, Acceptance), artifacts.load(b, LatencyProfile)
+    point = next(c for c in candidates(acc) if c.kind == "ngram")
+    target, host = point_cost_ms(acc, lat, 1, point)
+    assert target == pytest.approx(1.0 + 0.1 * 5) and host == pytest.approx(0.2 + 0.1 * 3 / 8)
+    costs = Pipeline.round_costs(type("P", (), {"latency": lambda self: lat})(), 3, 1)
+    assert costs == pytest.approx([1.1 + 0.2, 1.2 + 0.2, 1.3 + 0.2, 1.4 + 0.2125])
 
 
 def test_the_batch_cost_model_grows_host_work_with_the_batch_and_interpolates_between_batch_sizes(tmp_path):
