@@ -12,11 +12,12 @@ positions (random insertion), loss sum_d alpha^(d-1) KL(target at i + d || promp
 target's rows and the prompt rows are one forward pass: window rows never see prompt rows, so the teacher
 is the same model in the same pass, detached. Initialised from the embeddings of random ordinary tokens.
 
-Sparse trees (section 4.2.1, appendix A): from the accuracy of each distance's top-r guess on held-out
-text, for a budget of n step rows: for every split of n into candidates and prompt rows, the candidate
-tree maximising the expected accepted length (the greedy Medusa/Sequoia construction), k prompt tokens
-attached to the root and every candidate, then prompt tokens removed one at a time where the loss
-dF = P(the round ends at c) * (f(T_m) - f(T_m-1)) is least, until the budget holds. A tree is scored by its
+Sparse trees (section 4.2.1, appendix A): from the accuracy of each distance's top-r guess against the
+target's own greedy continuations of held-out text (what decoding verifies against), for a budget of n step
+rows: for every split of n into candidates and prompt rows, the candidate tree maximising the expected
+accepted length (the greedy Medusa/Sequoia construction), k prompt tokens attached to the root and every
+candidate, then prompt tokens removed one at a time where the loss dF = P(the round ends at c) *
+(f(T_m) - f(T_m-1)) is least, until the budget holds. A tree is scored by its
 steady state: after a round ending at candidate c, the next round's tree is cut to the depth c's prompt
 tokens allow, so rounds form a Markov chain over depth limits, and R(T) = sum_s pi_s f(T_s) is what one
 round accepts on average. Hardware-aware selection (section 4.2.2) picks among these trees at run time from
@@ -110,12 +111,37 @@ def _forward(module, windows: np.ndarray, points: np.ndarray, k: int, e: int, vo
     return logits[:, :width], prompt
 
 
-def _points(rng: np.random.Generator, batch: int, width: int, k: int, count: int) -> np.ndarray:
-    """Insertion points i in [4, W - k - 2]: the target's distribution at i + k (the teacher) must exist, and the
+def _points(rng: np.random.Generator, batch: int, width: int, k: int, count: int, low: int = 4) -> np.ndarray:
+    """Insertion points i in [low, W - k - 2]: the target's distribution at i + k (the teacher) must exist, and the
     true token at i + k + 1."""
     high = width - k - 1
-    count = min(count, high - 4)
-    return np.stack([np.sort(rng.choice(np.arange(4, high), count, replace=False)) for _ in range(batch)])
+    count = min(count, high - low)
+    return np.stack([np.sort(rng.choice(np.arange(low, high), count, replace=False)) for _ in range(batch)])
+
+
+def greedy_windows(module, windows: list[list[int]], batch: int = 8) -> np.ndarray:
+    """Each window's first half followed by the target's own greedy continuation to the window's length: what
+    PPD's guesses are verified against when it decodes (the target's argmax after its own tokens), not the text."""
+    import torch
+
+    data = np.array(windows, dtype=np.int64)
+    width, half = data.shape[1], data.shape[1] // 2
+    out = data.copy()
+    with torch.no_grad():
+        for start in range(0, len(data), batch):
+            ids = torch.from_numpy(data[start:start + batch, :half])
+            b = ids.shape[0]
+            past = [torch.zeros(b, module.num_kv_heads, 0, module.head_dim, dtype=module.rotate_half.dtype)
+                    for _ in range(2 * module.num_layers)]
+            pos = torch.arange(half).expand(b, half)
+            mask = torch.ones(b, half, half, dtype=torch.bool).tril()
+            for t in range(half, width):
+                logits, *new = module(ids, pos, mask, *past)
+                past = [torch.cat([p, n], dim=2) for p, n in zip(past, new)]
+                ids = logits[:, -1].argmax(-1, keepdim=True)
+                out[start:start + b, t] = ids[:, 0].numpy()
+                pos, mask = torch.full((b, 1), t), torch.ones(b, 1, t + 1, dtype=torch.bool)
+    return out
 
 
 def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress: bool = True) -> dict:
@@ -152,19 +178,23 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
             "losses": losses[:: max(1, len(losses) // 100)], "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def accuracy(module, windows: list[list[int]], cfg: PpdConfig, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """[k][K] P(rank r of prompt token d's guess is the true token d + 1 after the insertion point), and the same
-    for the baseline that guesses every distance from the insertion point's own logits (no prompt tokens)."""
+def accuracy(module, windows: np.ndarray, cfg: PpdConfig, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """[k][K] P(rank r of prompt token d's guess is the token d + 1 after the insertion point), and the same for
+    the baseline that guesses every distance from the insertion point's own logits (no prompt tokens), over
+    `windows` of greedy_windows: insertion points in the greedy half, so that the token guessed is the target's
+    own choice after its own tokens, as in decoding (against the text, a guess is scored right where the target
+    would reject it and wrong where it would accept it: on the demo target that halved the accuracy and the
+    trees' predicted acceptance)."""
     import torch
 
     k, e, top = cfg.num_prompt_tokens, cfg.num_ensemble, cfg.max_rank
     rng = np.random.default_rng(cfg.seed + 2)
-    data = np.array(windows, dtype=np.int64)
+    data = np.asarray(windows, dtype=np.int64)
     hits, base, total = np.zeros((k, top)), np.zeros((k, top)), 0
     with torch.no_grad():
         for start in range(0, len(data), 8):
             batch = data[start:start + 8]
-            points = _points(rng, len(batch), data.shape[1], k, cfg.insertions)
+            points = _points(rng, len(batch), data.shape[1], k, cfg.insertions, low=data.shape[1] // 2 - 1)
             window_logits, prompt = _forward(module, batch, points, k, e, vocab)
             truth = np.stack([batch[b][points[b][:, None] + np.arange(2, k + 2)] for b in range(len(batch))])  # [B, M, k]
             guess = prompt.topk(top, dim=-1).indices.cpu().numpy()  # [B, M, k, K]
@@ -364,7 +394,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     k, e = cfg.num_prompt_tokens, cfg.num_ensemble
     encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
     ids = (lambda text: encode(text).ids)
-    val = corpus_windows(ids, cfg.val_windows, cfg.window, cfg.seed, "validation")
+    val = greedy_windows(module, corpus_windows(ids, cfg.val_windows, cfg.window, cfg.seed, "validation"))
     if cfg.prompts_from is not None:
         prompts, record = _from_other(cfg, hidden, vocab)
         module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts), requires_grad=False)

@@ -251,3 +251,26 @@ def test_a_prompt_token_graph_that_changes_ordinary_logits_is_refused(demo_bundl
     with pytest.raises(SpecrtError, match="gives other logits for ordinary ids"):
         train_prompt_tokens(PpdConfig(bundle=b, steps=1, val_windows=2, budgets=(4,)), progress=False)
     assert not (b / "target-ppd.onnx").exists() and not (b / PromptTokens.FILE).exists()
+
+
+def test_guess_accuracy_is_scored_against_the_targets_own_greedy_continuation():
+    """PPD's guesses are verified against the target's argmax after its own tokens, so the accuracy tables (and the
+    trees built from them) score guesses on greedy continuations of held-out windows, not on the text."""
+    import torch
+
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.engines.ppd import greedy_windows
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+
+    module = StepModule(load_checkpoint(DEMO_DIR / "target", "float32", "cpu")).eval()
+    windows = np.random.default_rng(0).integers(0, 4096, (3, 24))
+    g = greedy_windows(module, windows.tolist(), batch=2)
+    assert g.shape == (3, 24) and (g[:, :12] == windows[:, :12]).all()
+    assert (g[:, 12:] != windows[:, 12:]).any()
+    # teacher-forced over whole windows, each token of the second half is the argmax after the tokens before it
+    past = [torch.zeros(3, module.num_kv_heads, 0, module.head_dim) for _ in range(2 * module.num_layers)]
+    with torch.no_grad():
+        logits = module(torch.from_numpy(g), torch.arange(24).expand(3, 24),
+                        torch.ones(3, 24, 24, dtype=torch.bool).tril(), *past)[0]
+    assert (logits[:, 11:-1].argmax(-1).numpy() == g[:, 12:]).all()
