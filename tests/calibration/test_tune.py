@@ -326,7 +326,8 @@ def test_the_readme_tuning_flow_with_default_threads(demo_bundle, tmp_path):
     shutil.copytree(demo_bundle, b)
     calibrate(CalibrationConfig(bundle=b, num_prompts=2, new_tokens=16, max_depth=3, max_rank=3, max_nodes=6,
                                 dynamic_sizes=(4,), merged_sizes=(), ngram_sizes=(5,)), progress=False)
-    profile(ProfileConfig(bundle=b, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 2, 4, 8), repeats=1, warmup=0),
+    profile(ProfileConfig(bundle=b, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 2, 4, 8), repeats=1, warmup=0,
+                          passes=1),
             progress=False)
     tune(TuneConfig(bundle=b, batch_sizes=(1,)))
     pipe = Pipeline.load(b)

@@ -153,8 +153,8 @@ def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
                                       max_rank=3, max_nodes=6, dynamic_sizes=(4,), merged_sizes=()), progress=False)
     assert acc.num_positions == 2 * 12
     lat = profile(ProfileConfig(bundle=b, backend="graphs", threads=2, batch_sizes=(1, 2), contexts=(64,),
-                                num_tokens=(1, 2, 4, 8), repeats=1, warmup=0), progress=False)[None]
-    assert lat.stamp.machine.backend == "graphs" and set(lat.host_ms) == {"tree", "dynamic", "merged"}
+                                num_tokens=(1, 2, 4, 8), repeats=1, warmup=0, passes=1), progress=False)[None]
+    assert lat.stamp.machine.backend == "graphs" and set(lat.host_ms) == {"tree", "dynamic", "merged", "ngram"}
     plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     pipe = Pipeline.load(b, backend="graphs", threads=2)
     assert pipe.plan() == plan  # stamped with the graphs backend's machine, so it loads here

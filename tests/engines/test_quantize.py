@@ -216,7 +216,7 @@ def test_variants_are_profiled_side_by_side_each_into_its_own_profile(quant_bund
     b = tmp_path / "b"
     shutil.copytree(quant_bundle, b)
     cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 4), repeats=1, warmup=0,
-                        variants=("exported", "int4-weights"))
+                        passes=1, variants=("exported", "int4-weights"))
     got = profile(cfg, progress=False)
     assert list(got) == [None, "int4-weights"]
     assert artifacts.load(b, LatencyProfile).stamp.machine.quant is None
