@@ -7,8 +7,8 @@ For a tree of n nodes, one round at batch size b costs
     + H(b, n)                                   the runtime's host work per round (profiled per batch size)
 
 A dynamic tree (measured by calibration) costs L_draft(b, 1) for the pending tokens, then one step of W
-beams per further draft call; a merged tree (n-gram drafts merged in) is costed at the expected widest
-tree of the batch, since a ragged step is as wide as its widest sequence.
+beams per further draft call; the target step of a measured tree (merged trees, ANPD) costs L's expectation
+over the width of the batch's widest tree, since a ragged step is as wide as its widest sequence.
 
 A workload (requests of given prompt and output lengths, workload_ms) is served in rounds: each request's
 output is walked through the acceptance calibrated where each round starts (rounds_needed: acceptance grows
@@ -35,30 +35,37 @@ def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[
     return target, draft + latency.host(len(spec), batch=batch)
 
 
-def step_width(tree: MeasuredTree, batch: int) -> float:
-    """Expected drafted tokens per sequence in one target step of `batch` sequences: a ragged step is as
-    wide as its widest tree, so the expected maximum of `batch` draws from the calibrated histogram of
-    nodes per round (independent sequences); the mean at batch 1."""
+def widest(tree: MeasuredTree, batch: float) -> tuple[np.ndarray, np.ndarray]:
+    """(widths, probabilities) of the drafted tokens per sequence in one target step of `batch` sequences: a ragged
+    step is as wide as its widest tree, so the maximum of `batch` independent draws from the calibrated histogram
+    of nodes per round; without a histogram, the mean nodes per round."""
     hist = tree.nodes_hist
     if not hist:
-        return tree.nodes_per_round
+        return np.array([tree.nodes_per_round]), np.array([1.0])
     widths = np.array(sorted(hist))
     cdf = np.cumsum([hist[k] for k in widths]) / sum(hist.values())
     below = np.concatenate(([0.0], cdf[:-1]))
-    return float(np.sum(widths * (cdf ** batch - below ** batch)))
+    return widths, cdf ** batch - below ** batch
+
+
+def target_step_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> float:
+    """Expected ms of the target step of a round verifying a measured tree: L over the distribution of the step's
+    width (widest), not L at the expected width, since L is not linear and widths can be far apart (ANPD drafts K
+    tokens or none)."""
+    widths, p = widest(tree, batch)
+    return float(sum(q * latency.step_ms("target", batch, w + 1) for w, q in zip(widths, p) if q > 0))
 
 
 def ngram_round_cost_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> tuple[float, float]:
     """(target ms, host ms) of one ANPD round (measured n-gram drafts): the target step as wide as the batch's
-    widest draft, no draft model, and ANPD's own host work (n-gram lookups and updates, verification) at its
+    widest draft (target_step_ms), no draft model, and ANPD's own host work (n-gram lookups and updates, verification) at its
     draft length (a static tree's where the profile predates it)."""
-    return (latency.step_ms("target", batch, step_width(tree, batch) + 1),
-            latency.host(tree.num_nodes, "ngram", batch=batch))
+    return target_step_ms(latency, batch, tree), latency.host(tree.num_nodes, "ngram", batch=batch)
 
 
 def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTree) -> tuple[float, float]:
     """(target ms, draft + host ms) of one round with a measured dynamic (or merged) tree."""
-    target = latency.step_ms("target", batch, step_width(tree, batch) + 1)
+    target = target_step_ms(latency, batch, tree)
     draft = latency.step_ms("draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, tree.draft_calls_per_round - 1) * latency.step_ms("draft", batch, tree.width)
     return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic", batch)

@@ -291,14 +291,20 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]
 
 
-def test_a_batched_step_is_costed_at_the_expected_widest_tree():
-    from specrt.calibration.cost import step_width
+def test_a_batched_step_is_costed_over_the_width_of_its_widest_tree(tmp_path):
+    """A ragged step is as wide as its widest tree; its cost is L's expectation over that width, not L at the
+    expected width (ANPD drafts K tokens or none, and L is not linear)."""
+    from specrt.calibration.cost import target_step_ms, widest
 
     dyn = measured_tree(4, 4, 4, 1.0, 1.0, per_round=6.0, hist={4: 1, 8: 1})  # 4 or 8 nodes, evenly
-    assert step_width(dyn, 1) == pytest.approx(6.0)
-    assert step_width(dyn, 2) == pytest.approx(4 * 0.25 + 8 * 0.75)  # both 4 with probability 1/4
-    assert step_width(dyn, 8) == pytest.approx(4 / 256 + 8 * 255 / 256)
-    assert step_width(measured_tree(4, 4, 4, 1.0, 1.0, per_round=5.5), 4) == 5.5  # no histogram: the mean
+    for batch, p8 in ((1, 0.5), (2, 0.75), (8, 255 / 256)):  # both 4 with probability 1/2 ** batch
+        widths, p = widest(dyn, batch)
+        assert list(widths) == [4, 8] and p == pytest.approx([1 - p8, p8])
+    assert [list(a) for a in widest(measured_tree(4, 4, 4, 1.0, 1.0, per_round=5.5), 4)] == [[5.5], [1.0]]
+    (tmp_path / "manifest.json").write_text("{}")
+    lat = write_latency(tmp_path, lambda n: 1.0 if n <= 5 else 3.0, batches=(1, 2))  # above 5 tokens: 3x (x batch)
+    assert target_step_ms(lat, 1, dyn) == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)  # at the mean width (7 tokens): 3.0
+    assert target_step_ms(lat, 2, dyn) == pytest.approx(2 * (0.25 * 1.0 + 0.75 * 3.0))
 
 
 def test_a_plan_is_refused_once_its_inputs_change(tmp_path):
