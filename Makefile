@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench gpu-bench-quant calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -162,10 +162,11 @@ soak: $(STAMP)
 # batch 1 and 8 (continuous, unpadded and padded) on the eager backend.
 GPU_OUT   ?= build/gpu
 GPU_METHODS ?= autoregressive,sd,anpd,anpd-hw,dynamic,dynamic-ngram
-gpu-bench:
+$(GPU_OUT)/bundle/manifest.json:
 	$(PY) -m specrt models inflate --preset 7b --dtype float16 --out $(GPU_OUT)/target
 	$(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer \
 		--out $(GPU_OUT)/bundle --dtype float16 --no-onnx
+gpu-bench: $(GPU_OUT)/bundle/manifest.json
 	$(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --slots 2
 	$(PY) -m specrt calibrate --bundle $(GPU_OUT)/bundle --backend graphs --num-prompts 8
 	$(PY) -m specrt profile --bundle $(GPU_OUT)/bundle --backend graphs --batch-sizes 1,2,4 --contexts 512
@@ -177,6 +178,15 @@ gpu-bench:
 	$(PY) -m specrt bench batch --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager-batch --num-prompts 16 \
 		--max-new-tokens 32 --runs 2 --batch-sizes 1,8 --methods autoregressive,sd --padded sd --batchings continuous \
 		--out $(GPU_OUT)/results
+
+# The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
+# projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).
+gpu-bench-quant: $(GPU_OUT)/bundle/manifest.json
+	test -f $(GPU_OUT)/bundle/engines.json || $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --batch-buckets 1
+	for s in int8-wo fp8; do $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --batch-buckets 1 \
+		--quant $$s || exit 1; done
+	$(PY) -m specrt bench quant --bundle $(GPU_OUT)/bundle --backend graphs --label gpu-7b-graphs --num-prompts 5 \
+		--runs 2 --methods autoregressive,sd,anpd --out $(GPU_OUT)/results
 
 # docs/results.md and the README's results table from every committed result in bench/results.
 docs: $(STAMP)

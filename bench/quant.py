@@ -1,13 +1,17 @@
-"""`specrt bench quant`: what each quantized variant of a bundle (`specrt quantize`) buys and costs, against the
-exported (float) pair measured in the same run.
+"""`specrt bench quant`: what each quantized variant of a bundle buys and costs, against the float pair measured in
+the same run.
 
-Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: model bytes; tokens/s of each of
-our rows (autoregressive and the lossless methods asked for; timed runs interleaved across every variant
-and row, medians) and the ratio to the float pair's autoregressive; tokens per target call. Quality against
-the float target, on held-out text (never HumanEval): the target's perplexity (teacher-forced) and the share
-of positions where both targets' greedy choice agrees (teacher-forced, and over free-running greedy
-continuations). And per variant, a float target with the quantized draft: tokens per target call against the
-float pair's (does a quantized draft still guess as well?). Outputs JSON, Markdown and a PNG.
+Variants: on the ort backend `specrt quantize`'s step graphs (int8-weights, int4-weights, static-int8); on the
+torch and graphs backends the PyTorch step's 8-bit projections (int8-wo, fp8; graphs: engines built with
+`specrt build --quant S`). Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: model
+bytes; tokens/s of each of our rows (autoregressive and the lossless methods asked for; timed runs interleaved
+across every variant and row, medians) and the ratio to the float pair's autoregressive; tokens per target call;
+on a GPU, each row's energy per token (NVML) and its fraction of the variant's own roofline (its target's weight
+bytes / the measured copy bandwidth). Quality against the float target, on held-out text (never HumanEval): the
+target's perplexity (teacher-forced) and the share of positions where both targets' greedy choice agrees
+(teacher-forced, and over free-running greedy continuations). And per variant, a float target with the
+quantized draft: tokens per target call against the float pair's (does a quantized draft still guess as well?).
+Outputs JSON, Markdown and a PNG.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
+from specrt.contract import TORCH_QUANT_SCHEMES
 from specrt.engines.quantize import graph_bytes
+from specrt.errors import InvalidRequestError
 from specrt.plotting import pyplot, save_figure
 
 FLOAT = "exported"  # the row of the pair as exported (float weights)
@@ -32,11 +38,31 @@ FLOAT = "exported"  # the row of the pair as exported (float weights)
 @dataclass(frozen=True)
 class QuantBenchConfig(BenchConfig):
     num_prompts: int = option(5, "first N HumanEval prompts (speed)", ge=1)
-    schemes: tuple[str, ...] = option(("int8-weights", "int4-weights", "static-int8"),
-                                      "variants to measure (each made by `specrt quantize --scheme S`)")
+    backend: str = option("ort", "ort = `specrt quantize`'s step graphs on ONNX Runtime; torch = the PyTorch step's "
+                                 "8-bit projections, eager; graphs = the same in the bundle's engines (`specrt build "
+                                 "--quant S` for each scheme, and once without)", choices=("ort", "torch", "graphs"))
+    device: str | None = option(None, "torch and graphs: the device (default: CUDA where present; graphs: the engines')")
+    schemes: tuple[str, ...] | None = option(None, "variants to measure (default: ort: int8-weights, int4-weights, "
+                                                   "static-int8, each made by `specrt quantize --scheme S`; torch and "
+                                                   "graphs: int8-wo, fp8)")
     methods: tuple[str, ...] = option(("autoregressive", "sd", "dynamic-ngram"), "our rows: methods or e2e variants")
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
+
+    def __post_init__(self):
+        super().__post_init__()
+        torch_schemes = self.backend != "ort"
+        if self.schemes is None:
+            object.__setattr__(self, "schemes", TORCH_QUANT_SCHEMES if torch_schemes else
+                               ("int8-weights", "int4-weights", "static-int8"))
+        wrong = [s for s in self.schemes if (s in TORCH_QUANT_SCHEMES) != torch_schemes]
+        if wrong:
+            raise InvalidRequestError(f"--schemes {','.join(wrong)}: the {self.backend} backend measures "
+                                      + ("the PyTorch step's 8-bit projections (" + ", ".join(TORCH_QUANT_SCHEMES) + ")"
+                                         if torch_schemes else "`specrt quantize`'s variants (int8-weights, "
+                                         "int4-weights, static-int8, int8-qdq)"))
+        if self.backend == "ort" and self.device not in (None, "cpu"):
+            raise InvalidRequestError(f"--device {self.device}: the ort backend runs on the CPU")
 
 
 def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantBenchConfig) -> dict:
@@ -65,26 +91,61 @@ def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantB
     return out
 
 
-def run_quant(cfg: QuantBenchConfig) -> dict:
-    from specrt.bundle import artifacts
-    from specrt.bundle.artifacts import QuantSet
-    from specrt.checkpoints.corpus import validation_prompts
-    from specrt.runtime.backends import load_backend
+def _load(cfg: QuantBenchConfig, scheme: str | None):
     from specrt.runtime.pipeline import Pipeline
 
+    # refuses a scheme not made (ort: `specrt quantize`; graphs: `specrt build --quant`), saying how
+    return Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device, quant=scheme)
+
+
+def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: str) -> tuple[int, float]:
+    """(bytes of the model's weights as this variant runs them, seconds its quantization took)."""
+    backend = getattr(pipe, role)
+    if cfg.backend != "ort":  # the PyTorch step: its module's tensors; quantized when the backend loaded
+        from specrt.model.quant import module_bytes
+
+        return module_bytes(backend.module), backend.quant.seconds if backend.quant else 0.0
+    v = variants.get(variant, {}).get(role)
+    return graph_bytes(cfg.bundle / (v.file if v else pipe.manifest["models"][role]["onnx"])), v.seconds if v else 0.0
+
+
+def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):
+    """The draft backend of variant `scheme`, or None where the variant has no draft."""
+    from specrt.bundle import artifacts
+    from specrt.bundle.artifacts import EngineSet
+    from specrt.runtime.backends import load_backend
+
+    entry, device = pipe.draft.entry, pipe.machine.device
+    if cfg.backend == "ort":
+        v = variants.get(scheme, {}).get("draft")
+        return v and load_backend("ort", cfg.bundle, entry, cfg.threads, device, graph=v.file)
+    engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "graphs" else None
+    return load_backend(cfg.backend, cfg.bundle, entry, cfg.threads, device, engines, quant=scheme)
+
+
+def run_quant(cfg: QuantBenchConfig) -> dict:
+    from specrt.bench.hardware import EnergyMeter
+    from specrt.bundle import artifacts
+    from specrt.bundle.artifacts import QuantSet
+    from specrt.calibration.latency import copy_bandwidth
+    from specrt.checkpoints.corpus import validation_prompts
+
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    quant = artifacts.load(cfg.bundle, QuantSet).variants
-    pipes = {FLOAT: Pipeline.load(cfg.bundle, threads=cfg.threads)}
+    variants = artifacts.load(cfg.bundle, QuantSet).variants if cfg.backend == "ort" else {}
+    pipes = {FLOAT: _load(cfg, None)}
     for s in cfg.schemes:
-        pipes[s] = Pipeline.load(cfg.bundle, threads=cfg.threads, quant=s)  # refuses a scheme not made, saying how
+        pipes[s] = _load(cfg, s)
+    device = pipes[FLOAT].machine.device
     prompts = humaneval_prompts(cfg.num_prompts)
     runners = {}
     for variant, pipe in pipes.items():
         for m in cfg.methods:
             method, options = VARIANTS.get(m, (m, {}))
             runners[(variant, m)] = OurRunner(pipe, method, cfg, **options)
+    meter, joules = EnergyMeter(device), {}
     seconds, last = timed_runs({k: (lambda r=r: r(prompts)) for k, r in runners.items()}, cfg.runs, 1,
-                               f"bench quant {cfg.label}")
+                               f"bench quant {cfg.label}", meter, joules)
+    bandwidth = copy_bandwidth(device)
     base = pipes[FLOAT]
     held_out = validation_prompts(base.encode, cfg.quality_prompts, 2 * cfg.quality_tokens, seed=1)
     ref = _quality(base, None, held_out, cfg)
@@ -92,22 +153,25 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
     ar0 = None
     for variant, pipe in pipes.items():
         q = _quality(pipe, ref, held_out, cfg) if variant != FLOAT else ref
-        files = {r: (quant[variant][r].file if variant in quant and r in quant[variant] else
-                     pipe.manifest["models"][r]["onnx"]) for r in ("target", "draft")}
-        row = {"variant": variant, "target_mb": round(graph_bytes(cfg.bundle / files["target"]) / 2**20, 1),
-               "draft_mb": round(graph_bytes(cfg.bundle / files["draft"]) / 2**20, 1),
-               "quantize_s": round(sum(v.seconds for v in quant.get(variant, {}).values()), 1),
+        (target_bytes, target_s), (draft_bytes, draft_s) = (_weights(cfg, pipe, variants, variant, r)
+                                                            for r in ("target", "draft"))
+        row = {"variant": variant, "target_mb": round(target_bytes / 2**20, 1), "draft_mb": round(draft_bytes / 2**20, 1),
+               "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(1e3 * target_bytes / bandwidth, 3),
                "perplexity": round(q["perplexity"], 4),
                "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),
                "top1_agreement": round(q["top1_agreement"], 4), "greedy_agreement": round(q["greedy_agreement"], 4),
                "methods": {}}
         for m in cfg.methods:
             outs, calls, _ = last[(variant, m)]
-            tps = sum(map(len, outs)) / statistics.median(seconds[(variant, m)])
+            tokens = sum(map(len, outs))
+            tps = tokens / statistics.median(seconds[(variant, m)])
             if variant == FLOAT and m == "autoregressive":
                 ar0 = tps
+            spent = joules.get((variant, m))
             row["methods"][m] = {"tokens_per_s": round(tps, 2), "runs_s": [round(x, 3) for x in seconds[(variant, m)]],
-                                 "tokens_per_target_call": round(sum(map(len, outs)) / calls, 3) if calls else None}
+                                 "tokens_per_target_call": round(tokens / calls, 3) if calls else None,
+                                 "roofline_fraction": round(tps * target_bytes / bandwidth, 4),
+                                 "joules_per_token": round(statistics.median(spent) / tokens, 4) if spent else None}
         rows.append(row)
     for row in rows:
         for r in row["methods"].values():
@@ -117,19 +181,22 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
     # a float target with each quantized draft: tokens per target call (deterministic: one untimed pass)
     drafts = []
     for s in cfg.schemes:
-        if "draft" not in quant.get(s, {}):
+        draft = _quantized_draft(cfg, base, variants, s)
+        if draft is None:
             continue
-        mixed = Pipeline.load(cfg.bundle, threads=cfg.threads)
-        mixed.draft = load_backend("ort", cfg.bundle, mixed.draft.entry, cfg.threads, "cpu", graph=quant[s]["draft"].file)
-        for m in cfg.methods:
-            if m == "autoregressive":
-                continue
-            method, options = VARIANTS.get(m, (m, {}))
-            outs, calls, _ = OurRunner(mixed, method, cfg, **options)(prompts)
-            float_calls = last[(FLOAT, m)][1]
-            drafts.append({"draft": s, "method": m, "tokens_per_target_call": round(sum(map(len, outs)) / calls, 3),
-                           "vs_exported_draft": round(float_calls / calls, 3)})
-    data = {**header("quant", cfg), "rows": rows, "drafts": drafts}
+        float_draft, base.draft = base.draft, draft
+        try:
+            for m in cfg.methods:
+                if m == "autoregressive":
+                    continue
+                method, options = VARIANTS.get(m, (m, {}))
+                outs, calls, _ = OurRunner(base, method, cfg, **options)(prompts)
+                drafts.append({"draft": s, "method": m, "tokens_per_target_call": round(sum(map(len, outs)) / calls, 3),
+                               "vs_exported_draft": round(last[(FLOAT, m)][1] / calls, 3)})
+        finally:
+            base.draft = float_draft
+    data = {**header("quant", cfg), "rows": rows, "drafts": drafts, "device": pipes[FLOAT].machine.gpu or device,
+            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "energy": meter.why_not or "NVML"}
     write_report(cfg.out / f"quant-{cfg.label}", data, markdown, plot)
     return data
 
@@ -137,22 +204,33 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
 def markdown(data: dict) -> str:
     c = data["config"]
     methods = c["methods"]
+    backend = c.get("backend", "ort")  # results before the torch backends were measured: ort
+    where = {"ort": f"ONNX Runtime, {c['threads']} threads", "torch": f"PyTorch eager on {data.get('device')}",
+             "graphs": f"static engines on {data.get('device')}"}[backend]
+    energy = any(m.get("joules_per_token") for r in data["rows"] for m in r["methods"].values())
     lines = [f"### quant `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
-             f"greedy, batch 1, ONNX Runtime, {c['threads']} threads, median of {c['runs']} runs; quality on "
+             f"greedy, batch 1, {where}, median of {c['runs']} runs; quality on "
              f"{c['quality_prompts']} held-out prompts x {c['quality_tokens']} tokens ({data['date']})", "",
              "| variant | target MB | draft MB | " + " | ".join(f"{m} tok/s (vs exported AR)" for m in methods)
              + " | tokens/call (" + ", ".join(m for m in methods if m != "autoregressive") + ") | perplexity (delta) "
-             "| top-1 as exported, teacher-forced | greedy continuation as exported | quantize s |",
-             "|---|---:|---:|" + "---:|" * len(methods) + "---:|---:|---:|---:|---:|"]
+             "| top-1 as exported, teacher-forced | greedy continuation as exported | quantize s |"
+             + (" best row: of roofline, J/token |" if energy else ""),
+             "|---|---:|---:|" + "---:|" * len(methods) + "---:|---:|---:|---:|---:|" + ("---:|" if energy else "")]
     for r in data["rows"]:
         ms = r["methods"]
         speed = " | ".join(f"{ms[m]['tokens_per_s']:.1f} ({ms[m]['vs_exported_ar']:.2f}x)" for m in methods)
+        best = ms[r["best"]]
+        gpu = (f" {r['best']}: {best['roofline_fraction']:.1%} of {r['roofline_ms']} ms, "
+               f"{best['joules_per_token']:.3f} J |" if energy else "")
         top1 = f"{r['top1_agreement']:.1%}" if "top1_agreement" in r else "-"  # results before it was measured
         calls = ", ".join(f"{ms[m]['tokens_per_target_call']:.2f}" for m in methods
                           if m != "autoregressive" and ms[m]["tokens_per_target_call"])
         lines.append(f"| {r['variant']} | {r['target_mb']:.1f} | {r['draft_mb']:.1f} | {speed} | {calls} | "
                      f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {top1} | {r['greedy_agreement']:.1%} | "
-                     f"{r['quantize_s']:.1f} |")
+                     f"{r['quantize_s']:.1f} |{gpu}")
+    if energy:
+        lines += ["", f"Roofline: each variant's target weight bytes / {data['copy_bandwidth_gb_s']} GB/s measured copy "
+                      f"bandwidth; energy: {data['energy']}."]
     if data.get("drafts"):
         lines += ["", "Exported target with a quantized draft: tokens per target call (vs the exported draft's)", "",
                   "| draft | method | tokens/target call | vs exported draft |", "|---|---|---:|---:|"]

@@ -395,7 +395,8 @@ class EngineSet(Artifact):
     so the file records what was built and checked, and where. TensorRT engines will share the profile table."""
 
     FILE: ClassVar[str] = "engines.json"
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2  # 2: quant
+    PER_VARIANT: ClassVar[bool] = True  # each scheme's engines (`specrt build --quant S`) at quant/S/engines.json
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle}"
 
     kind: str  # "graphs": the step module at static shapes (CUDA graphs on CUDA, eager on the CPU)
@@ -410,6 +411,10 @@ class EngineSet(Artifact):
     cuda_graphs: bool  # captured as CUDA graphs (False on the CPU: the same static steps, run eagerly)
     build_seconds: dict[str, float]  # per model: capture (or warm-up) and check time
     parity: dict[str, float]  # per model: max |logit| difference, padded static step vs eager step
+    # graphs: the projections' 8-bit scheme (model/quant.py: int8-wo, fp8); trt: the quantized variant's Q/DQ graphs
+    # the plans were built from (`specrt quantize`); None: the weights as exported
+    quant: str | None
+    weight_bytes: dict[str, int]  # per model: the bytes of its weights as the engines hold them (the roofline's)
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
@@ -491,6 +496,7 @@ class TrtEngineSet(EngineSet):
 
     FILE: ClassVar[str] = "trt-engines.json"
     FORMAT: ClassVar[int] = 1
+    PER_VARIANT: ClassVar[bool] = False  # one set of plans, built from the variant `quant` names
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle} --backend trt"
 
     plans: dict[str, str]  # role -> plan file, relative to the bundle
@@ -501,7 +507,6 @@ class TrtEngineSet(EngineSet):
     version_compatible: bool  # runs with later TensorRT versions (TensorRT's lean runtime in the plan)
     workspace_bytes: int
     kv_update: str = "runtime"  # "graph": built from `specrt inplace`'s graphs (a static cache the engine writes)
-    quant: str | None = None  # built from this quantized variant's Q/DQ graphs (`specrt quantize`), None: as exported
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:

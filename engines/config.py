@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from specrt.bundle.artifacts import HARDWARE_COMPATIBILITY
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
-from specrt.contract import KV_UPDATES
+from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import ThreadOptions
 
@@ -47,9 +47,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                        "graph = from `specrt inplace`'s graphs: the engine writes each step's K/V into "
                                        "a static cache of --capacity in place (IKVCacheUpdateLayer + IAttention, "
                                        "TensorRT >= 10.15)", choices=KV_UPDATES)
-    quant: str | None = option(None, "trt: build from a quantized variant's step graphs: int8-qdq (`specrt quantize "
-                                     "--scheme int8-qdq`), TensorRT's explicit INT8 from symmetric Q/DQ (strongly "
-                                     "typed: no precision flags)")
+    quant: str | None = option(None, "graphs: 8-bit projections, int8-wo (INT8 weight-only) or fp8 (FP8 e4m3 weights "
+                                     "and activations, row-wise scales; compute capability >= 8.9); trt: build from a "
+                                     "quantized variant's step graphs: int8-qdq (`specrt quantize --scheme int8-qdq`), "
+                                     "TensorRT's explicit INT8 from symmetric Q/DQ (strongly typed: no precision flags)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -60,9 +61,15 @@ class BuildConfig(BundleOptions, ThreadOptions):
         if self.kv_update == "graph" and self.backend != "trt":
             raise InvalidRequestError("--kv-update graph builds TensorRT engines (--backend trt); the ort backend runs "
                                       "the in-graph step graphs without a build (`specrt inplace`, then --kv-update graph)")
-        if self.quant is not None and (self.backend != "trt" or self.kv_update == "graph"):
-            raise InvalidRequestError("--quant builds TensorRT plans from a quantized variant's Q/DQ graphs (--backend "
-                                      "trt, --kv-update runtime); the ort backend runs the variants without a build")
+        if self.backend == "graphs" and self.quant not in (None, *TORCH_QUANT_SCHEMES):
+            raise InvalidRequestError(f"--quant {self.quant}: the graphs engines quantize their projections with "
+                                      f"{' or '.join(TORCH_QUANT_SCHEMES)} (`specrt quantize`'s variants run on the ort "
+                                      "backend, or in TensorRT plans with --backend trt)")
+        if self.backend == "trt" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
+                                                                  or self.kv_update == "graph"):
+            raise InvalidRequestError("--quant with --backend trt builds TensorRT plans from a quantized variant's Q/DQ "
+                                      "graphs (`specrt quantize`; --kv-update runtime); the ort backend runs the "
+                                      "variants without a build")
         if self.kv_update == "graph" and self.token_profiles[-1] > self.capacity:
             raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
                                       f"({self.capacity}): an in-graph step writes all its rows into the cache")

@@ -35,10 +35,11 @@ import numpy as np
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
+from specrt.graphs.passes import graph_bytes
 from specrt.bundle.files import write_atomic
 from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.engines.config import BuildConfig
-from specrt.engines.graphs import check_engine_step, check_shapes, check_tolerance
+from specrt.engines.graphs import QUANT_TOL, check_engine_step, check_shapes, check_tolerance
 from specrt.errors import BundleError, SpecrtError
 from specrt.runtime.backends import resolve_device
 from specrt.runtime.backends.trt import import_tensorrt, make_logger
@@ -183,11 +184,6 @@ def _in_graph_sources(trt, bundle: Path) -> dict[str, str]:
     return {role: graphs[role].file for role in contract.ROLES}
 
 
-# How far a plan built from Q/DQ graphs may differ from ONNX Runtime running the same graphs, per unit of the
-# largest logit. Both multiply int8 by int8 exactly, but they may fold the scales in another order, and where one
-# rounds an activation to the neighbouring int8 step the logits move by that step's share. Not yet measured on a
-# real TensorRT build (none runs here): the fake's engines run the graph itself.
-QUANT_TOL = 5e-2
 
 
 def _quantized_sources(bundle: Path, scheme: str) -> dict[str, str]:
@@ -260,7 +256,8 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         cuda_graphs=False, build_seconds=seconds, parity={}, plans=plans, plan_bytes=sizes, plan_sha256=digests,
         profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},
         hardware_compatibility=cfg.hardware_compatibility, version_compatible=cfg.version_compatible,
-        workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update, quant=cfg.quant)
+        workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update, quant=cfg.quant,
+        weight_bytes={role: graph_bytes(bundle / g) for role, g in graphs.items()})
     rng, parity = np.random.default_rng(0), {}
     for role, entry in entries.items():
         backend = TrtBackend(entry, bundle, device, engines)

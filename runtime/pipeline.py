@@ -34,7 +34,7 @@ from specrt.bundle.artifacts import (ENGINE_SETS, Acceptance, InPlaceGraphs, Lat
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
 from specrt.config import Config, option
-from specrt.contract import KV_UPDATES
+from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend, load_backend, resolve_device
 from specrt.runtime.methods import Method, make_method
@@ -122,12 +122,12 @@ class Pipeline:
         engines = None
         if backend in ENGINE_SETS:
             kind = ENGINE_SETS[backend]
-            engines = artifacts.load(bundle, kind)
-            if backend == "trt":  # the plans hold the variant of the step graphs they were built from
-                if quant is not None and quant != engines.quant:
-                    raise InvalidRequestError(f"{bundle / engines.FILE} was built from {variant_words(engines.quant)}: "
-                                              f"rebuild with `{engines.command(bundle)} --quant {quant}` to run {quant}")
-                quant = engines.quant
+            # graphs: each scheme's engines apart (quant/S/engines.json); trt: one set of plans, built from a variant
+            engines = artifacts.load(bundle, kind, quant=quant)
+            if quant is not None and quant != engines.quant:
+                raise InvalidRequestError(f"{bundle / engines.FILE} was built from {variant_words(engines.quant)}: "
+                                          f"rebuild with `{engines.command(bundle)} --quant {quant}` to run {quant}")
+            quant = engines.quant
             if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
                 raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
                                           f"with that device or re-run `{kind.command(bundle)} --device {device}`")
@@ -159,7 +159,7 @@ class Pipeline:
         if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
             graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
         models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role),
-                               embeddings if role == "target" else None, kv_update)
+                               embeddings if role == "target" else None, kv_update, quant)
                   for role in ("target", "draft")]
         pipe = cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant, kv_update))
         pipe.prompt_tokens, pipe.prompt_tokens_refused = prompt_tokens, refused
@@ -404,7 +404,7 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
     except BundleError as e:
         return None, str(e), None
     redo = f"re-run `specrt ppd train --bundle {bundle}`"
-    if quant is not None:
+    if quant is not None and quant not in TORCH_QUANT_SCHEMES:  # the torch schemes keep the embedding table
         return None, (f"PPD's prompt tokens are rows of the exported target graph, not of the {quant} variant: load "
                       "without quant"), None
     if backend == "trt":
@@ -442,10 +442,18 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
 
 
 def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
-    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one, and on trt,
-    whose plans were built from it."""
+    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one, on trt,
+    whose plans were built from it, and for the torch backends' schemes (their projections are quantized when
+    they load: model/quant.py)."""
     if quant is None or backend == "trt":
         return {}
-    if backend != "ort":
-        raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) run on the ort backend, not {backend!r}")
+    if backend in ("torch", "graphs"):
+        if quant not in TORCH_QUANT_SCHEMES:
+            raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
+                                      f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
+                                      "graphs run on the ort backend")
+        return {}
+    if quant in TORCH_QUANT_SCHEMES:
+        raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or graphs built with "
+                                  f"--quant {quant}); the ort backend runs `specrt quantize`'s variants")
     return artifacts.load(bundle, QuantSet).graphs(bundle, quant)

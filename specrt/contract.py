@@ -64,6 +64,8 @@ def present_value(layer: int) -> str:
 
 
 KV_UPDATES = ("runtime", "graph")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
+# 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
+TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
 
 
 def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:

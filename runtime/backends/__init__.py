@@ -36,8 +36,9 @@ class BackendOptions(ThreadOptions):
                                  "engines (`specrt build --backend trt`)", choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
     quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
-                                     "int8-weights, int4-weights or static-int8; plan: the one plan.json picked "
-                                     "(`specrt tune --variants`)")
+                                     "int8-weights, int4-weights or static-int8; torch backend: 8-bit projections, "
+                                     "int8-wo or fp8 (graphs: the scheme its engines were built with); plan: the one "
+                                     "plan.json picked (`specrt tune --variants`)")
     kv_update: str = option("runtime", "runtime = the step graphs return new K/V and the runtime writes the accepted "
                                        "rows; graph = their in-graph variants (`specrt inplace`) write them into the "
                                        "cache in place (ort backend)", choices=KV_UPDATES)
@@ -83,12 +84,14 @@ def resolve_device(backend: str, device: str | None) -> str:
 
 
 def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None,
-                 graph: str | None = None, prompt_embeddings=None, kv_update: str = "runtime") -> Backend:
+                 graph: str | None = None, prompt_embeddings=None, kv_update: str = "runtime",
+                 quant: str | None = None) -> Backend:
     """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
     EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the step graph to run
     instead of the exported one (a quantized variant, or the target with PPD's prompt tokens), relative to the
     bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden]; kv_update "graph"
-    (kind "ort"): `graph` is an in-graph variant (contract.py)."""
+    (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit projections
+    (contract.TORCH_QUANT_SCHEMES; kind "graphs" takes its engines' scheme)."""
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
@@ -112,5 +115,5 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
         from specrt.runtime.backends.pytorch import TorchBackend
 
         return TorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads,
-                            prompt_embeddings=prompt_embeddings)
+                            prompt_embeddings=prompt_embeddings, quant=quant)
     raise InvalidRequestError(f"unknown backend {kind!r} (choose from {', '.join(BACKENDS)})")

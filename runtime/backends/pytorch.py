@@ -1,4 +1,5 @@
-"""TorchBackend: the same StepModule that export traces, run eagerly by PyTorch (CUDA or CPU)."""
+"""TorchBackend: the same StepModule that export traces, run eagerly by PyTorch (CUDA or CPU); with `quant`, its
+projections as 8-bit linears (model/quant.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,18 @@ from specrt.runtime.backends.base import Backend
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, prompt_embeddings=None):
+    def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, prompt_embeddings=None,
+                 quant: str | None = None):
         import torch
 
-        from specrt.model.checkpoint import load_checkpoint
-        from specrt.model.step import StepModule
+        from specrt.model.quant import load_step_module
 
         super().__init__(entry)
         torch.set_num_threads(threads)  # process-wide: PyTorch has one intra-op pool
         self.torch = torch
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
-        prompts = None if prompt_embeddings is None else torch.from_numpy(prompt_embeddings)
-        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device), prompts).eval()
+        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, quant)
 
     def allocate(self, shape):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -82,16 +82,15 @@ class StaticTorchBackend(EngineBackend):
                  prompt_embeddings=None):
         import torch
 
-        from specrt.model.checkpoint import load_checkpoint
-        from specrt.model.step import StepModule
+        from specrt.model.quant import load_step_module
 
         super().__init__(entry)
         torch.set_num_threads(threads)
         self.torch, self.engines = torch, engines
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
-        prompts = None if prompt_embeddings is None else torch.from_numpy(prompt_embeddings)
-        self.module = StepModule(load_checkpoint(hf_dir, entry.dtype, device), prompts).eval()
+        # the engines' quantization scheme (`specrt build --quant`): the projections as 8-bit linears
+        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, engines.quant)
         self.max_step_tokens = engines.token_profiles[-1]
         if entry.max_positions < engines.capacity:
             raise InvalidRequestError(f"the engines' capacity {engines.capacity} exceeds the {entry.role}'s maximum "

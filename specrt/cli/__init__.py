@@ -102,9 +102,11 @@ def cmd_build(args) -> None:
         print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
               f"{e.device_name or e.device}: {table}")
         for role in e.build_seconds:
-            print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; static vs eager step: max |logit err| "
+            print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; {e.weight_bytes[role] / 2**20:.1f} MiB "
+                  f"of weights{' (' + e.quant + ')' if e.quant else ''}; static vs eager step: max |logit err| "
                   f"{e.parity[role]:.2e}")
-    print(f"wrote {cfg.bundle}/{e.FILE} (load it with --backend {e.kind})")
+    flag = f" --quant {e.quant}" if e.quant and e.kind == "graphs" else ""
+    print(f"wrote {cfg.bundle}/{e.file(e.quant)} (load it with --backend {e.kind}{flag})")
 
 
 def cmd_quantize(args) -> None:

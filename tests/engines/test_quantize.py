@@ -82,7 +82,7 @@ def test_quantized_variants_are_refused_where_they_cannot_run(quant_bundle, fp16
     from specrt.engines.quantize import QuantizeConfig, quantize
     from specrt.runtime.pipeline import Pipeline
 
-    with pytest.raises(InvalidRequestError, match="run on the ort backend, not 'torch'"):
+    with pytest.raises(InvalidRequestError, match="the torch backend quantizes its projections with int8-wo or fp8; `specrt quantize`'s variants"):
         Pipeline.load(quant_bundle, backend="torch", device="cpu", quant="int8-weights")
     b = tmp_path / "b"
     shutil.copytree(quant_bundle, b)
