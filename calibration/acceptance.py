@@ -40,7 +40,6 @@ Deterministic for a seed: prompts are drawn by a seeded generator and decoding i
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -51,11 +50,10 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp, TreeEstimate
 from specrt.bundle.manifest import BundleOptions, sha256_file
-from specrt.checkpoints.corpus import validation_prompts
+from specrt.checkpoints.corpus import read_prompts, validation_prompts
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.stats import POSITION_BUCKET
-from specrt.errors import SpecrtError
 
 MERGE_NGRAM_TOKENS = 7  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
 
@@ -240,26 +238,6 @@ def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, pro
             *measured, by_position = _measure(pipe, prompts, new_tokens, bar, method="anpd", num_draft_tokens=k)
             out.append(MeasuredTree(k, 1, k, *measured, accepted_by_position=by_position))
     return out
-
-
-def read_prompts(path: Path, num: int) -> list[str]:
-    """The first `num` prompts of a JSON Lines file of {"prompt": "..."} objects; one clear line for a bad file."""
-    try:
-        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecrtError(f"--prompts {path}: cannot read it ({e})") from None
-    prompts = []
-    for i, line in enumerate(lines[:num], start=1):
-        try:
-            prompt = json.loads(line)["prompt"]
-        except (ValueError, KeyError, TypeError):
-            raise SpecrtError(f"--prompts {path}, line {i}: expected a JSON object with a \"prompt\" string") from None
-        if not isinstance(prompt, str) or not prompt:
-            raise SpecrtError(f"--prompts {path}, line {i}: \"prompt\" must be a non-empty string")
-        prompts.append(prompt)
-    if len(prompts) < num:
-        raise SpecrtError(f"--prompts {path} has {len(prompts)} prompt(s); --num-prompts asks for {num}")
-    return prompts
 
 
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:

@@ -61,6 +61,11 @@ class PpdConfig(BundleOptions):
     lr: float = option(0.003, "Adam learning rate of the prompt embeddings", gt=0)
     decay: float = option(0.8, "loss weight alpha^(d-1) of distance d", gt=0, le=1)
     val_windows: int = option(32, "held-out windows the accuracy (and so the trees) is measured on", ge=1)
+    prompts: Path | None = option(None, "measure the accuracy (and so the trees) on your own prompts instead of held-out "
+                                        "stdlib text: a JSON Lines file of {\"prompt\": \"...\"} (as `specrt calibrate "
+                                        "--prompts`), the first --val-windows of at least --window / 2 tokens, each "
+                                        "cut to its last --window / 2 tokens and continued by the target's greedy "
+                                        "tokens; prompts like your traffic predict it best (never those you benchmark on)")
     max_rank: int = option(8, "guesses per distance ranked (top-k)", ge=1)
     budgets: tuple[int, ...] = option(BUDGETS, "tree sizes (step rows beyond the root) to build sparse trees for")
     seed: int = option(0, "seed of initialisation, windows and insertion points", ge=0)
@@ -394,7 +399,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     k, e = cfg.num_prompt_tokens, cfg.num_ensemble
     encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
     ids = (lambda text: encode(text).ids)
-    val = greedy_windows(module, corpus_windows(ids, cfg.val_windows, cfg.window, cfg.seed, "validation"))
+    val = greedy_windows(module, validation_windows(cfg, ids))
     if cfg.prompts_from is not None:
         prompts, record = _from_other(cfg, hidden, vocab)
         module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts), requires_grad=False)
@@ -406,7 +411,9 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
         record = train(module, windows, cfg, vocab, progress)
         train_files, _ = load_corpus()
         record["corpus_sha256"] = corpus_hash(train_files)
-    record.update(config=config_dict(cfg), seed=cfg.seed)
+    record.update(config=config_dict(cfg), seed=cfg.seed,
+                  validation={"prompts_sha256": sha256_file(cfg.prompts)} if cfg.prompts else
+                  {"corpus_sha256": corpus_hash(load_corpus()[1])})
     acc, base = accuracy(module, val, cfg, vocab)
     prompts = module.prompt_embeddings.detach().cpu().numpy().astype(np.float32)
     (bundle / EMBEDDINGS).parent.mkdir(exist_ok=True)
@@ -423,6 +430,21 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
         initial_accuracy=_rounded(initial), trees=trees)
     artifacts.save(bundle, result)
     return result
+
+
+def validation_windows(cfg: PpdConfig, encode) -> list[list[int]]:
+    """cfg.val_windows windows of cfg.window tokens whose first halves are text (held-out stdlib files, or the ends
+    of cfg.prompts' prompts) and whose second halves greedy_windows fills with the target's own continuation."""
+    from specrt.checkpoints.corpus import corpus_windows, read_prompts
+
+    if cfg.prompts is None:
+        return corpus_windows(encode, cfg.val_windows, cfg.window, cfg.seed, "validation")
+    half = cfg.window // 2
+    firsts = [ids[-half:] for ids in map(encode, read_prompts(cfg.prompts, None)) if len(ids) >= half][: cfg.val_windows]
+    if len(firsts) < cfg.val_windows:
+        raise SpecrtError(f"--prompts {cfg.prompts} has {len(firsts)} prompt(s) of at least {half} tokens (--window "
+                          f"{cfg.window} / 2); --val-windows asks for {cfg.val_windows}")
+    return [first + [0] * (cfg.window - half) for first in firsts]
 
 
 def accuracy_of(module, embeddings, windows, cfg: PpdConfig, vocab: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The demo corpus: the Python standard library source of the running interpreter.
+"""The demo corpus: the Python standard library source of the running interpreter; and users' own prompt files.
 
 It is on every machine that runs specrt, needs no download, and is real code of the kind the
 HumanEval benchmark asks for. Files are split into train / validation by a hash of their path
@@ -9,9 +9,12 @@ relative to the stdlib root, so the split is the same on every machine with the 
 from __future__ import annotations
 
 import hashlib
+import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from specrt.errors import SpecrtError
 
 VALIDATION_PERCENT = 2  # ~2% of files, chosen by path hash, are held out
 
@@ -84,3 +87,24 @@ def corpus_windows(encode, num: int, length: int, seed: int, split: str = "valid
 def validation_prompts(encode, num: int, prompt_tokens: int, seed: int) -> list[list[int]]:
     """`num` prompts of `prompt_tokens` tokens cut at seeded offsets from held-out stdlib files."""
     return corpus_windows(encode, num, prompt_tokens, seed, "validation")
+
+
+def read_prompts(path: Path, num: int | None) -> list[str]:
+    """The first `num` prompts (None: all) of a JSON Lines file of {"prompt": "..."} objects (a user's own text, for what
+    depends on it: acceptance, PPD's accuracy); one clear line for a bad file."""
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecrtError(f"--prompts {path}: cannot read it ({e})") from None
+    prompts = []
+    for i, line in enumerate(lines[:num], start=1):
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (ValueError, KeyError, TypeError):
+            raise SpecrtError(f"--prompts {path}, line {i}: expected a JSON object with a \"prompt\" string") from None
+        if not isinstance(prompt, str) or not prompt:
+            raise SpecrtError(f"--prompts {path}, line {i}: \"prompt\" must be a non-empty string")
+        prompts.append(prompt)
+    if num is not None and len(prompts) < num:
+        raise SpecrtError(f"--prompts {path} has {len(prompts)} prompt(s); --num-prompts asks for {num}")
+    return prompts

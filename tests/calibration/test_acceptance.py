@@ -108,7 +108,8 @@ def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
     import shutil
 
     from specrt.bundle.manifest import sha256_file
-    from specrt.calibration.acceptance import CalibrationConfig, calibrate, read_prompts
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.checkpoints.corpus import read_prompts
     from specrt.errors import SpecrtError
 
     copy = tmp_path / "b"

@@ -274,3 +274,25 @@ def test_guess_accuracy_is_scored_against_the_targets_own_greedy_continuation():
         logits = module(torch.from_numpy(g), torch.arange(24).expand(3, 24),
                         torch.ones(3, 24, 24, dtype=torch.bool).tril(), *past)[0]
     assert (logits[:, 11:-1].argmax(-1).numpy() == g[:, 12:]).all()
+
+
+def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
+    """--prompts: the validation windows end in the user's prompts (no training: --prompts-from), the file's hash is
+    recorded, and too few prompts long enough for the window are refused in one line."""
+    import json
+
+    from specrt.bench.prompts import humaneval_prompts
+    from specrt.bundle.manifest import sha256_file
+
+    b = tmp_path / "b"
+    shutil.copytree(ppd_bundle, b)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in humaneval_prompts(20)[10:]))
+    cfg = PpdConfig(bundle=b, prompts_from=ppd_bundle, prompts=prompts, val_windows=6, window=64, budgets=(4,))
+    t = train_prompt_tokens(cfg, progress=False)
+    assert t.training["validation"] == {"prompts_sha256": sha256_file(prompts)}
+    assert t.accuracy != artifacts.load(ppd_bundle, PromptTokens).accuracy  # other text, other accuracy
+    assert "corpus_sha256" in artifacts.load(ppd_bundle, PromptTokens).training["validation"]
+    with pytest.raises(SpecrtError, match="has 10 prompt\\(s\\) of at least 32 tokens \\(--window 64 / 2\\); "
+                                          "--val-windows asks for 11"):
+        train_prompt_tokens(replace(cfg, val_windows=11), progress=False)
