@@ -11,6 +11,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from specrt.contract import TORCH_QUANT_SCHEMES
+
 
 def cpu_model() -> str:
     try:
@@ -45,7 +47,9 @@ class Machine:
     threads: int  # intra-op threads, resolved
     device: str  # "cpu" or "cuda:N"
     gpu: str | None = None  # CUDA device name when device is a GPU
-    quant: str | None = None  # the quantized variant of the step graphs run (`specrt quantize`), None: as exported
+    # the quantized variant of the step graphs run (`specrt quantize`), or of the PyTorch step's projections
+    # (TORCH_QUANT_SCHEMES: torch and graphs backends); None: as exported
+    quant: str | None = None
     kv_update: str = "runtime"  # "graph": the step graphs' in-graph variant (`specrt inplace`), another step cost
 
     @staticmethod
@@ -61,7 +65,8 @@ class Machine:
 
     def describe(self) -> str:
         where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
-        quant = f", {self.quant} step graphs" if self.quant else ""
+        what = "projections" if self.quant in TORCH_QUANT_SCHEMES else "step graphs"
+        quant = f", {self.quant} {what}" if self.quant else ""
         quant += ", in-graph KV update" if self.kv_update == "graph" else ""
         return f"{self.cpu} ({self.cores} cores), backend {self.backend}{quant}, {self.threads} threads, {where}"
 
