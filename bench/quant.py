@@ -118,7 +118,7 @@ def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):
     entry, device = pipe.draft.entry, pipe.machine.device
     if cfg.backend == "ort":
         v = variants.get(scheme, {}).get("draft")
-        return v and load_backend("ort", cfg.bundle, entry, cfg.threads, device, graph=v.file)
+        return None if v is None else load_backend("ort", cfg.bundle, entry, cfg.threads, device, graph=v.file)
     engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "graphs" else None
     return load_backend(cfg.backend, cfg.bundle, entry, cfg.threads, device, engines, quant=scheme)
 

@@ -119,6 +119,7 @@ class Pipeline:
             if plan is None:
                 raise BundleError(f"quant='plan' needs the bundle's plan: {why}")
             quant = plan.quant
+        _check_quant(backend, quant)
         engines = None
         if backend in ENGINE_SETS:
             kind = ENGINE_SETS[backend]
@@ -441,19 +442,23 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
     return {role: g.file for role, g in graphs.items()}
 
 
-def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
-    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one, on trt,
-    whose plans were built from it, and for the torch backends' schemes (their projections are quantized when
-    they load: model/quant.py)."""
+def _check_quant(backend: str, quant: str | None) -> None:
+    """Refuse a quantization scheme the backend does not run, in one line: the torch backends quantize their
+    projections when they load (model/quant.py); the ort backend runs `specrt quantize`'s step graphs."""
     if quant is None or backend == "trt":
-        return {}
-    if backend in ("torch", "graphs"):
-        if quant not in TORCH_QUANT_SCHEMES:
-            raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
-                                      f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
-                                      "graphs run on the ort backend")
-        return {}
-    if quant in TORCH_QUANT_SCHEMES:
+        return
+    if backend in ("torch", "graphs") and quant not in TORCH_QUANT_SCHEMES:
+        raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
+                                  f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
+                                  "graphs run on the ort backend")
+    if backend == "ort" and quant in TORCH_QUANT_SCHEMES:
         raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or graphs built with "
                                   f"--quant {quant}); the ort backend runs `specrt quantize`'s variants")
+
+
+def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
+    """role -> the quantized step graph (relative to the bundle) of variant `quant` (ort); {} without one, on trt,
+    whose plans were built from it, and on the torch backends, whose projections are quantized when they load."""
+    if quant is None or backend != "ort":
+        return {}
     return artifacts.load(bundle, QuantSet).graphs(bundle, quant)

@@ -109,6 +109,8 @@ def test_quantized_projections_are_refused_where_they_cannot_run(quant_engines):
     with pytest.raises(InvalidRequestError, match="quant='fp8' quantizes the PyTorch step .*the ort backend runs "
                                                   "`specrt quantize`'s variants"):
         Pipeline.load(quant_engines, quant="fp8")
+    with pytest.raises(InvalidRequestError, match="quant='static-int8': the graphs backend quantizes its projections"):
+        Pipeline.load(quant_engines, backend="graphs", quant="static-int8")  # before looking for its engines
     with pytest.raises(InvalidRequestError, match="--quant int8-weights: the graphs engines quantize their projections"):
         BuildConfig(bundle=quant_engines, quant="int8-weights")
     with pytest.raises(InvalidRequestError, match="--quant with --backend trt builds TensorRT plans from a quantized "
