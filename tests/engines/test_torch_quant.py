@@ -65,8 +65,8 @@ def test_lossless_methods_on_quantized_projections_equal_their_autoregressive(de
 
         ids = np.asarray(pipe.encode(prompts[0])[:40], dtype=np.int64)
         assert not np.array_equal(sequence_logits(runner, ids), sequence_logits(float_runner, ids))  # another model
-    for batch_size in (1, 3):
-        for kw in LOSSLESS:
+    for batch_size, kws in ((3, LOSSLESS), (1, LOSSLESS[:2])):  # ragged batches for every method; batch 1 for two
+        for kw in kws:
             got = pipe.generate(prompts, max_new_tokens=24, batch_size=batch_size, **kw)
             assert [o.token_ids for o in got] == ar, (batch_size, kw)
 
