@@ -242,9 +242,10 @@ class Acceptance(Artifact):
 
 
 # -- latency.json ---------------------------------------------------------------------------------
-HOST_KINDS = ("tree", "dynamic", "merged", "ngram")
-# a kind not in a profile (profiled before it was measured) is costed as the next simpler one's host work
-HOST_FALLBACK = {"merged": "dynamic", "dynamic": "tree", "ngram": "tree"}
+HOST_KINDS = ("tree", "dynamic", "merged", "ngram", "ppd")
+# a kind not in a profile (profiled before it was measured, or PPD without prompt tokens then) is costed as the next
+# simpler one's host work
+HOST_FALLBACK = {"merged": "dynamic", "dynamic": "tree", "ngram": "tree", "ppd": "tree"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -309,7 +310,7 @@ class LatencyProfile(Artifact):
         """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured
         sizes (of their non-decreasing fit) and batch sizes (beyond the largest profiled batch, along the line
         through the two largest); of this kind where profiled, else of the next simpler one (HOST_FALLBACK: "merged"
-        -> "dynamic" -> "tree", "ngram" -> "tree"), else 0."""
+        -> "dynamic" -> "tree", "ngram" and "ppd" -> "tree"), else 0."""
         k = kind
         while k is not None:
             table = self.host_ms.get(k)

@@ -40,7 +40,9 @@ NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56
 HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
 HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
 HOST_NGRAM_SIZES = (2, 5, 10, 20)
-HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32), "ngram": (3, 10)}  # at batch > 1
+HOST_PPD_BUDGETS = (2, 8, 32)  # PPD's step rows beyond the root (ppd_budget), where the bundle has prompt tokens
+HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32), "ngram": (3, 10),
+                    "ppd": (4, 16)}  # at batch > 1
 
 
 @dataclass(frozen=True)
@@ -180,15 +182,19 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
     of HOST_TREE_SIZES nodes (0: autoregressive); "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes;
     "merged": the same with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes);
     "ngram": ANPD drafting up to HOST_NGRAM_SIZES tokens (no draft model: a draft tree's bookkeeping would
-    overstate it several times); above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's
-    largest step."""
+    overstate it several times); "ppd": PPD's sparse trees of HOST_PPD_BUDGETS rows, where the bundle has prompt
+    tokens (its guesses come from the target's own step: a draft tree's bookkeeping overstated it 1.5-4x on the
+    demo pair); above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
     at_batch_1 = {"tree": HOST_TREE_SIZES, "dynamic": HOST_DYNAMIC_SIZES, "merged": HOST_DYNAMIC_SIZES,
-                  "ngram": HOST_NGRAM_SIZES}
+                  "ngram": HOST_NGRAM_SIZES, "ppd": HOST_PPD_BUDGETS}
+    built = {t.budget for t in pipe.prompt_tokens.trees} if pipe.prompt_tokens is not None else set()
     out = []
     for b in batch_sizes:
         for kind in HOST_BATCH_SIZES:
             sizes = at_batch_1[kind] if b == 1 else HOST_BATCH_SIZES[kind]
+            if kind == "ppd":
+                sizes = [n for n in sizes if n in built]
             extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
             out += [(kind, b, n) for n in sizes if not largest or n + extra <= largest]
     return out
@@ -198,11 +204,13 @@ def host_round_ms(pipe, kind: str, batch: int, num_nodes: int, new_tokens: int =
     """Host milliseconds per decode round (outside any model call) of one generation of `batch` held-out
     prompts in one batch, `new_tokens` each (a third of that above batch 1), with a tree of this kind and size
     (static trees from a fixed synthetic acceptance table: the shape calibration would build; "ngram": ANPD
-    drafting up to that many tokens)."""
+    drafting up to that many tokens; "ppd": PPD's sparse tree of that budget)."""
     prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
     new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
     if kind == "ngram":
         kw = {"method": "anpd", "num_draft_tokens": num_nodes}
+    elif kind == "ppd":
+        kw = {"method": "ppd", "ppd_budget": num_nodes}
     elif kind != "tree":
         kw = {"method": "dynamic", "num_draft_tokens": num_nodes,
               "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}

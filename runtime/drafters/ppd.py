@@ -63,8 +63,11 @@ DEFAULT_BUDGET = 16  # step rows beyond the root, where no latency profile says 
 
 def round_cost_ms(latency, batch: int, tree) -> tuple[float, float]:
     """Predicted (target ms, host ms) of a PPD round at a profiled batch size: the target step of the tree's rows
-    (their steady-state average) and the host work of a tree that size; there is no draft model."""
-    return latency.step_ms("target", batch, tree.expected_rows + 1), latency.host(tree.expected_rows, batch=batch)
+    (their steady-state average) and PPD's host work at the tree's budget (profiles before it was measured: a
+    static draft tree's of that many rows); there is no draft model."""
+    host = (latency.host(tree.budget, "ppd", batch) if "ppd" in latency.host_ms
+            else latency.host(tree.expected_rows, batch=batch))
+    return latency.step_ms("target", batch, tree.expected_rows + 1), host
 
 
 def choose_tree(tokens, latency, batch_size: int):

@@ -81,3 +81,30 @@ def test_profile_refuses_no_passes(passes, tmp_path):
 
     with pytest.raises((InvalidRequestError, ValueError), match="passes"):
         ProfileConfig(bundle=tmp_path, passes=passes)
+
+
+def test_ppd_host_work_is_profiled_where_the_bundle_has_prompt_tokens_and_costs_its_rounds(ppd_bundle, tmp_path,
+                                                                                          monkeypatch):
+    from specrt.bundle.artifacts import PromptTokens
+    from specrt.runtime.drafters.ppd import round_cost_ms
+
+    b = tmp_path / "b"
+    shutil.copytree(ppd_bundle, b)
+    calls = []
+
+    def fake_host_round_ms(pipe, kind, batch, nodes):
+        calls.append((kind, batch, nodes))
+        return 0.01 * nodes if kind == "ppd" else 1.0 + nodes  # PPD's own work, far below a draft tree's
+
+    monkeypatch.setattr(latency, "step_times", lambda runner, batch, n, *a, **k: [0.001 * n])
+    monkeypatch.setattr(latency, "host_round_ms", fake_host_round_ms)
+    out = profile(ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 4, 8, 16, 32),
+                                passes=1), progress=False)[None]
+    budgets = {t.budget for t in artifacts.load(b, PromptTokens).trees}  # (2, 4, 8, 16): those of HOST_PPD_BUDGETS
+    assert sorted(out.host_ms["ppd"]) == sorted(budgets & set(latency.HOST_PPD_BUDGETS)) == [2, 8]
+    assert sorted(out.host_batch["ppd"][2]) == [4, 16]
+    tree = artifacts.load(b, PromptTokens).tree(8)
+    assert round_cost_ms(out, 1, tree)[1] == pytest.approx(0.08)  # its own kind, at its budget
+    older = LatencyProfile(**{**out.__dict__, "host_ms": {k: v for k, v in out.host_ms.items() if k != "ppd"},
+                              "host_batch": {k: v for k, v in out.host_batch.items() if k != "ppd"}})
+    assert round_cost_ms(older, 1, tree)[1] == pytest.approx(out.host(tree.expected_rows))  # a draft tree's, as before
