@@ -49,8 +49,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                        "TensorRT >= 10.15)", choices=KV_UPDATES)
     quant: str | None = option(None, "graphs: 8-bit projections, int8-wo (INT8 weight-only) or fp8 (FP8 e4m3 weights "
                                      "and activations, row-wise scales; compute capability >= 8.9); trt: build from a "
-                                     "quantized variant's step graphs: int8-qdq (`specrt quantize --scheme int8-qdq`), "
-                                     "TensorRT's explicit INT8 from symmetric Q/DQ (strongly typed: no precision flags)")
+                                     "quantized variant's step graphs: int8-qdq or fp8-qdq (`specrt quantize --scheme S`), "
+                                     "TensorRT's explicit INT8 / FP8 from symmetric Q/DQ (strongly typed: no precision "
+                                     "flags; FP8: compute capability >= 8.9)")
 
     def __post_init__(self):
         super().__post_init__()

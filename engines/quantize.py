@@ -16,6 +16,10 @@ Face models, and its current release pins transformers < 4.58):
                   activations the inflated target's steps were far slower in an ad-hoc timing; not a bench figure).
     int8-qdq      the same calibration, symmetric: int8 activations and weights, every zero point 0: TensorRT's
                   explicit INT8 (`specrt build --backend trt --quant int8-qdq`), which takes only symmetric Q/DQ.
+    fp8-qdq       FP8 e4m3 Q/DQ, one scale per weight tensor and per activation tensor (onnxruntime's float8
+                  quantization calibrates ranges only with its Distribution method, on the same held-out text):
+                  TensorRT's explicit FP8 (`--quant fp8-qdq`; compute capability >= 8.9, e.g. H100). ONNX Runtime
+                  runs it on the CPU as float after each DequantizeLinear, which is how it is checked here (slowly).
                   ONNX Runtime runs it too (slowly on x86, see above), which is how it is checked here.
 
 Not offered: onnxruntime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger). It quantizes a step's
@@ -48,10 +52,10 @@ from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
 from specrt.graphs.passes import data_file, graph_bytes
 
-SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq")
+SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq", "fp8-qdq")
 # what TensorRT builds from (`specrt build --backend trt --quant S`): explicit quantization, Q/DQ with zero points 0
 # (TensorRT's quantization is symmetric: docs "Working with Quantized Types"); MatMulNBits is ONNX Runtime's own op
-TRT_SCHEMES = ("int8-qdq",)
+TRT_SCHEMES = ("int8-qdq", "fp8-qdq")
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
 QUANT_DIR = "quant"
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")  # onnxruntime.quantization.CalibrationMethod's
@@ -62,11 +66,12 @@ class QuantizeConfig(BundleOptions):
     model: str = option("both", "which step graphs: target, draft or both", choices=("target", "draft", "both"))
     scheme: str = option("int8-weights", "int8-weights / int4-weights (weight-only, activations float), "
                                          "static-int8 (QDQ, activation ranges calibrated on held-out text) or "
-                                         "int8-qdq (the same, symmetric: for TensorRT's explicit INT8)",
+                                         "int8-qdq (the same, symmetric: for TensorRT's explicit INT8) or fp8-qdq "
+                                         "(FP8 e4m3 Q/DQ, per-tensor scales: for TensorRT's explicit FP8)",
                          choices=SCHEMES)
-    calibration_prompts: int = option(16, "static-int8, int8-qdq: held-out prompts the activation ranges are measured on", ge=1)
-    prompt_tokens: int = option(128, "static-int8, int8-qdq: tokens per calibration prompt", ge=16)
-    seed: int = option(0, "static-int8, int8-qdq: seed of the held-out prompts' offsets", ge=0)
+    calibration_prompts: int = option(16, "static schemes: held-out prompts the activation ranges are measured on", ge=1)
+    prompt_tokens: int = option(128, "static schemes: tokens per calibration prompt", ge=16)
+    seed: int = option(0, "static schemes: seed of the held-out prompts' offsets", ge=0)
     calibration_method: str = option("minmax", "static-int8, int8-qdq: activation ranges from the extremes seen "
                                                "(minmax), a histogram's 99.999th percentile (percentile) or its "
                                                "entropy-optimal clip (entropy)", choices=CALIBRATION_METHODS)
@@ -151,20 +156,24 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
         from specrt.checkpoints.corpus import corpus_hash, load_corpus, validation_prompts
 
         prompts = validation_prompts(encode, cfg.calibration_prompts, cfg.prompt_tokens, cfg.seed)
+        fp8 = cfg.scheme == "fp8-qdq"
+        method = "distribution" if fp8 else cfg.calibration_method  # onnxruntime's only float8 calibration
         session = onnxruntime.InferenceSession(str(src), providers=["CPUExecutionProvider"])
-        reader = _CalibrationReader(session, entry, prompts, uniform=cfg.calibration_method != "minmax")
+        reader = _CalibrationReader(session, entry, prompts, uniform=method != "minmax")
         del session
         symmetric = cfg.scheme == "int8-qdq"
-        quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, per_channel=True,
+        types = ((QuantType.QFLOAT8E4M3FN, QuantType.QFLOAT8E4M3FN) if fp8 else
+                 (QuantType.QInt8 if symmetric else QuantType.QUInt8, QuantType.QInt8))
+        quantize_static(str(src), str(dest), reader, quant_format=QuantFormat.QDQ, activation_type=types[0],
+                        weight_type=types[1], per_channel=not fp8,
                         nodes_to_quantize=quantize, nodes_to_exclude=keep, op_types_to_quantize=["MatMul"],
                         use_external_data_format=external,
                         calibrate_method={"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
-                                          "entropy": CalibrationMethod.Entropy}[cfg.calibration_method],
+                                          "entropy": CalibrationMethod.Entropy,
+                                          "distribution": CalibrationMethod.Distribution}[method],
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {})
         calibration = {"corpus_sha256": corpus_hash(load_corpus()[1]), "prompts": cfg.calibration_prompts,
-                       "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed, "method": cfg.calibration_method}
+                       "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed, "method": method}
     return QuantVariant(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
                         source_bytes=graph_bytes(src), quantized_nodes=len(quantize),
                         seconds=round(time.perf_counter() - t0, 2), calibration=calibration)

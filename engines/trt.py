@@ -10,9 +10,10 @@ For each model, from the bundle's step ONNX (the plain step contract, which ever
               range's largest T and half the capacity. The table is repeated once per slot: concurrent
               execution contexts never share a profile (TensorRT's rule for dynamic shapes).
     config    workspace limit, hardware compatibility level, version compatibility (as asked)
-    --quant   int8-qdq: from `specrt quantize`'s symmetric Q/DQ graphs instead. TensorRT's explicit quantization:
-              in a strongly typed network the Q/DQ nodes say where INT8 runs, and no precision flag is set
-              (TensorRT docs, "Explicit Quantization"); checked against ONNX Runtime running the same graphs
+    --quant   int8-qdq / fp8-qdq: from `specrt quantize`'s symmetric Q/DQ graphs instead. TensorRT's explicit
+              quantization: in a strongly typed network the Q/DQ nodes say where INT8 or FP8 runs, and no precision
+              flag is set (TensorRT docs, "Explicit Quantization"; FP8 needs compute capability >= 8.9); checked
+              against ONNX Runtime running the same graphs
     check     each plan is loaded by the trt backend and its steps compared with the eager step module on
               random feeds (padded profiles included): within the export's parity tolerance for the dtype
 
@@ -186,6 +187,10 @@ def _in_graph_sources(trt, bundle: Path) -> dict[str, str]:
 
 
 
+FP8_COMPUTE_CAPABILITY = (8, 9)  # TensorRT's FP8 kernels: Ada and Hopper onwards ("Working with Quantized Types")
+TRT_INT8 = "int8-qdq"
+
+
 def _quantized_sources(bundle: Path, scheme: str) -> dict[str, str]:
     """role -> the quantized step graph TensorRT builds from, refusing schemes it does not import."""
     from specrt.bundle.artifacts import QuantSet
@@ -195,7 +200,7 @@ def _quantized_sources(bundle: Path, scheme: str) -> dict[str, str]:
         why = ("ONNX Runtime's MatMulNBits, an operator TensorRT does not import" if scheme.endswith("-weights") else
                "Q/DQ with uint8 activations and non-zero zero points, where TensorRT takes symmetric Q/DQ only")
         raise SpecrtError(f"{scheme} is {why}: quantize with `specrt quantize --bundle {bundle} --scheme "
-                          f"{TRT_SCHEMES[0]}` and build --quant {TRT_SCHEMES[0]}")
+                          f"{TRT_INT8}` (or fp8-qdq) and build --quant {TRT_INT8}")
     return artifacts.load(bundle, QuantSet).graphs(bundle, scheme)
 
 
@@ -236,6 +241,10 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
     if cfg.kv_update == "graph":
         graphs = _in_graph_sources(trt, bundle)
     quantized = _quantized_sources(bundle, cfg.quant) if cfg.quant else {}
+    cc = environment(device)["compute_capability"]
+    if cfg.quant == "fp8-qdq" and cc is not None and tuple(int(x) for x in cc.split(".")) < FP8_COMPUTE_CAPABILITY:
+        raise SpecrtError(f"FP8 plans need a GPU of compute capability >= 8.9 (Ada, Hopper or newer); {device} is {cc}: "
+                          f"build --quant {TRT_INT8} here")
     graphs.update(quantized)  # a variant of one model only: the other's exported graph
     for role, graph in graphs.items():
         if not graph:

@@ -136,15 +136,16 @@ class OnnxParser:
 
 
 def _symmetric_qdq(model) -> bool:
-    """Whether every QuantizeLinear / DequantizeLinear has int8 zero points of 0 (TensorRT's explicit quantization
-    is symmetric and signed)."""
-    from onnx import numpy_helper
+    """Whether every QuantizeLinear / DequantizeLinear has int8 or float8 e4m3 zero points of 0 (TensorRT's explicit
+    quantization is symmetric and signed)."""
+    from onnx import TensorProto, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2]:
-            zero = numpy_helper.to_array(inits[n.input[2]])
-            if zero.dtype != np.int8 or zero.any():
+            zero = inits[n.input[2]]
+            if (zero.data_type not in (TensorProto.INT8, TensorProto.FLOAT8E4M3FN)
+                    or np.asarray(numpy_helper.to_array(zero), dtype=np.float32).any()):
                 return False
     return True
 

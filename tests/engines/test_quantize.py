@@ -13,7 +13,7 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile, QuantSet
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 
-SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq")
+SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq", "fp8-qdq")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_every_scheme_is_recorded_with_what_it_was_made_from(quant_bundle):
             assert v.bytes < v.source_bytes
             # the projections, MLP and head: 7 per layer + 1; the rotary products stay float
             assert v.quantized_nodes == 7 * m["models"][role]["num_layers"] + 1
-            assert (v.calibration is not None) == (scheme in ("static-int8", "int8-qdq"))
+            assert (v.calibration is not None) == (scheme in ("static-int8", "int8-qdq", "fp8-qdq"))
     assert q.variants["static-int8"]["target"].calibration["prompts"] == 4
     assert q.variants["int4-weights"]["target"].bytes < q.variants["int8-weights"]["target"].bytes
 

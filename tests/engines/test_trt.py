@@ -200,6 +200,34 @@ def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, i
     assert "zeroPt must be all zeros" in parser.get_error(0)
 
 
+def test_fp8_plans_are_built_from_float8_qdq_graphs_and_refused_below_compute_capability_8_9(trt, int8_trt, humaneval,
+                                                                                             monkeypatch, tmp_path):
+    from specrt.engines import trt as trt_engines
+    from specrt.engines.config import BuildConfig
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(int8_trt[0], b)
+    quantize(QuantizeConfig(bundle=b, scheme="fp8-qdq", calibration_prompts=4, prompt_tokens=64), progress=False)
+    cfg = BuildConfig(bundle=b, backend="trt", quant="fp8-qdq", **TABLE)
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    engines = trt_engines.build_plans(fake, cfg, "cpu", progress=False)
+    parsed = [c[1].split("/b/")[-1] for c in fake.CALLS if c[0] == "parse_from_file"]
+    assert parsed == ["quant/fp8-qdq/target.onnx", "quant/fp8-qdq/draft.onnx"]  # float8 zero points of 0: accepted
+    assert engines.quant == "fp8-qdq" and all(err < 1e-4 for err in engines.parity.values())
+    pipe, ort = _pipeline(b, engines), Pipeline.load(b, threads=2, quant="fp8-qdq")
+    ar = [o.token_ids for o in ort.generate(humaneval[:2], max_new_tokens=12)]
+    assert [o.token_ids for o in pipe.generate(humaneval[:2], max_new_tokens=12, method="sd", batch_size=2)] == ar
+    real = trt_engines.environment
+    monkeypatch.setattr(trt_engines, "environment",
+                        lambda device, tensorrt=False: {**real(device, tensorrt), "compute_capability": "8.0"})
+    with pytest.raises(SpecrtError, match="FP8 plans need a GPU of compute capability >= 8.9 .*cpu is 8.0: build "
+                                          "--quant int8-qdq here"):
+        trt_engines.build_plans(fake, cfg, "cpu", progress=False)
+
+
 def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, humaneval):
     from concurrent.futures import ThreadPoolExecutor
 
