@@ -35,6 +35,7 @@ OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
             "dynamic-ngram": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
             "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": MERGE_NGRAM_TOKENS}),
+            "ppd-ngram": ("ppd", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True})}
 BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum")
 

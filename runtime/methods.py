@@ -10,7 +10,7 @@
 |                | (a tree, dynamic tree, anpd, ppd or  |                                           |
 |                | no speculation)                      |                                           |
 | anpd           | NgramDrafter (no model), chain/tree  | exact match / one-hot rejection           |
-| + ngram_tokens | sd / tree / dynamic's drafter merged | exact match / one-hot rejection           |
+| + ngram_tokens | sd/tree/dynamic/ppd's drafter merged | exact match / one-hot rejection           |
 |                | with an NgramDrafter (MergedDrafter) |                                           |
 | mtad           | BeamDrafter (best beam or top beams) | JointLikelihoodVerifier (not lossless)    |
 | ppd            | PromptTokenDrafter: the target's own | exact match / one-hot rejection, or       |
@@ -258,7 +258,7 @@ class Mtad(Method):
 
 @register
 @dataclass(frozen=True)
-class Ppd(Method):
+class Ppd(MergeOptions):
     name: ClassVar[str] = "ppd"
     summary: ClassVar[str] = ("the target guesses for itself through trained prompt tokens (PPD, `specrt ppd train`), "
                               "verified as a sparse tree; no draft model")
@@ -277,6 +277,10 @@ class Ppd(Method):
     typical_delta: float = option(0.3, "typical acceptance: delta of that threshold", gt=0, le=1)
 
     def _validate(self):
+        super()._validate()
+        if self.ngram_tokens and self.ppd_acceptance == "typical":
+            raise InvalidRequestError("ngram_tokens merges n-gram drafts into trees verified by exact match (or lossless "
+                                      "rejection): not with ppd_acceptance 'typical'")
         if self.ppd_acceptance != "typical":
             given = [f.name for f in fields(self) if f.name.startswith("typical_") and getattr(self, f.name) != f.default]
             if given:
@@ -319,7 +323,7 @@ class Ppd(Method):
             verifier = TypicalVerifier(self.typical_epsilon, self.typical_delta)
         else:
             verifier = make_verifier(params)
-        return Built(drafter, verifier, len(paths) + tokens.num_ensemble * sum(prompts) + 1)
+        return self._merge(Built(drafter, verifier, len(paths) + tokens.num_ensemble * sum(prompts) + 1), params)
 
 
 @register

@@ -30,6 +30,7 @@ from specrt.runtime.tree import DraftTree
 class Verdict:
     path: list[int]  # accepted nodes, root to leaf
     bonus: int  # token emitted by the target after the path
+    beyond: int = 0  # (MergedDrafter, to each drafter) accepted nodes past the end of `path` that lie in other trees
 
 
 class GreedyVerifier:

@@ -6,7 +6,8 @@ Per round each drafter proposes its own tree; a node of a later tree whose path 
 the merged tree reuses that node, the others become new nodes under their merged parent. After
 verification each drafter commits the longest prefix of the accepted path that lies in its own tree:
 the rest of the emitted tokens is simply text it has not seen (a model drafter feeds it as pending
-tokens next round; an n-gram memory reads it from the sequence).
+tokens next round; an n-gram memory reads it from the sequence; PPD shifts its guesses by that many
+positions, Verdict.beyond). A drafter that reads the target's logits (PPD) gets the rows of its own nodes.
 
 Only deterministic drafts merge (top-k children, n-grams; no sampled chain with its q): siblings then
 carry distinct tokens, so exact match (greedy) and one-hot rejection (sampling) stay lossless.
@@ -72,6 +73,12 @@ class MergedDrafter(Drafter):
             self._maps.append(maps)
         return trees
 
+    def target_logits(self, logits) -> None:
+        """Each drafter the rows of the root and of its own nodes, in its own node order."""
+        for k, d in enumerate(self.drafters):
+            if type(d).target_logits is not Drafter.target_logits:  # only those that read them: rows are copied
+                d.target_logits([logits[b, np.concatenate(([0], self._maps[b][k] + 1))] for b in range(len(self._maps))])
+
     def commit(self, seqs, verdicts) -> None:
         for k, d in enumerate(self.drafters):
             own = []
@@ -82,7 +89,7 @@ class MergedDrafter(Drafter):
                     if node not in back:
                         break
                     path.append(back[node])
-                own.append(Verdict(path, v.bonus))
+                own.append(Verdict(path, v.bonus, len(v.path) - len(path)))
             d.commit(seqs, own)
 
     def keep(self, rows) -> None:

@@ -126,10 +126,14 @@ class PromptTokenDrafter(Drafter):
             layout = self._layout_of[b]
             owner = verdict.path[-1] if verdict.path else -1
             chain = layout.owners.get(owner)
-            if chain is None:  # the round ended where no prompt token was attached: no guesses next round
+            # merged with other drafts (MergedDrafter), the round may have accepted `beyond` more tokens past the owner
+            # in another tree: the owner's guess of distance d + 1 + beyond is then the next round's distance d + 1
+            if chain is not None:
+                chain = chain[verdict.beyond:]
+            if chain is None or not len(chain):  # no prompt token left to guess with: no guesses next round
                 self._state[b], self._guesses[b] = 0, None
                 continue
-            rows = self._logits[b, chain + 1]  # [m, e, V]: node i is step row i + 1
+            rows = self._logits[b][chain + 1]  # [m, e, V]: node i is step row i + 1
             guess = rows.mean(axis=1)[:, : self.vocab]
             top = min(self.top, guess.shape[-1])
             ranked = np.argpartition(-guess, top - 1, axis=-1)[:, :top]

@@ -59,11 +59,22 @@ def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
     merged = drafter.propose([None], None, None)[0]  # nodes 5, 6, 7, 9 (merged ids 0..3)
     assert merged.tokens.tolist() == [5, 6, 7, 9]
     drafter.commit([None], [Verdict([0, 2, 3], bonus=11)])  # 5, 7, 9 accepted: 9 only the n-gram drafted
-    assert model.committed[-1] == [Verdict([0, 2], 11)]  # 9 stays pending text for the draft model
+    assert model.committed[-1] == [Verdict([0, 2], 11, beyond=1)]  # 9 stays pending text for the draft model
     assert ngram.committed[-1] == [Verdict([0, 1, 2], 11)]
     drafter.propose([None], None, None)
     drafter.commit([None], [Verdict([1], bonus=3)])  # 6: only the model drafted it
-    assert model.committed[-1] == [Verdict([1], 3)] and ngram.committed[-1] == [Verdict([], 3)]
+    assert model.committed[-1] == [Verdict([1], 3)] and ngram.committed[-1] == [Verdict([], 3, beyond=1)]
+    seen = []
+
+    class Reading(_Fixed):
+        def target_logits(self, logits):
+            seen.append(logits)
+
+    drafter = MergedDrafter([Reading(model.tree), Reading(ngram.tree), _Fixed(ngram.tree)])  # the last reads none
+    drafter.propose([None], None, None)
+    logits = np.arange(5)[None, :, None] * np.ones((1, 5, 2))  # [B, root + 4 merged nodes, V]: row r holds r
+    drafter.target_logits(logits)  # each drafter: the root's row, then its own nodes' rows in its own order
+    assert [x[0][:, 0].tolist() for x in seen] == [[0, 1, 2, 3], [0, 1, 3, 4]]
     with pytest.raises(ValueError, match="at least two"):
         MergedDrafter([model])
 

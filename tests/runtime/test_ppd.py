@@ -47,6 +47,46 @@ def test_greedy_ppd_is_token_identical_to_autoregressive(ppd_bundle, humaneval, 
     assert calls < sum(g.stats.target_calls for g in ar)  # some guesses were accepted: fewer target steps
 
 
+def test_ppd_with_merged_ngram_drafts_is_token_identical_to_autoregressive(ppd_bundle, humaneval):
+    """n-gram drafts merged into PPD's tree (no draft model either way): when the accepted path runs on in the
+    n-gram tree, PPD shifts its guesses by the tokens accepted there (Verdict.beyond)."""
+    from specrt.errors import InvalidRequestError
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(ppd_bundle, threads=2)
+    prompts = humaneval[:12]
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=32)
+    plain = pipe.generate(prompts, method="ppd", max_new_tokens=32, ppd_budget=8)
+    for batch_size in (1, 4):
+        out = pipe.generate(prompts, method="ppd", max_new_tokens=32, batch_size=batch_size, ppd_budget=8, ngram_tokens=7)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ar], batch_size
+    assert sum(g.stats.target_calls for g in out) < sum(g.stats.target_calls for g in plain)  # the n-grams add some
+    with pytest.raises(InvalidRequestError, match="ngram_tokens merges n-gram drafts .* not with ppd_acceptance"):
+        pipe.generate(prompts[0], method="ppd", ngram_tokens=4, ppd_acceptance="typical", temperature=0.7)
+
+
+def test_guesses_shift_by_the_tokens_accepted_past_their_owner():
+    """A round that accepted `beyond` tokens past PPD's own path (in a merged tree) leaves the owner's guesses of
+    distance d + 1 + beyond as the next round's distance d + 1, and none once beyond reaches its prompt tokens."""
+    from specrt.runtime.drafters.ppd import PromptTokenDrafter
+    from specrt.runtime.verify import Verdict
+
+    vocab = 10
+    d = PromptTokenDrafter([], [3], vocab, 3, 1)  # the root and its 3 prompt tokens, nothing else
+    d.start([None])
+    tree = d.propose([None], None, None)[0]
+    assert tree.tokens.tolist() == [10, 11, 12]
+    logits = np.zeros((1, 4, vocab + 3))
+    for row, guess in ((1, 4), (2, 5), (3, 6)):  # prompt token d (row d) guesses token 3 + d
+        logits[0, row, guess] = 1
+    for beyond, state, guesses in ((0, 3, [4, 5, 6]), (1, 2, [5, 6]), (3, 0, None)):
+        d._layout_of = [d.layouts[3]]
+        d.target_logits(logits)
+        d.commit([None], [Verdict([], 0, beyond)])
+        assert d._state[0] == state
+        assert (d._guesses[0] is None) if guesses is None else d._guesses[0][:, 0].tolist() == guesses
+
+
 def test_sampling_ppd_uses_the_lossless_one_hot_verifier(ppd_bundle):
     from specrt.runtime.methods import Ppd
     from specrt.runtime.pipeline import Pipeline
