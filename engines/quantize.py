@@ -16,11 +16,11 @@ Face models, and its current release pins transformers < 4.58):
                   activations the inflated target's steps were far slower in an ad-hoc timing; not a bench figure).
     int8-qdq      the same calibration, symmetric: int8 activations and weights, every zero point 0: TensorRT's
                   explicit INT8 (`specrt build --backend trt --quant int8-qdq`), which takes only symmetric Q/DQ.
+                  ONNX Runtime runs it too (slowly on x86, see above), which is how it is checked here.
     fp8-qdq       FP8 e4m3 Q/DQ, one scale per weight tensor and per activation tensor (onnxruntime's float8
                   quantization calibrates ranges only with its Distribution method, on the same held-out text):
                   TensorRT's explicit FP8 (`--quant fp8-qdq`; compute capability >= 8.9, e.g. H100). ONNX Runtime
                   runs it on the CPU as float after each DequantizeLinear, which is how it is checked here (slowly).
-                  ONNX Runtime runs it too (slowly on x86, see above), which is how it is checked here.
 
 Not offered: onnxruntime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger). It quantizes a step's
 activations with one scale over all its rows, so a token's logits depend on which other tokens share its step:

@@ -36,12 +36,12 @@ import numpy as np
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
-from specrt.graphs.passes import graph_bytes
 from specrt.bundle.files import write_atomic
 from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.engines.config import BuildConfig
 from specrt.engines.graphs import QUANT_TOL, check_engine_step, check_shapes, check_tolerance
 from specrt.errors import BundleError, SpecrtError
+from specrt.graphs.passes import graph_bytes
 from specrt.runtime.backends import resolve_device
 from specrt.runtime.backends.trt import import_tensorrt, make_logger
 
@@ -183,8 +183,6 @@ def _in_graph_sources(trt, bundle: Path) -> dict[str, str]:
             raise BundleError(f"{bundle} has no in-graph step graph of its {role} as `specrt inplace` wrote it: re-run "
                               f"`specrt inplace --bundle {bundle}`")
     return {role: graphs[role].file for role in contract.ROLES}
-
-
 
 
 FP8_COMPUTE_CAPABILITY = (8, 9)  # TensorRT's FP8 kernels: Ada and Hopper onwards ("Working with Quantized Types")

@@ -1,6 +1,6 @@
 """8-bit weights for the PyTorch step (backends torch and graphs): the decoder layers' projections swapped for
 quantized linears when a backend loads the checkpoint (quantizing takes well under a second per billion
-weights, so the bundle stores nothing new; `specrt build --quant S` records the scheme in engines.json).
+weights, so the bundle stores nothing new; `specrt build --quant S` records the scheme in quant/S/engines.json).
 
     int8-wo  weight-only INT8: each output channel's weights symmetric int8 with one scale; activations stay
              in the model's dtype; torch._weight_int8pack_mm (CPU; CUDA in recent PyTorch releases).
@@ -13,9 +13,11 @@ computes what T one-token steps compute, and every lossless method stays token-i
 autoregressive decoding of the same quantized target (tested). As with float weights, a kernel for another row
 count may sum in another order; with FP8 activations such a difference can move an activation onto the
 neighbouring 8-bit step, and the logits by that step's share (6e-3 per unit of the largest logit on the demo
-target, engines/graphs.QUANT_TOL): a greedy token changes only where its two best logits are that close. Quantized: q/k/v/o and the MLP's
-projections of every layer. Kept in the model's dtype: embeddings, norms, attention's products, the rotary
-product and the LM head (it decides each greedy token directly; in a 7B-class model it is ~2% of the bytes).
+target, engines/graphs.QUANT_TOL): a greedy token changes only where its two best logits are that close.
+
+Quantized: q/k/v/o and the MLP's projections of every layer. Kept in the model's dtype: embeddings, norms,
+attention's products, the rotary product and the LM head (it decides each greedy token directly; in a 7B-class
+model it is ~2% of the bytes).
 A layer whose shape the kernel cannot take (fp8: both dimensions multiples of 16) stays as it was, counted.
 """
 
