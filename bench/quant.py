@@ -155,7 +155,9 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
         q = _quality(pipe, ref, held_out, cfg) if variant != FLOAT else ref
         (target_bytes, target_s), (draft_bytes, draft_s) = (_weights(cfg, pipe, variants, variant, r)
                                                             for r in ("target", "draft"))
-        row = {"variant": variant, "target_mb": round(target_bytes / 2**20, 1), "draft_mb": round(draft_bytes / 2**20, 1),
+        kept = getattr(variants.get(variant, {}).get("target"), "kept", ())  # `specrt quantize --keep`
+        row = {"variant": variant, "kept": list(kept), "target_mb": round(target_bytes / 2**20, 1),
+               "draft_mb": round(draft_bytes / 2**20, 1),
                "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(1e3 * target_bytes / bandwidth, 3),
                "perplexity": round(q["perplexity"], 4),
                "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),
@@ -225,7 +227,8 @@ def markdown(data: dict) -> str:
         top1 = f"{r['top1_agreement']:.1%}" if "top1_agreement" in r else "-"  # results before it was measured
         calls = ", ".join(f"{ms[m]['tokens_per_target_call']:.2f}" for m in methods
                           if m != "autoregressive" and ms[m]["tokens_per_target_call"])
-        lines.append(f"| {r['variant']} | {r['target_mb']:.1f} | {r['draft_mb']:.1f} | {speed} | {calls} | "
+        name = r["variant"] + (f" ({', '.join(r['kept'])} in float)" if r.get("kept") else "")
+        lines.append(f"| {name} | {r['target_mb']:.1f} | {r['draft_mb']:.1f} | {speed} | {calls} | "
                      f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {top1} | {r['greedy_agreement']:.1%} | "
                      f"{r['quantize_s']:.1f} |{gpu}")
     if energy:

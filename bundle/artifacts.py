@@ -553,6 +553,7 @@ class QuantVariant:
     quantized_nodes: int  # MatMul nodes with 8-bit weights
     seconds: float
     calibration: dict | None  # static schemes: held-out text (corpus hash, prompts, tokens, seed); None: dynamic
+    kept: tuple[str, ...] = ()  # projections left in float by role (`specrt quantize --keep`: down, head)
 
 
 @dataclass(frozen=True)

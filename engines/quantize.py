@@ -49,7 +49,7 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
 from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, model_entry, sha256_file
 from specrt.config import option
-from specrt.errors import BundleError, SpecrtError
+from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 from specrt.graphs.passes import data_file, graph_bytes
 
 SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq", "fp8-qdq")
@@ -59,6 +59,7 @@ TRT_SCHEMES = ("int8-qdq", "fp8-qdq")
 BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
 QUANT_DIR = "quant"
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")  # onnxruntime.quantization.CalibrationMethod's
+KEEP_ROLES = ("down", "head")  # projections --keep leaves in float
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,26 @@ class QuantizeConfig(BundleOptions):
     calibration_prompts: int = option(16, "static schemes: held-out prompts the activation ranges are measured on", ge=1)
     prompt_tokens: int = option(128, "static schemes: tokens per calibration prompt", ge=16)
     seed: int = option(0, "static schemes: seed of the held-out prompts' offsets", ge=0)
+    keep: tuple[str, ...] = option((), "projections left in float, by role: down (the MLP's down projection, whose "
+                                       "input SiLU(gate) * up holds the outliers per-tensor activation ranges lose most "
+                                       "on) and/or head (the LM head)")
     calibration_method: str = option("minmax", "static-int8, int8-qdq: activation ranges from the extremes seen "
                                                "(minmax), a histogram's 99.999th percentile (percentile) or its "
                                                "entropy-optimal clip (entropy)", choices=CALIBRATION_METHODS)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if any(r not in KEEP_ROLES for r in self.keep) or len(set(self.keep)) < len(self.keep):
+            raise InvalidRequestError(f"--keep takes each of {', '.join(KEEP_ROLES)} at most once, got "
+                                      f"{','.join(self.keep)}")
+
+
+def role_of(dims, hidden: int, intermediate: int, vocab: int) -> str | None:
+    """"down" or "head" for a Llama-family weight MatMul of these [K, N] dims (the only ones of those shapes), else
+    None."""
+    if tuple(dims) == (intermediate, hidden):
+        return "down"
+    return "head" if dims[-1] == vocab else None
 
 
 def weight_matmuls(model) -> tuple[list[str], list[str]]:
@@ -141,6 +159,15 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
     external = data_file(src).is_file()
     model = onnx.load(str(src), load_external_data=True)
     quantize, keep = weight_matmuls(model)
+    if cfg.keep:  # by role, from the weight's shape
+        from specrt.model.checkpoint import load_config
+
+        hf = load_config(Path(cfg.bundle) / entry.hf_dir)
+        dims = {t.name: t.dims for t in model.graph.initializer}
+        nodes = {n.name: n for n in model.graph.node}
+        kept = [n for n in quantize if role_of(dims[nodes[n].input[1]], hf.hidden_size, hf.intermediate_size,
+                                               hf.vocab_size) in cfg.keep]
+        quantize, keep = [n for n in quantize if n not in kept], keep + kept
     if not quantize:
         raise SpecrtError(f"{src} has no MatMul with a weight initializer to quantize")
     calibration = None
@@ -176,7 +203,7 @@ def quantize_graph(src: Path, dest: Path, entry: ModelEntry, cfg: QuantizeConfig
                        "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed, "method": method}
     return QuantVariant(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), source_sha256=sha256_file(src),
                         source_bytes=graph_bytes(src), quantized_nodes=len(quantize),
-                        seconds=round(time.perf_counter() - t0, 2), calibration=calibration)
+                        seconds=round(time.perf_counter() - t0, 2), calibration=calibration, kept=tuple(cfg.keep))
 
 
 def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:

@@ -247,3 +247,20 @@ def test_a_quantized_variant_is_picked_only_for_a_gain_beyond_min_gain(quant_bun
     _variant_evidence(b, variant_ms=4.0, threads=1)
     with pytest.raises(SpecrtError, match="profiled with different machines, backends or threads"):
         tune(TuneConfig(bundle=b, batch_sizes=(1,), variants=both))
+
+
+def test_keep_leaves_the_down_projections_and_the_head_in_float(demo_bundle, tmp_path, humaneval):
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    q = quantize(QuantizeConfig(bundle=b, scheme="int8-weights", keep=("down", "head")), progress=False)
+    layers = json.loads((b / "manifest.json").read_text())["models"]["target"]["num_layers"]
+    v = q.variants["int8-weights"]["target"]
+    assert v.quantized_nodes == 6 * layers and v.kept == ("down", "head")  # of 7 per layer + the head
+    pipe = Pipeline.load(b, threads=2, quant="int8-weights")
+    ar = [o.token_ids for o in pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=16)]
+    assert [o.token_ids for o in pipe.generate(humaneval[:3], method="sd", max_new_tokens=16, batch_size=2)] == ar
+    with pytest.raises(InvalidRequestError, match="--keep takes each of down, head at most once, got up"):
+        QuantizeConfig(bundle=b, keep=("up",))
