@@ -11,7 +11,8 @@ lossless; its speedup is against the sampled AR). Per row: tokens/s, speedup ove
 tokens per target call, and for PPD rows the share of rounds accepting at least d candidates (d = 1..k:
 accepted length by distance). From ppd.json: guess accuracy by distance for the trained prompt tokens, the
 untrained ones and the no-prompt-token baseline (the last position's own logits), the accepted length per
-round each accuracy table predicts for the picked tree, added parameters, bytes and training time.
+round each predicts for the picked tree (the trained tokens' paths as measured together, and every table as if
+its distances were independent) beside the measured one, added parameters, bytes and training time.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _row_stats(outs) -> tuple[int, int, np.ndarray, list]:
 
 
 def run_ppd(cfg: PpdBenchConfig) -> dict:
-    from specrt.engines.ppd import naive_tree, random_tree, score, sparse_tree
+    from specrt.engines.ppd import PathModel, naive_tree, random_tree, score, sparse_tree
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
@@ -60,7 +61,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
         raise SpecrtError(pipe.prompt_tokens_refused)
     prompts = humaneval_prompts(cfg.num_prompts)
     picked = pipe.ppd_tree(1)
-    acc = np.array(tokens.accuracy)
+    model = PathModel.of(tokens)
     configs = {"autoregressive": ("autoregressive", {})}
     configs.update({m: (m, {}) for m in cfg.methods})
     configs[f"ppd (picked: {picked.budget} rows)"] = ("ppd", {"ppd_budget": picked.budget})
@@ -69,8 +70,8 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
     trees, e = {}, tokens.num_ensemble
     ablation = max(picked.budget, 2 * e * tokens.num_prompt_tokens + 1)  # the naive tree needs a candidate at least
     if cfg.ablations:
-        sparse = sparse_tree(acc, ablation, e)
-        trees = {"sparse": sparse, "naive": naive_tree(acc, ablation, e), "random": random_tree(acc, sparse, e, seed=0)}
+        sparse = sparse_tree(model, ablation, e)
+        trees = {"sparse": sparse, "naive": naive_tree(model, ablation, e), "random": random_tree(model, sparse, e, seed=0)}
         for what, t in trees.items():
             configs[f"ppd {what} tree ({ablation} rows)"] = (
                 "ppd", {"ppd_tree": {"paths": [list(p) for p in t.paths], "prompts": list(t.prompts)}})
@@ -103,10 +104,13 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
                      "tokens_per_target_call": round(n / rounds, 3),
                      "accepted_at_least": at_least if method == "ppd" else None,
                      "same_tokens_as_ar": None if hot else ids == base_ids, "runs_s": [round(s, 3) for s in seconds[name]]})
-    predicted = {what: round(score(np.array(table), list(picked.paths), list(picked.prompts), e)[0], 4)
-                 for what, table in (("trained", tokens.accuracy), ("untrained", tokens.initial_accuracy),
-                                     ("no prompt tokens", tokens.baseline_accuracy))}
+    # the trained tokens' paths as measured together; the other tables as products (all they have)
+    predicted = {what: round(score(m, list(picked.paths), list(picked.prompts), e)[0], 4)
+                 for what, m in (("trained", model), ("trained, if independent", PathModel(tokens.accuracy)),
+                                 ("untrained, if independent", PathModel(tokens.initial_accuracy)),
+                                 ("no prompt tokens, if independent", PathModel(tokens.baseline_accuracy)))}
     predicted.update({f"{what} tree of {ablation} rows": t.expected_accepted for what, t in trees.items()})
+    picked_row = next(r for r in rows if r["name"] == f"ppd (picked: {picked.budget} rows)")
     entry = pipe.target.entry
     added = k * e * tokens.hidden_size
     summary = {
@@ -114,6 +118,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
         "accuracy": {"trained": tokens.accuracy, "untrained": tokens.initial_accuracy,
                      "no prompt tokens": tokens.baseline_accuracy},
         "predicted_accepted_per_round": predicted,
+        "measured_accepted_per_round": round(picked_row["tokens_per_target_call"] - 1, 4),
         "added_parameters": added, "added_fraction": round(added / entry.num_params, 8), "added_bytes": added * 4,
         "training_seconds": tokens.training.get("seconds") or tokens.training.get("source", {}).get("seconds"),
         "trained_from": tokens.training.get("from"),
@@ -146,7 +151,8 @@ def markdown(data: dict) -> str:
     lines += ["", f"- picked tree: {s['picked_budget']} rows budget, {s['picked_rows']} rows, prompt tokens of root and "
                   f"candidates {s['picked_prompts']}",
               "- candidates accepted per round that each accuracy table predicts for the picked tree: " +
-              ", ".join(f"{w} {v:.3f}" for w, v in p.items()),
+              ", ".join(f"{w} {v:.3f}" for w, v in p.items())
+              + (f"; measured {s['measured_accepted_per_round']:.3f}" if "measured_accepted_per_round" in s else ""),
               f"- added parameters: {s['added_parameters']} ({s['added_fraction']:.6%} of the target's), "
               f"{s['added_bytes']} bytes; training {s['training_seconds']} s"
               + (f" (prompt tokens trained on `{s['trained_from']}`)" if s.get("trained_from") else "")]

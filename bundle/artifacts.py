@@ -600,13 +600,23 @@ class PpdTree:
 
 
 @dataclass(frozen=True)
+class PathHit:
+    """A candidate path of guess ranks (rank r_d of the guess of distance d + 1, d = 1..m) and the share of validation
+    positions where every guess along it was right together (measured jointly: the guesses of one round are not
+    independent, so the product of the per-distance accuracies can be far off)."""
+
+    path: tuple[int, ...]
+    accuracy: float
+
+
+@dataclass(frozen=True)
 class PromptTokens(Artifact):
     """PPD's prompt tokens (`specrt ppd train`): k prompt tokens x e ensemble prompt tokens (EPTs), extra rows of the
     target's input embedding table with ids V + (d - 1) * e + j (distance d = 1..k, EPT j = 0..e-1); a copy of the
     target's step graph holding them (ort); accuracy by distance on held-out text; sparse trees per budget."""
 
     FILE: ClassVar[str] = "ppd.json"
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2  # 2: path_accuracy
     COMMAND: ClassVar[str] = "specrt ppd train --bundle {bundle}"
 
     num_prompt_tokens: int  # k: prompt token d guesses the token d + 1 after the last accepted one
@@ -622,6 +632,7 @@ class PromptTokens(Artifact):
     accuracy: tuple[tuple[float, ...], ...]  # [k][K] P(rank r of prompt token d's guess is the true token)
     baseline_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same from the last position's own logits
     initial_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same with the untrained (initial) prompt tokens
+    path_accuracy: tuple[PathHit, ...]  # every candidate path whose guesses were all right together at least once
     trees: tuple[PpdTree, ...]  # one per budget, ascending
 
     def prompt_id(self, distance: int, ept: int) -> int:

@@ -12,9 +12,10 @@ positions (random insertion), loss sum_d alpha^(d-1) KL(target at i + d || promp
 target's rows and the prompt rows are one forward pass: window rows never see prompt rows, so the teacher
 is the same model in the same pass, detached. Initialised from the embeddings of random ordinary tokens.
 
-Sparse trees (section 4.2.1, appendix A): from the accuracy of each distance's top-r guess against the
-target's own greedy continuations of held-out text (what decoding verifies against), for a budget of n step
-rows: for every split of n into candidates and prompt rows, the candidate tree maximising the expected
+Sparse trees (section 4.2.1, appendix A): from how often the guesses along each candidate path (top-r of each
+distance) were all right together against the target's own greedy continuations of held-out text (what
+decoding verifies against; measured jointly, not as a product of per-distance accuracies), for a budget of n
+step rows: for every split of n into candidates and prompt rows, the candidate tree maximising the expected
 accepted length (the greedy Medusa/Sequoia construction), k prompt tokens attached to the root and every
 candidate, then prompt tokens removed one at a time where the loss dF = P(the round ends at c) *
 (f(T_m) - f(T_m-1)) is least, until the budget holds. A tree is scored by its
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import PpdTree, PromptTokens, Stamp
+from specrt.bundle.artifacts import PathHit, PpdTree, PromptTokens, Stamp
 from specrt.bundle.files import write_atomic
 from specrt.bundle.manifest import BundleOptions, load_manifest, model_entry, sha256_file
 from specrt.config import config_dict, option
@@ -61,6 +62,9 @@ class PpdConfig(BundleOptions):
     lr: float = option(0.003, "Adam learning rate of the prompt embeddings", gt=0)
     decay: float = option(0.8, "loss weight alpha^(d-1) of distance d", gt=0, le=1)
     val_windows: int = option(32, "held-out windows the accuracy (and so the trees) is measured on", ge=1)
+    new_tokens: int = option(128, "tokens the target decodes after each validation window's text (its first --window / 2 "
+                                  "tokens); the accuracy is measured over them: guesses get easier as an output goes "
+                                  "on (it repeats itself), so match the output lengths you serve", ge=8)
     prompts: Path | None = option(None, "measure the accuracy (and so the trees) on your own prompts instead of held-out "
                                         "stdlib text: a JSON Lines file of {\"prompt\": \"...\"} (as `specrt calibrate "
                                         "--prompts`), the first --val-windows of at least --window / 2 tokens, each "
@@ -124,13 +128,14 @@ def _points(rng: np.random.Generator, batch: int, width: int, k: int, count: int
     return np.stack([np.sort(rng.choice(np.arange(low, high), count, replace=False)) for _ in range(batch)])
 
 
-def greedy_windows(module, windows: list[list[int]], batch: int = 8) -> np.ndarray:
-    """Each window's first half followed by the target's own greedy continuation to the window's length: what
-    PPD's guesses are verified against when it decodes (the target's argmax after its own tokens), not the text."""
+def greedy_windows(module, windows: list[list[int]], text: int, batch: int = 8) -> np.ndarray:
+    """Each window's first `text` tokens followed by the target's own greedy continuation to the window's length:
+    what PPD's guesses are verified against when it decodes (the target's argmax after its own tokens), not the
+    text."""
     import torch
 
     data = np.array(windows, dtype=np.int64)
-    width, half = data.shape[1], data.shape[1] // 2
+    width, half = data.shape[1], text
     out = data.copy()
     with torch.no_grad():
         for start in range(0, len(data), batch):
@@ -183,63 +188,97 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
             "losses": losses[:: max(1, len(losses) // 100)], "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def accuracy(module, windows: np.ndarray, cfg: PpdConfig, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """[k][K] P(rank r of prompt token d's guess is the token d + 1 after the insertion point), and the same for
-    the baseline that guesses every distance from the insertion point's own logits (no prompt tokens), over
-    `windows` of greedy_windows: insertion points in the greedy half, so that the token guessed is the target's
-    own choice after its own tokens, as in decoding (against the text, a guess is scored right where the target
-    would reject it and wrong where it would accept it: on the demo target that halved the accuracy and the
-    trees' predicted acceptance)."""
+def accuracy(module, windows: np.ndarray, text: int, cfg: PpdConfig, vocab: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """([k][K] P(rank r of prompt token d's guess is the token d + 1 after the insertion point), the same for the
+    baseline that guesses every distance from the insertion point's own logits (no prompt tokens), {path of ranks:
+    P(every guess along it is right)}) over `windows` of greedy_windows (`text` tokens of text first), at every
+    insertion point of the greedy part: the token guessed is the target's own choice after its own tokens, as in decoding (against the text, a
+    guess is scored right where the target would reject it and wrong where it would accept it: on the demo target
+    that halved the accuracy and the trees' predicted acceptance). The paths are measured jointly because one
+    round's guesses are not independent: on the demo target's held-out text, distances 2 and 3 were right together
+    at top-1 half as often as the product of their accuracies says (`specrt ppd train` prints both)."""
     import torch
 
     k, e, top = cfg.num_prompt_tokens, cfg.num_ensemble, cfg.max_rank
-    rng = np.random.default_rng(cfg.seed + 2)
     data = np.asarray(windows, dtype=np.int64)
+    width = data.shape[1]
     hits, base, total = np.zeros((k, top)), np.zeros((k, top)), 0
+    joint: dict[tuple[int, ...], int] = {}
     with torch.no_grad():
         for start in range(0, len(data), 8):
             batch = data[start:start + 8]
-            points = _points(rng, len(batch), data.shape[1], k, cfg.insertions, low=data.shape[1] // 2 - 1)
+            points = np.tile(np.arange(text - 1, width - k - 1), (len(batch), 1))
             window_logits, prompt = _forward(module, batch, points, k, e, vocab)
             truth = np.stack([batch[b][points[b][:, None] + np.arange(2, k + 2)] for b in range(len(batch))])  # [B, M, k]
             guess = prompt.topk(top, dim=-1).indices.cpu().numpy()  # [B, M, k, K]
             own = window_logits.topk(top, dim=-1).indices.cpu().numpy()  # [B, W, K]
             own = np.stack([own[b][points[b]] for b in range(len(batch))])[:, :, None, :]  # [B, M, 1, K]
-            hits += (guess == truth[..., None]).sum(axis=(0, 1))
+            right = guess == truth[..., None]
+            hits += right.sum(axis=(0, 1))
             base += (own == truth[..., None]).sum(axis=(0, 1))
             total += truth.shape[0] * truth.shape[1]
-    return hits / total, base / total
+            ranks = np.where(right.any(-1), right.argmax(-1), top).reshape(-1, k)  # top: no guess was right
+            for r in map(tuple, ranks.tolist()):
+                for m in range(1, k + 1):
+                    if r[m - 1] == top:
+                        break
+                    joint[r[:m]] = joint.get(r[:m], 0) + 1
+    return hits / total, base / total, {path: n / total for path, n in sorted(joint.items())}
 
 
 # -- sparse trees ----------------------------------------------------------------------------------
-def _candidates(p: np.ndarray, count: int) -> list[tuple[int, ...]]:
-    """The candidate tree of `count` nodes (depth <= len(p)) maximising sum of path probabilities: greedily the
-    child of a node in the tree with the highest path probability (ranks at a depth are ordered, so the best
-    expansion of a node is its next unused rank)."""
-    paths, prob = [], {(): 1.0}
-    frontier = {(0,): p[0][0]} if count else {}
+class PathModel:
+    """P(every guess along a candidate path is right): measured jointly (`joint`: {path: probability}, paths never
+    seen right count 0), or without it the product of the per-distance accuracies of `table` [k][K] (the
+    independence assumption: what an accuracy table alone can say)."""
+
+    def __init__(self, table, joint: dict | None = None):
+        self.table = np.asarray(table, dtype=float)
+        self.depth, self.ranks = self.table.shape
+        self.joint = joint
+
+    @classmethod
+    def of(cls, tokens) -> "PathModel":
+        """The measured model of a PromptTokens artifact."""
+        return cls(tokens.accuracy, {tuple(h.path): h.accuracy for h in tokens.path_accuracy})
+
+    def __call__(self, path: tuple[int, ...]) -> float:
+        if not path:
+            return 1.0
+        if self.joint is not None:
+            return self.joint.get(tuple(path), 0.0)
+        return float(np.prod([self.table[d][r] for d, r in enumerate(path)]))
+
+
+def _candidates(model: PathModel, count: int) -> list[tuple[int, ...]]:
+    """The candidate tree of up to `count` nodes (depth <= model.depth) maximising the sum of path probabilities:
+    best first, any rank of a child of a node in the tree (a path is never likelier than its parent, so the tree
+    stays prefix-closed and each prefix of the list is the best tree of its size). Paths of probability 0 are
+    never added."""
+    paths: list[tuple[int, ...]] = []
+    frontier: dict[tuple[int, ...], float] = {}
+
+    def expand(base):
+        if len(base) < model.depth:
+            for r in range(model.ranks):
+                if (p := model(base + (r,))) > 0:
+                    frontier[base + (r,)] = p
+
+    expand(())
     while len(paths) < count and frontier:
-        best = max(frontier, key=lambda q: (frontier[q], [-r for r in q]))
-        prob[best] = frontier.pop(best)
+        best = max(frontier, key=lambda q: (frontier[q], -len(q), [-r for r in q]))
+        del frontier[best]
         paths.append(best)
-        d, r = len(best), best[-1]
-        if r + 1 < p.shape[1]:
-            frontier[best[:-1] + (r + 1,)] = prob[best[:-1]] * p[d - 1][r + 1]
-        if d < len(p):
-            frontier[best + (0,)] = prob[best] * p[d][0]
+        expand(best)
     return paths
 
 
-def _path_prob(p: np.ndarray, path: tuple[int, ...]) -> float:
-    return float(np.prod([p[d][r] for d, r in enumerate(path)]))
-
-
-def score(p: np.ndarray, paths: list[tuple[int, ...]], prompts: list[int], e: int) -> tuple[float, float]:
+def score(model: PathModel, paths: list[tuple[int, ...]], prompts: list[int], e: int) -> tuple[float, float]:
     """(R, expected rows) of a sparse tree in its steady state: state s = the depth limit the last round's
     accepted node left (its prompt tokens); in state s the candidates of depth <= s are verified."""
     k = int(np.max(prompts)) if len(prompts) else 0
     nodes = [()] + list(paths)
-    pp = np.array([_path_prob(p, q) for q in nodes])
+    pp = np.array([model(q) for q in nodes])
     depth = np.array([len(q) for q in nodes])
     parent = np.array([-1] + [nodes.index(q[:-1]) for q in paths])
     states = k + 1
@@ -260,17 +299,16 @@ def score(p: np.ndarray, paths: list[tuple[int, ...]], prompts: list[int], e: in
     return float(pi @ f), float(pi @ rows)
 
 
-def sparse_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
+def sparse_tree(model: PathModel, budget: int, e: int) -> PpdTree:
     """The best sparse tree of at most `budget` step rows beyond the root (section 4.2.1, appendix A)."""
-    k = len(p)
+    k = model.depth
     best = None
-    for count in range(0, budget):
-        paths = _candidates(p, count)
-        if len(paths) < count:
-            break
+    ranked = _candidates(model, budget)
+    for count in range(0, len(ranked) + 1):
+        paths = ranked[:count]
         prompts = [k] * (len(paths) + 1)
         nodes = [()] + paths
-        pp = [_path_prob(p, q) for q in nodes]
+        pp = [model(q) for q in nodes]
         f = [sum(pq for q, pq in zip(nodes[1:], pp[1:]) if len(q) <= m) for m in range(k + 1)]
         children = {i: [j for j, q in enumerate(nodes) if j and q[:-1] == nodes[i]] for i in range(len(nodes))}
         end = [pp[i] - sum(pp[j] for j in children[i]) for i in range(len(nodes))]
@@ -283,7 +321,7 @@ def sparse_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
             prompts[i] -= 1
         if count + e * sum(prompts) > budget:
             continue
-        r, rows = score(p, paths, prompts, e)
+        r, rows = score(model, paths, prompts, e)
         if best is None or r > best.expected_accepted + 1e-12:
             best = PpdTree(budget, tuple(paths), tuple(prompts), count + e * sum(prompts), round(rows, 4), round(r, 6))
     if best is None:
@@ -291,28 +329,28 @@ def sparse_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
     return best
 
 
-def naive_tree(p: np.ndarray, budget: int, e: int) -> PpdTree:
+def naive_tree(model: PathModel, budget: int, e: int) -> PpdTree:
     """The ablation without prompt-token pruning: the best candidate tree whose every node (root included) carries
     all k prompt tokens, within the budget."""
-    k = len(p)
+    k = model.depth
     if e * k > budget:
         raise SpecrtError(f"no naive PPD tree fits {budget} rows: the root alone carries {e * k}")
-    paths = _candidates(p, (budget - e * k) // (1 + e * k))
+    paths = _candidates(model, (budget - e * k) // (1 + e * k))
     prompts = [k] * (len(paths) + 1)
-    r, rows = score(p, paths, prompts, e)
+    r, rows = score(model, paths, prompts, e)
     return PpdTree(budget, tuple(paths), tuple(prompts), len(paths) + e * sum(prompts), round(rows, 4), round(r, 6))
 
 
-def random_tree(p: np.ndarray, tree: PpdTree, e: int, seed: int = 0) -> PpdTree:
+def random_tree(model: PathModel, tree: PpdTree, e: int, seed: int = 0) -> PpdTree:
     """The ablation with the same candidates and as many prompt tokens as `tree`, placed at random (the root keeps
     at least one)."""
-    k = len(p)
+    k = model.depth
     rng = np.random.default_rng(seed)
     prompts = [1] + [0] * len(tree.paths)
     for _ in range(sum(tree.prompts) - 1):
         room = [i for i, m in enumerate(prompts) if m < k]
         prompts[int(rng.choice(room))] += 1
-    r, rows = score(p, list(tree.paths), prompts, e)
+    r, rows = score(model, list(tree.paths), prompts, e)
     return PpdTree(tree.budget, tree.paths, tuple(prompts), tree.rows, round(rows, 4), round(r, 6))
 
 
@@ -399,14 +437,15 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     k, e = cfg.num_prompt_tokens, cfg.num_ensemble
     encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
     ids = (lambda text: encode(text).ids)
-    val = greedy_windows(module, validation_windows(cfg, ids))
+    text = cfg.window // 2
+    val = greedy_windows(module, validation_windows(cfg, ids), text)
     if cfg.prompts_from is not None:
         prompts, record = _from_other(cfg, hidden, vocab)
         module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts), requires_grad=False)
-        initial = accuracy_of(module, _initial(module, k, e, cfg.seed), val, cfg, vocab)
+        initial = accuracy_of(module, _initial(module, k, e, cfg.seed), val, text, cfg, vocab)
     else:
         module.prompt_embeddings = torch.nn.Parameter(_initial(module, k, e, cfg.seed), requires_grad=False)
-        initial = accuracy(module, val, cfg, vocab)[0]
+        initial = accuracy(module, val, text, cfg, vocab)[0]
         windows = corpus_windows(ids, max(64, cfg.batch_size * 8), cfg.window, cfg.seed, "train")
         record = train(module, windows, cfg, vocab, progress)
         train_files, _ = load_corpus()
@@ -414,45 +453,49 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     record.update(config=config_dict(cfg), seed=cfg.seed,
                   validation={"prompts_sha256": sha256_file(cfg.prompts)} if cfg.prompts else
                   {"corpus_sha256": corpus_hash(load_corpus()[1])})
-    acc, base = accuracy(module, val, cfg, vocab)
+    acc, base, joint = accuracy(module, val, text, cfg, vocab)
     prompts = module.prompt_embeddings.detach().cpu().numpy().astype(np.float32)
     (bundle / EMBEDDINGS).parent.mkdir(exist_ok=True)
     buf = io.BytesIO()
     np.save(buf, prompts)
     write_atomic(bundle / EMBEDDINGS, buf.getvalue())
     parity = _graph(bundle, entry.onnx, prompts, vocab) if entry.onnx else None
-    trees = tuple(sparse_tree(acc, b, e) for b in budgets)
+    model = PathModel(acc, joint)
+    trees = tuple(sparse_tree(model, b, e) for b in budgets)
     result = PromptTokens(
         stamp=Stamp.make(bundle), num_prompt_tokens=k, num_ensemble=e, vocab_size=vocab, hidden_size=hidden,
         embeddings=EMBEDDINGS, embeddings_sha256=hashlib.sha256((bundle / EMBEDDINGS).read_bytes()).hexdigest(),
         graph=GRAPH if entry.onnx else None, graph_sha256=sha256_file(bundle / GRAPH) if entry.onnx else None,
         parity=parity, training=record, accuracy=_rounded(acc), baseline_accuracy=_rounded(base),
-        initial_accuracy=_rounded(initial), trees=trees)
+        initial_accuracy=_rounded(initial),
+        path_accuracy=tuple(PathHit(path, round(p, 6)) for path, p in joint.items()), trees=trees)
     artifacts.save(bundle, result)
     return result
 
 
 def validation_windows(cfg: PpdConfig, encode) -> list[list[int]]:
-    """cfg.val_windows windows of cfg.window tokens whose first halves are text (held-out stdlib files, or the ends
-    of cfg.prompts' prompts) and whose second halves greedy_windows fills with the target's own continuation."""
+    """cfg.val_windows windows of cfg.window / 2 tokens of text (cut from held-out stdlib files, or the ends of
+    cfg.prompts' prompts) and cfg.new_tokens after them that greedy_windows fills with the target's own
+    continuation."""
     from specrt.checkpoints.corpus import corpus_windows, read_prompts
 
-    if cfg.prompts is None:
-        return corpus_windows(encode, cfg.val_windows, cfg.window, cfg.seed, "validation")
     half = cfg.window // 2
-    firsts = [ids[-half:] for ids in map(encode, read_prompts(cfg.prompts, None)) if len(ids) >= half][: cfg.val_windows]
-    if len(firsts) < cfg.val_windows:
-        raise SpecrtError(f"--prompts {cfg.prompts} has {len(firsts)} prompt(s) of at least {half} tokens (--window "
-                          f"{cfg.window} / 2); --val-windows asks for {cfg.val_windows}")
-    return [first + [0] * (cfg.window - half) for first in firsts]
+    if cfg.prompts is None:
+        firsts = corpus_windows(encode, cfg.val_windows, half, cfg.seed, "validation")
+    else:
+        firsts = [ids[-half:] for ids in map(encode, read_prompts(cfg.prompts, None)) if len(ids) >= half][: cfg.val_windows]
+        if len(firsts) < cfg.val_windows:
+            raise SpecrtError(f"--prompts {cfg.prompts} has {len(firsts)} prompt(s) of at least {half} tokens (--window "
+                              f"{cfg.window} / 2); --val-windows asks for {cfg.val_windows}")
+    return [first + [0] * cfg.new_tokens for first in firsts]
 
 
-def accuracy_of(module, embeddings, windows, cfg: PpdConfig, vocab: int) -> np.ndarray:
+def accuracy_of(module, embeddings, windows, text: int, cfg: PpdConfig, vocab: int) -> np.ndarray:
     """accuracy() with other prompt embeddings in place (restored after)."""
     saved = module.prompt_embeddings.data.clone()
     module.prompt_embeddings.data = embeddings.to(saved.dtype)
     try:
-        return accuracy(module, windows, cfg, vocab)[0]
+        return accuracy(module, windows, text, cfg, vocab)[0]
     finally:
         module.prompt_embeddings.data = saved
 
@@ -467,6 +510,11 @@ def describe(t: PromptTokens) -> str:
     for d, (a, b, i) in enumerate(zip(t.accuracy, t.baseline_accuracy, t.initial_accuracy), start=1):
         lines.append(f"distance {d + 1}: top-1 {a[0]:.3f} (no prompt tokens {b[0]:.3f}, untrained {i[0]:.3f}), "
                      f"top-{len(a)} {sum(a):.3f}")
+    model, alone = PathModel.of(t), PathModel(t.accuracy)
+    for d in range(2, t.num_prompt_tokens + 1):
+        top = (0,) * d
+        lines.append(f"distances 2-{d + 1} all right at top-1: {model(top):.4f} measured together "
+                     f"({alone(top):.4f} if they were independent)")
     for tree in t.trees:
         lines.append(f"budget {tree.budget}: {len(tree.paths)} candidates, prompt tokens {list(tree.prompts)}, rows {tree.rows}"
                      f" (steady state {tree.expected_rows}), accepted per round {tree.expected_accepted:.3f}")

@@ -1,5 +1,7 @@
 """`specrt bench ppd`: its rows, ablations and summary, rendered by the report generator."""
 
+import pytest
+
 
 def test_bench_ppd_rows_ablations_and_report(ppd_bundle, tmp_path):
     from specrt.bench.ppd import PpdBenchConfig, run_ppd
@@ -21,7 +23,9 @@ def test_bench_ppd_rows_ablations_and_report(ppd_bundle, tmp_path):
                for r in ppd_rows)
     s = data["summary"]
     assert s["added_parameters"] == 3 * 256 and s["added_fraction"] < 1e-3
-    assert set(s["predicted_accepted_per_round"]) >= {"trained", "untrained", "no prompt tokens"}
+    assert set(s["predicted_accepted_per_round"]) >= {"trained", "trained, if independent", "untrained, if independent",
+                                                       "no prompt tokens, if independent"}
+    assert s["measured_accepted_per_round"] == pytest.approx(data["rows"][2]["tokens_per_target_call"] - 1, abs=1e-3)
     md = "\n".join(bench_section(bench_results(tmp_path)[0], tmp_path))
     assert "### PPD `t`" in md and "| ppd naive tree (16 rows) |" in md
     assert "| ppd typical, T=0.7 (picked) |" in md and "typical acceptance is not lossless" in md

@@ -10,7 +10,7 @@ import pytest
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import PromptTokens
-from specrt.engines.ppd import PpdConfig, score, sparse_tree, train_prompt_tokens
+from specrt.engines.ppd import PathModel, PpdConfig, score, sparse_tree, train_prompt_tokens
 from specrt.errors import BundleError, SpecrtError
 from specrt.runtime.drafters.ppd import PROMPT_RANK, build_layout
 
@@ -31,6 +31,12 @@ def test_training_writes_the_tokens_their_graph_and_a_record(ppd_bundle):
     assert acc.shape == (3, 8) and (acc >= 0).all() and acc.sum(axis=1).max() <= 1
     # trained prompt tokens guess distance 2 better than the last position's own logits do
     assert acc[0, 0] > np.array(t.baseline_accuracy)[0, 0]
+    # paths measured together: a depth-1 path is distance 2's accuracy at that rank, a path never beats its parent
+    joint = {h.path: h.accuracy for h in t.path_accuracy}
+    for r in range(8):
+        assert joint.get((r,), 0.0) == pytest.approx(acc[0, r], abs=1e-6)
+    assert all(0 < p <= joint[path[:-1]] + 1e-9 for path, p in joint.items() if len(path) > 1)
+    assert all(path in joint for tree in t.trees for path in tree.paths)  # no candidate that was never right
 
 
 @pytest.mark.parametrize("backend", ["ort", "torch"])
@@ -178,16 +184,16 @@ def test_layout_is_the_ensemble_mask_and_prompt_ids_by_distance_and_ept():
 
 def test_steady_state_score_by_hand():
     # one candidate accepted half the time; both carry one prompt token: every round is in state 1
-    r, rows = score(np.array([[0.5]]), [(0,)], [1, 1], e=1)
+    r, rows = score(PathModel([[0.5]]), [(0,)], [1, 1], e=1)
     assert r == pytest.approx(0.5) and rows == pytest.approx(3.0)
     # the candidate carries none: after accepting it, the next round has no candidates (state 0), then state 1
     # again; pi = (1/3, 2/3), R = 2/3 * 0.5
-    r, rows = score(np.array([[0.5]]), [(0,)], [1, 0], e=1)
+    r, rows = score(PathModel([[0.5]]), [(0,)], [1, 0], e=1)
     assert r == pytest.approx(1 / 3) and rows == pytest.approx(1 / 3 * 1 + 2 / 3 * 2)
 
 
 def test_sparse_trees_hold_their_budget_and_grow_with_it():
-    p = np.array([[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]])
+    p = PathModel([[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]])
     trees = [sparse_tree(p, b, e=1) for b in (2, 4, 8, 16, 32)]
     assert all(t.rows <= t.budget for t in trees)
     values = [t.expected_accepted for t in trees]
@@ -196,6 +202,23 @@ def test_sparse_trees_hold_their_budget_and_grow_with_it():
     assert sparse_tree(p, 8, e=2).expected_accepted <= trees[2].expected_accepted
     with pytest.raises(SpecrtError, match="no PPD tree fits"):
         sparse_tree(p, 1, e=2)
+
+
+def test_sparse_trees_follow_the_paths_measured_together():
+    """Distance 3's guess is right as often as distance 2's, but never in the same round: as a product the table
+    makes (0, 0) a good candidate; measured together it is worthless and the budget goes to depth-1 ranks."""
+    table = [[0.4, 0.2, 0.1, 0.05], [0.4, 0.2, 0.1, 0.05]]
+    joint = {(0,): 0.4, (1,): 0.2, (2,): 0.1, (3,): 0.05, (1, 0): 0.02}
+    alone, together = PathModel(table), PathModel(table, joint)
+    assert alone((0, 0)) == pytest.approx(0.16) and together((0, 0)) == 0 and together(()) == 1
+    assert (0, 0) in sparse_tree(alone, 8, e=1).paths
+    tree = sparse_tree(together, 8, e=1)
+    assert (0, 0) not in tree.paths and all(p in joint for p in tree.paths)
+    # what each model predicts for the other's tree: the product over-rates the tree built from it
+    naive = sparse_tree(alone, 8, e=1)
+    assert score(together, list(naive.paths), list(naive.prompts), 1)[0] < naive.expected_accepted
+    # a rank that is never right is never a candidate, even where the budget has room
+    assert len(sparse_tree(PathModel([[0.5, 0.0]], {(0,): 0.5}), 16, e=1).paths) == 1
 
 
 def test_prompt_tokens_serve_an_inflated_target_zero_padded(ppd_bundle, tmp_path):
@@ -305,7 +328,7 @@ def test_guess_accuracy_is_scored_against_the_targets_own_greedy_continuation():
 
     module = StepModule(load_checkpoint(DEMO_DIR / "target", "float32", "cpu")).eval()
     windows = np.random.default_rng(0).integers(0, 4096, (3, 24))
-    g = greedy_windows(module, windows.tolist(), batch=2)
+    g = greedy_windows(module, windows.tolist(), 12, batch=2)
     assert g.shape == (3, 24) and (g[:, :12] == windows[:, :12]).all()
     assert (g[:, 12:] != windows[:, 12:]).any()
     # teacher-forced over whole windows, each token of the second half is the argmax after the tokens before it
@@ -336,3 +359,12 @@ def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
     with pytest.raises(SpecrtError, match="has 10 prompt\\(s\\) of at least 32 tokens \\(--window 64 / 2\\); "
                                           "--val-windows asks for 11"):
         train_prompt_tokens(replace(cfg, val_windows=11), progress=False)
+    # each window: the prompt's last --window / 2 tokens, then --new-tokens for the target's own continuation
+    from tokenizers import Tokenizer
+
+    from specrt.engines.ppd import validation_windows
+
+    encode = Tokenizer.from_file(str(b / "tokenizer" / "tokenizer.json")).encode
+    windows = validation_windows(replace(cfg, new_tokens=40), lambda text: encode(text).ids)
+    long_enough = [ids for ids in (encode(p).ids for p in humaneval_prompts(20)[10:]) if len(ids) >= 32]
+    assert [w[:32] for w in windows] == [ids[-32:] for ids in long_enough[:6]] and {len(w) for w in windows} == {72}
