@@ -160,14 +160,19 @@ soak: $(STAMP)
 # hf/), static-shape engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with
 # the eager and the graphs backends against HF generate, assisted, prompt lookup and static cache + compile, and
 # batch 1 and 8 (continuous, unpadded and padded) on the eager backend.
+# A rehearsal of the same commands on the CPU at toy size, before spending device time on them:
+#   make gpu-bench gpu-bench-quant PY=.venv/bin/python GPU_OUT=build/gpu-rehearsal GPU_DEVICE=cpu \
+#     GPU_SHAPE="--hidden 384 --intermediate 1024 --layers 3 --heads 6"
 GPU_OUT   ?= build/gpu
+GPU_DEVICE ?= cuda
+GPU_SHAPE ?= --preset 7b
 GPU_METHODS ?= autoregressive,sd,anpd,anpd-hw,dynamic,dynamic-ngram
 $(GPU_OUT)/bundle/manifest.json:
-	$(PY) -m specrt models inflate --preset 7b --dtype float16 --out $(GPU_OUT)/target
+	$(PY) -m specrt models inflate $(GPU_SHAPE) --dtype float16 --device $(GPU_DEVICE) --out $(GPU_OUT)/target
 	$(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer \
 		--out $(GPU_OUT)/bundle --dtype float16 --no-onnx
 gpu-bench: $(GPU_OUT)/bundle/manifest.json
-	$(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --slots 2
+	$(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device $(GPU_DEVICE) --slots 2
 	$(PY) -m specrt calibrate --bundle $(GPU_OUT)/bundle --backend graphs --num-prompts 8
 	$(PY) -m specrt profile --bundle $(GPU_OUT)/bundle --backend graphs --batch-sizes 1,2,4 --contexts 512
 	$(PY) -m specrt tune --bundle $(GPU_OUT)/bundle --batch-sizes 1,2,4
@@ -182,8 +187,9 @@ gpu-bench: $(GPU_OUT)/bundle/manifest.json
 # The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
 # projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).
 gpu-bench-quant: $(GPU_OUT)/bundle/manifest.json
-	test -f $(GPU_OUT)/bundle/engines.json || $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --batch-buckets 1
-	for s in int8-wo fp8; do $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device cuda --batch-buckets 1 \
+	test -f $(GPU_OUT)/bundle/engines.json || $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device $(GPU_DEVICE) \
+		--batch-buckets 1
+	for s in int8-wo fp8; do $(PY) -m specrt build --bundle $(GPU_OUT)/bundle --device $(GPU_DEVICE) --batch-buckets 1 \
 		--quant $$s || exit 1; done
 	$(PY) -m specrt bench quant --bundle $(GPU_OUT)/bundle --backend graphs --label gpu-7b-graphs --num-prompts 5 \
 		--runs 2 --methods autoregressive,sd,anpd --out $(GPU_OUT)/results
