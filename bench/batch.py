@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
+from specrt.bench.quality import describe_divergence, divergence, same_tokens
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
@@ -97,12 +98,14 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
             accepted.update(o.stats.accepted_by_position)
         by_position = [round(accepted[b] / rounds[b], 3) if rounds[b] else None for b in range(max(rounds, default=-1) + 1)]
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
-                [o.token_ids for o in outs] == reference, sum(o.stats.padded for o in outs),
+                [o.token_ids for o in outs], sum(o.stats.padded for o in outs),
                 sum(o.stats.rounds for o in outs), by_position)
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
-    requests = [(len(pipe.encode(p)), len(t)) for p, t in zip(prompts, reference)]
+    prompt_ids = [pipe.encode(p) for p in prompts]
+    requests = [(len(ids), len(t)) for ids, t in zip(prompt_ids, reference)]
+    diverged = {k: divergence(pipe, prompt_ids, reference, last[k][2]) for k in configs}
     predict, why_not = predictor(pipe, requests)
     rows = []
     for (m, b, how, pad) in configs:
@@ -128,7 +131,8 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
                      "prediction_error": round(speed[key] / predicted - 1, 3) if predicted else None,
                      "latency_p50_s": round(float(np.percentile(latency, 50)), 3),
                      "latency_p95_s": round(float(np.percentile(latency, 95)), 3),
-                     "same_tokens_as_ar": last[key][2], "runs_s": [round(s, 3) for s in seconds[key]]})
+                     "same_tokens_as_ar": last[key][2] == reference, "divergence": diverged[key],
+                     "runs_s": [round(s, 3) for s in seconds[key]]})
     data = {**header("batch", cfg), "rows": rows, "max_new_tokens_per_request": caps, "predictions": why_not or "ok",
             "auto": auto_summary(rows, pipe if "auto" in cfg.methods else None)}
     write_report(cfg.out / f"batch-{cfg.label}", data, markdown, plot)
@@ -231,8 +235,9 @@ def markdown(data: dict) -> str:
         lines.append(f"| {_name(r)} | {r['batch_size']} | {r['batching']} | {r['tokens_per_s']:.1f} | "
                      f"{x(r['speedup_vs_ar'])} | {x(r['continuous_vs_static'])} | {x(r.get('unpadded_vs_padded'))} | "
                      f"{r.get('padding_ratio', 0):.2f} | {pred} | {per_round} | {r['latency_p50_s']:.2f} | "
-                     f"{r['latency_p95_s']:.2f} | "
-                     f"{'yes' if r['same_tokens_as_ar'] else 'NO'} |")
+                     f"{r['latency_p95_s']:.2f} | {same_tokens(r['same_tokens_as_ar'], r.get('divergence'))} |")
+    lines += [f"- {_name(r)} at batch {r['batch_size']}, {r['batching']}: {describe_divergence(r['divergence'])}"
+              for r in data["rows"] if r.get("divergence")]
     if data.get("auto"):
         lines += ["", "| batch | batching | `auto` ran | tokens/s | vs AR | best measured | auto / best |",
                   "|---:|---|---|---:|---:|---|---:|"]

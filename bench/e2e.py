@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
+from specrt.bench.quality import describe_divergence, divergence
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
@@ -78,6 +79,7 @@ class MethodResult:
     host_seconds: float = 0.0  # per run, outside any model call (ours only)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     joules: list[float] = field(default_factory=list)  # energy of each timed run (GPU, NVML), else empty
+    divergence: dict | None = None  # where the outputs leave our AR's (bench.quality.divergence), else None
 
     @property
     def median_s(self) -> float:
@@ -224,6 +226,10 @@ def run_e2e(cfg: E2EConfig) -> dict:
         r = results[name]
         r.seconds, r.tokens, r.target_calls, r.host_seconds, r.outputs = seconds[name], sum(map(len, outs)), calls, host, outs
         r.joules = joules.get(name, [])
+    if "autoregressive" in results:
+        prompt_ids = [pipe.encode(p) for p in prompts]
+        for r in results.values():
+            r.divergence = divergence(pipe, prompt_ids, results["autoregressive"].outputs, r.outputs)
     entry = pipe.target.entry
     weight_bytes = entry.num_params * np.dtype(entry.dtype).itemsize
     bandwidth = copy_bandwidth(pipe.machine.device)
@@ -251,6 +257,7 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             "tokens_per_target_call": round(r.tokens / r.target_calls, 3) if r.target_calls else None,
             "host_fraction": round(r.host_seconds / r.median_s, 3) if r.target_calls else None,
             "same_tokens_as_ours_ar": (sum(a == b for a, b in zip(r.outputs, ref)) / len(ref)) if ref else None,
+            "divergence": r.divergence,
             "roofline_fraction": round(r.tokens_per_s / roofline["tokens_per_s"], 4) if roofline else None,
             "joules_per_token": round(statistics.median(r.joules) / r.tokens, 4) if r.joules else None,
         })
@@ -293,6 +300,7 @@ def markdown(data: dict) -> str:
     if ratios:
         lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
+    lines += [f"- {r['method']}: {describe_divergence(r['divergence'])}" for r in data["rows"] if r.get("divergence")]
     for name, why in data.get("skipped", {}).items():
         lines += [f"- {name} skipped: {why}"]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,34 @@
+"""bench.quality.divergence: where a method's greedy tokens leave AR's, and whether the target was at a tie there."""
+
+import numpy as np
+import pytest
+
+
+def test_divergence_measures_the_targets_logit_gap_at_the_first_difference(demo_bundle):
+    from specrt.bench.quality import describe_divergence, divergence, same_tokens
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.step_inputs import sequence_logits
+
+    pipe = Pipeline.load(demo_bundle, threads=2)
+    prompts = ["def add(a, b):", "import os\n"]
+    ids = [pipe.encode(p) for p in prompts]
+    ref = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=12)]
+    assert divergence(pipe, ids, ref, [list(r) for r in ref]) is None
+    assert same_tokens(True, None) == "yes"
+
+    # the second request takes the target's runner-up at token 5: the gap there is top-1 minus top-2
+    with pipe.target.runner() as runner:
+        row = sequence_logits(runner, np.asarray(ids[1] + ref[1][:5], dtype=np.int64))[-1]
+    second = int(np.argsort(row)[-2])
+    other = [list(ref[0]), ref[1][:5] + [second] + ref[1][6:]]
+    div = divergence(pipe, ids, ref, other)
+    assert div["requests"] == 1 and div["dtype"] == "float32" and div["tolerance"] == 1e-4
+    assert div["max_gap"] == pytest.approx(float(row[ref[1][5]] - row[second]), abs=1e-5) and div["max_gap"] > 0
+    assert div["ties"] is (div["max_gap"] <= 1e-4)
+    assert same_tokens(False, div) == ("NO (rounding tie)" if div["ties"] else "NO")
+    assert "1 request(s) differ from AR" in describe_divergence(div)
+
+    # an output that only stops early has no differing token: not a tie
+    short = divergence(pipe, ids, ref, [list(ref[0]), ref[1][:4]])
+    assert short["max_gap"] is None and not short["ties"] and same_tokens(False, short) == "NO"
+    assert "stops early" in describe_divergence(short)
