@@ -236,8 +236,9 @@ def markdown(data: dict) -> str:
                      f"{x(r['speedup_vs_ar'])} | {x(r['continuous_vs_static'])} | {x(r.get('unpadded_vs_padded'))} | "
                      f"{r.get('padding_ratio', 0):.2f} | {pred} | {per_round} | {r['latency_p50_s']:.2f} | "
                      f"{r['latency_p95_s']:.2f} | {same_tokens(r['same_tokens_as_ar'], r.get('divergence'))} |")
-    lines += [f"- {_name(r)} at batch {r['batch_size']}, {r['batching']}: {describe_divergence(r['divergence'])}"
+    differ = [f"- {_name(r)} at batch {r['batch_size']}, {r['batching']}: {describe_divergence(r['divergence'])}"
               for r in data["rows"] if r.get("divergence")]
+    lines += [""] + differ if differ else []
     if data.get("auto"):
         lines += ["", "| batch | batching | `auto` ran | tokens/s | vs AR | best measured | auto / best |",
                   "|---:|---|---|---:|---:|---|---:|"]
