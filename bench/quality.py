@@ -32,7 +32,7 @@ def divergence(pipe, prompts_ids, reference, outputs) -> dict | None:
     by that tolerance (a step of another shape, batched, padded or verifying a tree, sums in another order), so
     within it the two tokens are a rounding tie that greedy decoding may break either way; beyond it the method
     changed the output."""
-    from specrt.graphs.parity import PARITY_TOL
+    from specrt.contract import PARITY_TOL
     from specrt.runtime.step_inputs import sequence_logits
 
     gaps = []

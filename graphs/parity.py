@@ -17,8 +17,7 @@ import numpy as np
 
 from specrt import contract
 
-PARITY_TOL = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 4e-1}  # max |graph - torch| over logits and new K/V,
-# per dtype (bfloat16 keeps 3 fewer mantissa bits than float16: 8x its tolerance)
+PARITY_TOL = contract.PARITY_TOL  # max |graph - torch| over logits and new K/V, per dtype
 
 
 @dataclass(frozen=True)

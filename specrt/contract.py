@@ -66,6 +66,11 @@ def present_value(layer: int) -> str:
 KV_UPDATES = ("runtime", "graph")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
 # 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
+# max |logit| (and new K/V) difference between two correct computations of one step, per dtype: an exported graph
+# against its module (graphs.parity), or a step of another shape (batched, padded, a tree: another summation order)
+# whose greedy token differs only at a tie within it (bench.quality.divergence); bfloat16 keeps 3 fewer mantissa
+# bits than float16: 8x its tolerance
+PARITY_TOL = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 4e-1}
 
 
 def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
