@@ -52,7 +52,8 @@ ENGINE    ?= graphs
 build: $(STAMP)
 	$(BIN)/specrt build --bundle $(OUT) --backend $(ENGINE)
 
-# 8-bit variants of the bundle's step graphs (SCHEME=int8-weights | int4-weights | static-int8); run with --quant
+# 8-bit variants of the bundle's step graphs (SCHEME=int8-weights | int4-weights | dynamic-int8 |
+# static-int8); run with --quant
 SCHEME    ?= int8-weights
 quantize: $(STAMP)
 	$(BIN)/specrt quantize --bundle $(OUT) --scheme $(SCHEME)

@@ -1,9 +1,9 @@
 """`specrt bench quant`: what each quantized variant of a bundle buys and costs, against the float pair measured in
 the same run.
 
-Variants: on the ort backend `specrt quantize`'s step graphs (int8-weights, int4-weights, static-int8); on the
-torch and graphs backends the PyTorch step's 8-bit projections (int8-wo, fp8; graphs: engines built with
-`specrt build --quant S`). Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: model
+Variants: on the ort backend `specrt quantize`'s step graphs (int8-weights, int4-weights, dynamic-int8,
+static-int8); on the torch and graphs backends the PyTorch step's 8-bit projections (int8-wo, fp8; graphs: engines
+built with `specrt build --quant S`). Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: model
 bytes; tokens/s of each of our rows (autoregressive and the lossless methods asked for; timed runs interleaved
 across every variant and row, medians) and the ratio to the float pair's autoregressive; tokens per target call;
 on a GPU, each row's energy per token (NVML) and its fraction of the variant's own roofline (its target's weight
@@ -43,8 +43,8 @@ class QuantBenchConfig(BenchConfig):
                                  "--quant S` for each scheme, and once without)", choices=("ort", "torch", "graphs"))
     device: str | None = option(None, "torch and graphs: the device (default: CUDA where present; graphs: the engines')")
     schemes: tuple[str, ...] | None = option(None, "variants to measure (default: ort: int8-weights, int4-weights, "
-                                                   "static-int8, each made by `specrt quantize --scheme S`; torch and "
-                                                   "graphs: int8-wo, fp8)")
+                                                   "dynamic-int8, static-int8, each made by `specrt quantize "
+                                                   "--scheme S`; torch and graphs: int8-wo, fp8)")
     methods: tuple[str, ...] = option(("autoregressive", "sd", "dynamic-ngram"), "our rows: methods or e2e variants")
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
@@ -54,13 +54,13 @@ class QuantBenchConfig(BenchConfig):
         torch_schemes = self.backend != "ort"
         if self.schemes is None:
             object.__setattr__(self, "schemes", TORCH_QUANT_SCHEMES if torch_schemes else
-                               ("int8-weights", "int4-weights", "static-int8"))
+                               ("int8-weights", "int4-weights", "dynamic-int8", "static-int8"))
         wrong = [s for s in self.schemes if (s in TORCH_QUANT_SCHEMES) != torch_schemes]
         if wrong:
             raise InvalidRequestError(f"--schemes {','.join(wrong)}: the {self.backend} backend measures "
                                       + ("the PyTorch step's 8-bit projections (" + ", ".join(TORCH_QUANT_SCHEMES) + ")"
                                          if torch_schemes else "`specrt quantize`'s variants (int8-weights, "
-                                         "int4-weights, static-int8, int8-qdq)"))
+                                         "int4-weights, dynamic-int8, static-int8, int8-qdq)"))
         if self.backend == "ort" and self.device not in (None, "cpu"):
             raise InvalidRequestError(f"--device {self.device}: the ort backend runs on the CPU")
 

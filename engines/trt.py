@@ -196,6 +196,8 @@ def _quantized_sources(bundle: Path, scheme: str) -> dict[str, str]:
 
     if scheme not in TRT_SCHEMES:
         why = ("ONNX Runtime's MatMulNBits, an operator TensorRT does not import" if scheme.endswith("-weights") else
+               "MatMulInteger on activations quantized as the step runs, where TensorRT builds from Q/DQ"
+               if scheme == "dynamic-int8" else
                "Q/DQ with uint8 activations and non-zero zero points, where TensorRT takes symmetric Q/DQ only")
         raise SpecrtError(f"{scheme} is {why}: quantize with `specrt quantize --bundle {bundle} --scheme "
                           f"{TRT_INT8}` (or fp8-qdq) and build --quant {TRT_INT8}")

@@ -21,7 +21,8 @@ def data_file(graph: Path) -> Path:
     return graph.with_name(graph.name + ".data")
 
 
-def _save(model, dest: Path, external: bool) -> None:
+def save_graph(model, dest: Path, external: bool) -> None:
+    """Write `model` to `dest`; where `external`, its tensors to data_file(dest)."""
     import onnx
 
     data = data_file(dest)
@@ -55,7 +56,7 @@ def finalize_graph(raw: Path, dest: Path, external: bool) -> None:
             raise SpecrtError(f"{raw}: step graph has no input {name!r} (inputs: {sorted(inputs)})")
     if contract.LOGITS not in outputs:
         raise SpecrtError(f"{raw}: step graph has no output {contract.LOGITS!r} (outputs: {sorted(outputs)})")
-    _save(model, dest, external)
+    save_graph(model, dest, external)
 
 
 def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
@@ -87,7 +88,7 @@ def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
     for v in list(g.input) + list(g.output) + list(g.value_info):
         if v.type.tensor_type.elem_type == bf16:
             v.type.tensor_type.elem_type = f32
-    _save(model, dest, external)
+    save_graph(model, dest, external)
     onnx.checker.check_model(str(dest))
 
 

@@ -36,9 +36,9 @@ class BackendOptions(ThreadOptions):
                                  "engines (`specrt build --backend trt`)", choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
     quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
-                                     "int8-weights, int4-weights or static-int8; torch backend: 8-bit projections, "
-                                     "int8-wo or fp8 (graphs: the scheme its engines were built with); plan: the one "
-                                     "plan.json picked (`specrt tune --variants`)")
+                                     "int8-weights, int4-weights, dynamic-int8 or static-int8; torch backend: 8-bit "
+                                     "projections, int8-wo or fp8 (graphs: the scheme its engines were built with); "
+                                     "plan: the one plan.json picked (`specrt tune --variants`)")
     kv_update: str = option("runtime", "runtime = the step graphs return new K/V and the runtime writes the accepted "
                                        "rows; graph = their in-graph variants (`specrt inplace`) write them into the "
                                        "cache in place (ort backend)", choices=KV_UPDATES)

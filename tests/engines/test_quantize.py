@@ -13,7 +13,7 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile, QuantSet
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 
-SCHEMES = ("int8-weights", "int4-weights", "static-int8", "int8-qdq", "fp8-qdq")
+SCHEMES = ("int8-weights", "int4-weights", "dynamic-int8", "static-int8", "int8-qdq", "fp8-qdq")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,45 @@ def test_each_row_of_a_quantized_step_is_computed_on_its_own(quant_bundle, schem
     one = dict(feeds, input_ids=feeds["input_ids"][:, :1], position_ids=feeds["position_ids"][:, :1],
                attention_mask=feeds["attention_mask"][:, :1, :21])
     assert np.abs(s.run(None, one)[0][0, 0] - full[0, 0]).max() < 1e-4
+
+
+def _matmul_graph(w: np.ndarray, opset: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", w.shape[0]])
+    ys = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["B", "T", w.shape[1]]) for i in range(2)]
+    nodes = [helper.make_node("MatMul", ["x", "w"], [f"y{i}"], name="ab"[i]) for i in range(2)]
+    graph = helper.make_graph(nodes, "g", [x], ys, [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_dynamic_int8_quantizes_each_row_by_its_own_range(opset):
+    """What dynamic-int8 computes, against numpy: a scale per row of x (127 levels a side) and per column of w (63);
+    an input two MatMuls share is quantized once; a row of zeros stays zeros (no NaN)."""
+    import onnxruntime as ort
+
+    from specrt.engines.quantize import quantize_rows
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 24)).astype(np.float32)
+    w[:, 3] = 0  # a column of zeros
+    model = _matmul_graph(w, opset)
+    quantize_rows(model, ["a", "b"])
+    assert [n.op_type for n in model.graph.node].count("ReduceMax") == 1
+    assert [n.op_type for n in model.graph.node].count("MatMulInteger") == 2
+    assert "w" not in {t.name for t in model.graph.initializer}  # the float weight is gone
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32) * np.array([1, 100, 0.01], np.float32)[:, None]
+    x[1, 2] = 0
+    y0, y1 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    ws = np.abs(w).max(0) / 63
+    ws[3] = 1e-30 / 63
+    xs = np.maximum(np.abs(x).max(-1, keepdims=True), 1e-30) / 127
+    expect = (np.round(x / xs) @ np.round(w / ws)) * ws * xs
+    assert np.array_equal(y0, y1) and np.isfinite(y0).all() and (y0[1, 2] == 0).all()
+    np.testing.assert_allclose(y0, expect, rtol=1e-5, atol=1e-6 * np.abs(expect).max())
+    exact = x @ w  # and close to the float product, row by row, at any row's scale
+    assert (np.abs(y0 - exact).max(-1) <= 0.03 * np.abs(exact).max(-1) + 1e-6).all()
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

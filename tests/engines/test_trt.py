@@ -186,6 +186,8 @@ def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, i
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="static-int8", **TABLE), "cpu", progress=False)
     with pytest.raises(SpecrtError, match="int8-weights is ONNX Runtime's MatMulNBits"):
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="int8-weights", **TABLE), "cpu", progress=False)
+    with pytest.raises(SpecrtError, match="dynamic-int8 is MatMulInteger on activations quantized as the step runs"):
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="dynamic-int8", **TABLE), "cpu", progress=False)
     with pytest.raises(InvalidRequestError, match="--quant int8-qdq: the graphs engines quantize their projections "
                                                   "with int8-wo or fp8 .*or in TensorRT plans with --backend trt"):
         BuildConfig(bundle=b, backend="graphs", quant="int8-qdq")
