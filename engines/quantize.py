@@ -82,9 +82,8 @@ class QuantizeConfig(BundleOptions):
     scheme: str = option("int8-weights", "int8-weights / int4-weights (weight-only, activations float), "
                                          "dynamic-int8 (weights int8, each row of activations quantized when a "
                                          "step runs), static-int8 (QDQ, activation ranges calibrated on held-out "
-                                         "text) or "
-                                         "int8-qdq (the same, symmetric: for TensorRT's explicit INT8) or fp8-qdq "
-                                         "(FP8 e4m3 Q/DQ, per-tensor scales: for TensorRT's explicit FP8)",
+                                         "text), int8-qdq (the same, symmetric: for TensorRT's explicit INT8) or "
+                                         "fp8-qdq (FP8 e4m3 Q/DQ, per-tensor scales: for TensorRT's explicit FP8)",
                          choices=SCHEMES)
     calibration_prompts: int = option(16, "static schemes: held-out prompts the activation ranges are measured on", ge=1)
     prompt_tokens: int = option(128, "static schemes: tokens per calibration prompt", ge=16)
@@ -167,7 +166,8 @@ def quantize_rows(model, nodes: list[str]) -> None:
             rows[x] = (p + "uint8", p + "scale")
         xq, xs = rows[x]
         wq, ws = (t.name for t in weights[w])
-        out, p = node.output[0], f"{node.name}/dynamic_int8/"
+        out = node.output[0]
+        p = f"{out}/dynamic_int8/"  # output names are unique in a graph; node names need not be
         body += [helper.make_node("MatMulInteger", [xq, wq, name["zero_point"]], [p + "int32"]),
                  helper.make_node("Cast", [p + "int32"], [p + "float"], to=TensorProto.FLOAT),
                  helper.make_node("Mul", [p + "float", ws], [p + "columns"]),
