@@ -175,6 +175,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         return (lambda *a: (None, None, ())), str(e).replace(str(Path(pipe.bundle).resolve()), str(pipe.bundle))
     p = np.array(acceptance.depth_rank)
     plan = pipe.plan() if pipe.has_plan() else None
+    backends = {"target": pipe.target, "draft": pipe.draft}
 
     def point(method: str, batch: int) -> CurvePoint | None:
         if method == "autoregressive":
@@ -204,9 +205,12 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
         by_position = position_acceptance(acceptance, c)
         rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
+        def prefill(lens, running):  # a static cache steps the running sequences beside the joining ones
+            return sum(prefill_ms(latency, role, lens, running if backends[role].static_cache else 0) for role in roles)
+
         try:
             ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), rounds, requests, batch,
-                             batching, lambda lens: sum(prefill_ms(latency, role, lens) for role in roles))
+                             batching, prefill)
         except SpecrtError:
             return None, None, ()  # a batch size or step beyond the profile
         new_tokens = sum(new for _, new in requests)

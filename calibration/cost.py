@@ -71,15 +71,17 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
     return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic", batch)
 
 
-def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int]) -> float:
+def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int = 0) -> float:
     """Predicted ms to prefill prompts admitted together: one ragged step is as wide as its longest prompt for
     every sequence (shorter ones are padded with holes), and a long step costs in proportion to its token rows,
-    at the per-row cost of the largest profiled step at the largest profiled batch size <= the group's."""
+    at the per-row cost of the largest profiled step at the largest profiled batch size <= the step's. `running`:
+    sequences of the batch stepped beside the joining ones as empty rows (a static cache's: Backend.static_cache)."""
+    rows = running + len(prompt_lens)
     sizes = latency.batch_sizes(role)
-    batch = max([b for b in sizes if b <= len(prompt_lens)] or sizes[:1])
+    batch = max([b for b in sizes if b <= rows] or sizes[:1])
     largest = min(max(curve) for curve in latency.models[role][batch].values())
     per_row = latency.step_ms(role, batch, largest) / (batch * largest)
-    return per_row * len(prompt_lens) * max(prompt_lens)
+    return per_row * rows * max(prompt_lens)
 
 
 def rounds_needed(new: int, accepted: float, by_position: tuple[float, ...] = (), bucket: int = 0,
@@ -102,8 +104,9 @@ def workload_ms(round_ms, rounds: Callable[[int], int], requests: list[tuple[int
     """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: a request of `new`
     tokens needs rounds(new) rounds (rounds_needed); a round costs round_ms(live sequences), so a batch that drains
     (sequences finishing at different rounds) costs what its live size does; each group of requests admitted
-    together pays `prefill(their prompt lengths)`. Continuous batching admits the next requests as soon as
-    sequences finish; static batching runs each group of `max_batch` requests until its last one ends."""
+    together pays `prefill(their prompt lengths, sequences running beside them)`. Continuous batching admits the
+    next requests as soon as sequences finish; static batching runs each group of `max_batch` requests until its
+    last one ends."""
     needed = [rounds(new) for _, new in requests]
     groups = [list(range(len(requests)))] if batching == "continuous" else \
         [list(range(i, min(i + max_batch, len(requests)))) for i in range(0, len(requests), max_batch)]
@@ -114,7 +117,7 @@ def workload_ms(round_ms, rounds: Callable[[int], int], requests: list[tuple[int
             joining = waiting[:max_batch - len(live)]
             del waiting[:len(joining)]
             if joining:
-                total += prefill([requests[i][0] for i in joining])
+                total += prefill([requests[i][0] for i in joining], len(live))
                 live += [needed[i] for i in joining]
             step = min(live)  # rounds until the next sequence finishes, all at this live size
             total += step * round_ms(len(live))

@@ -30,6 +30,9 @@ from specrt.runtime.kv_cache import KVCache
 class Backend(ABC):
     name: str
     max_step_tokens: int | None = None  # the most new tokens per sequence one step may carry (None: any)
+    # its caches live at fixed addresses (engines), so sequences joining a batch are prefilled in place beside the
+    # running ones, stepped as empty rows (step_inputs.admit): a prefill step is as wide as the whole batch
+    static_cache: bool = False
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry

@@ -77,6 +77,7 @@ class _Slot:
 
 class StaticTorchBackend(EngineBackend):
     name = "graphs"
+    static_cache = True
 
     def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet,
                  prompt_embeddings=None):

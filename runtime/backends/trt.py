@@ -125,6 +125,7 @@ class TrtBackend(EngineBackend):
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
         self.max_step_tokens = engines.token_profiles[-1]
+        self.static_cache = engines.kv_update == "graph"  # else each call's cache grows like ONNX Runtime's
         path = Path(bundle) / engines.plans[entry.role]
         if not path.is_file() or path.stat().st_size != engines.plan_bytes[entry.role]:
             raise BundleError(f"{path} is missing or not the plan trt-engines.json describes (truncated or replaced?): "

@@ -64,17 +64,20 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     requests = [(5, 4), (5, 8), (5, 2)]  # (prompt tokens, new tokens), 2 tokens per round: 2, 4, 1 rounds
     # continuous, batch 2: rounds at live 2 until the first finishes (2 rounds), then the third joins
     # (live 2 for 1 round), then the second alone (1 round)
-    assert workload_ms(cost, rounds, requests, 2, "continuous", lambda n: 0.0) == pytest.approx(2 * 12 + 12 + 11)
+    assert workload_ms(cost, rounds, requests, 2, "continuous", lambda *a: 0.0) == pytest.approx(2 * 12 + 12 + 11)
     # static: [0, 1] take 2 rounds at live 2 then 2 alone; [2] 1 round alone
-    assert workload_ms(cost, rounds, requests, 2, "static", lambda n: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
-    # prefill per group admitted together: static [0, 1] then [2]
+    assert workload_ms(cost, rounds, requests, 2, "static", lambda *a: 0.0) == pytest.approx(2 * 12 + 2 * 11 + 11)
+    # prefill per group admitted together (and how many sequences run beside it): static [0, 1] then [2]
     groups = []
-    workload_ms(cost, rounds, requests, 2, "static", lambda lens: groups.append(lens) or 0.0)
-    assert groups == [[5, 5], [5]]
+    workload_ms(cost, rounds, requests, 2, "static", lambda lens, running: groups.append((lens, running)) or 0.0)
+    assert groups == [([5, 5], 0), ([5], 0)]
     groups.clear()
-    workload_ms(cost, rounds, [(3, 4), (7, 8), (9, 2)], 2, "continuous", lambda lens: groups.append(lens) or 0.0)
-    assert groups == [[3, 7], [9]]
+    workload_ms(cost, rounds, [(3, 4), (7, 8), (9, 2)], 2, "continuous",
+                lambda lens, running: groups.append((lens, running)) or 0.0)
+    assert groups == [([3, 7], 0), ([9], 1)]  # the third joins the second, still running
     (tmp_path / "manifest.json").write_text("{}")
     lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=8)  # 2 ms per token row
     assert prefill_ms(lat, "target", [10]) == pytest.approx(20.0)
     assert prefill_ms(lat, "target", [10, 4]) == pytest.approx(2 * 10 * 2.0)  # padded to the longest
+    # a static cache prefills a joining sequence beside the running one, stepped as an empty row: two rows wide
+    assert prefill_ms(lat, "target", [10], running=1) == pytest.approx(2 * 10 * 2.0)

@@ -122,6 +122,7 @@ def test_lossless_methods_on_trt_engines_equal_autoregressive_and_switch_profile
                                                                                    humaneval):
     b, engines, _ = trt_bundle
     pipe = _pipeline(b, engines)
+    assert not pipe.target.static_cache  # the runtime's cache grows per call; the plans' S is dynamic
     prompts = humaneval[:4]  # longer than the largest profile: prefill in 32-token chunks
     ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=20)]
     fake.CALLS.clear()
@@ -294,6 +295,7 @@ def test_in_graph_engines_take_a_static_cache_and_write_it_in_place(trt, in_grap
         assert [o.token_ids for o in got] == ar, kw
     with pipe.target.runner() as runner:
         assert runner.new_cache(2).is_static  # the engine's static cache, capacity 256
+    assert pipe.target.static_cache  # what the batch cost model prices joining requests by
 
 
 def test_in_graph_engines_need_tensorrt_10_15_and_the_inplace_graphs(trt, demo_bundle, in_graph_trt, tmp_path):
