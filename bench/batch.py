@@ -205,6 +205,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
         by_position = position_acceptance(acceptance, c)
         rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
+
         def prefill(lens, running):  # a static cache steps the running sequences beside the joining ones
             return sum(prefill_ms(latency, role, lens, running if backends[role].static_cache else 0) for role in roles)
 
