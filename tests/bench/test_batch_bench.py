@@ -81,3 +81,26 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     assert prefill_ms(lat, "target", [10, 4]) == pytest.approx(2 * 10 * 2.0)  # padded to the longest
     # a static cache prefills a joining sequence beside the running one, stepped as an empty row: two rows wide
     assert prefill_ms(lat, "target", [10], running=1) == pytest.approx(2 * 10 * 2.0)
+
+
+def test_batch_predictions_price_the_running_rows_of_a_static_cache_prefill(tmp_path):
+    """On engines (Backend.static_cache) a request joining a running batch is prefilled beside it: the prediction
+    pays the running rows too, where a request joins a running batch (continuous) and nowhere else."""
+    from types import SimpleNamespace
+
+    from specrt.bench.batch import predictor
+    from tests.fakes import write_acceptance, write_latency
+
+    (tmp_path / "manifest.json").write_text("{}")
+    acc = write_acceptance(tmp_path, [[0.6, 0.2]] * 4)
+    lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=64)  # 2 ms per token row
+    requests = [(40, 8), (40, 24), (40, 8)]  # the third joins the second, still running, at batch 2
+
+    def predict(static: bool, batching: str) -> float:
+        backend = SimpleNamespace(static_cache=static)
+        pipe = SimpleNamespace(acceptance=lambda: acc, latency=lambda: lat, has_plan=lambda: False, bundle=tmp_path,
+                               target=backend, draft=backend)
+        return predictor(pipe, requests)[0]("autoregressive", 2, batching)[0]
+
+    assert predict(True, "continuous") < predict(False, "continuous")
+    assert predict(True, "static") == predict(False, "static")  # each static batch starts empty
