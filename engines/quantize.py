@@ -16,11 +16,11 @@ Face models, and its current release pins transformers < 4.58):
                   x86 without AVX-VNNI multiplies uint8 by int8 in pairs summed in 16 bits (255 * 63 * 2 fits,
                   255 * 127 * 2 saturates): with 7-bit weights every product is exact on every CPU, so a variant
                   computes the same tokens everywhere (ONNX Runtime's quantize_dynamic calls this reduce_range).
-                  Ad hoc, inflated target, 2 threads (not bench figures): 8-bit weights saturated (95.5%
-                  teacher-forced top-1 agreement with fp32 on held-out text against 97.1% with 7 bits); 8-bit
-                  weights as uint8 (exact uint8 x uint8 kernels) agreed 98.1% against 97.6% on 24 x 256 tokens
-                  but decoded at 1.94x fp32's autoregressive tokens/s against 2.06x; int8 activations ran 10x
-                  slower. No calibration.
+                  Ad hoc, inflated target (not bench figures): 8-bit weights saturated (95.5% teacher-forced
+                  top-1 agreement with fp32 on held-out text against 97.1% with 7 bits); 8-bit weights as uint8
+                  (exact uint8 x uint8 kernels) agreed 98.1% against 97.6% on 24 x 256 tokens but were slower in
+                  an ad hoc timing on 2 AVX2 cores, and int8 activations far slower (no bench row measures
+                  either: the uint8 x int8 kernels are ONNX Runtime's fast path). No calibration.
     static-int8   QDQ: weights int8 per channel, the weight MatMuls' activations uint8 with ranges calibrated
                   on held-out text (the held-out stdlib files acceptance calibration reads; never HumanEval).
                   uint8 activations because ONNX Runtime's x86 8-bit GEMM multiplies uint8 by int8 (with int8
