@@ -277,6 +277,9 @@ class LatencyProfile(Artifact):
     # kind -> batch size (> 1) -> tree nodes -> host ms per round: host work grows with the batch (None: profiled
     # at batch 1 only, before this was measured)
     host_batch: dict[str, dict[int, dict[int, float]]] | None = None
+    # the target's backend left holes out of its token-wise work (Backend.packs_rows): a ragged step costs about L at
+    # its mean width, not its widest (False: it computes them, or it was profiled before rows were packed)
+    packed_rows: bool = False
 
     def roofline_ms(self, weight_bytes: int) -> float | None:
         """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""

@@ -8,7 +8,9 @@ For a tree of n nodes, one round at batch size b costs
 
 A dynamic tree (measured by calibration) costs L_draft(b, 1) for the pending tokens, then one step of W
 beams per further draft call; the target step of a measured tree (merged trees, ANPD) costs L's expectation
-over the width of the batch's widest tree, since a ragged step is as wide as its widest sequence.
+over the width of the batch's widest tree, since a ragged step is as wide as its widest sequence, unless the
+backend packs rows (LatencyProfile.packed_rows): then its holes are left out, and it costs L's expectation over the
+batch's mean width (a step of b sequences with sum T_b real rows does the token-wise work of b x mean rows).
 
 A workload (requests of given prompt and output lengths, workload_ms) is served in rounds: each request's
 output is walked through the acceptance calibrated where each round starts (rounds_needed: acceptance grows
@@ -48,11 +50,29 @@ def widest(tree: MeasuredTree, batch: float) -> tuple[np.ndarray, np.ndarray]:
     return widths, cdf ** batch - below ** batch
 
 
+def mean_width(tree: MeasuredTree, batch: float) -> tuple[np.ndarray, np.ndarray]:
+    """(widths, probabilities) of the mean drafted tokens per sequence over a batch of `batch` sequences, each
+    drawing its own from the calibrated histogram (a fractional batch, one that drains, as the nearest whole one);
+    without a histogram, the mean nodes per round."""
+    hist = tree.nodes_hist
+    if not hist:
+        return np.array([tree.nodes_per_round]), np.array([1.0])
+    one = np.zeros(max(hist) + 1)
+    for k, count in hist.items():
+        one[k] = count
+    one /= one.sum()
+    total, draws = np.ones(1), max(1, round(batch))
+    for _ in range(draws):  # the distribution of the sum of `draws` widths
+        total = np.convolve(total, one)
+    support = np.flatnonzero(total > 1e-12)
+    return support / draws, total[support]
+
+
 def target_step_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> float:
     """Expected ms of the target step of a round verifying a measured tree: L over the distribution of the step's
-    width (widest), not L at the expected width, since L is not linear and widths can be far apart (ANPD drafts K
-    tokens or none)."""
-    widths, p = widest(tree, batch)
+    width (widest, or mean where the backend packs rows), not L at the expected width, since L is not linear and
+    widths can be far apart (ANPD drafts K tokens or none)."""
+    widths, p = (mean_width if latency.packed_rows else widest)(tree, batch)
     return float(sum(q * latency.step_ms("target", batch, w + 1) for w, q in zip(widths, p) if q > 0))
 
 
@@ -73,15 +93,16 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
 
 def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int = 0) -> float:
     """Predicted ms to prefill prompts admitted together: one ragged step is as wide as its longest prompt for
-    every sequence (shorter ones are padded with holes), and a long step costs in proportion to its token rows,
-    at the per-row cost of the largest profiled step at the largest profiled batch size <= the step's. `running`:
-    sequences of the batch stepped beside the joining ones as empty rows (a static cache's: Backend.static_cache)."""
+    every sequence (shorter ones are padded with holes, which a backend that packs rows leaves out: then it is as
+    wide as the prompts' tokens), and a long step costs in proportion to its token rows, at the per-row cost of the
+    largest profiled step at the largest profiled batch size <= the step's. `running`: sequences of the batch
+    stepped beside the joining ones as empty rows (a static cache's: Backend.static_cache)."""
     rows = running + len(prompt_lens)
     sizes = latency.batch_sizes(role)
     batch = max([b for b in sizes if b <= rows] or sizes[:1])
     largest = min(max(curve) for curve in latency.models[role][batch].values())
     per_row = latency.step_ms(role, batch, largest) / (batch * largest)
-    return per_row * rows * max(prompt_lens)
+    return per_row * (sum(prompt_lens) if latency.packed_rows else rows * max(prompt_lens))
 
 
 def rounds_needed(new: int, accepted: float, by_position: tuple[float, ...] = (), bucket: int = 0,

@@ -170,7 +170,8 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
             table = host_ms.setdefault(kind, {}) if b == 1 else host_batch.setdefault(kind, {}).setdefault(b, {})
             table[n] = ms
         data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
-                              host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch)
+                              host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch,
+                              packed_rows=pipe.target.packs_rows)
         path = artifacts.save(cfg.bundle, data, quant=q)
         plot_latency(data, path.with_suffix(".png"))
         out[q] = data

@@ -24,7 +24,9 @@ Invariants:
   benchmarking only): sequences are padded with masked slots up to a common length. `valid` [B, S] then says
   which slots hold a token (None while nothing was padded), slot i no longer holds position i, and
   `positions()` (lengths minus pad slots) is where each sequence's next token sits. A padded cache refuses a
-  sliding window (its masks assume slot i holds position i).
+  sliding window (its masks assume slot i holds position i). Such a batch's steps also compute their holes
+  (`compute_holes`: a real position instead of contract.HOLE_POSITION), as vanilla batched decoding computes the
+  padding tokens of its inputs.
 - The store is an array of the backend's kind (numpy for ONNX Runtime, torch for TorchBackend); this
   module only slices and assigns, which both support.
 """
@@ -72,6 +74,7 @@ class KVCache:
         self.slot_index = np.arange(self.capacity)  # [S] 0..S-1, for building masks without per-step allocation
         self.valid = None  # [B, S] bool: which slots hold a token, once `pad_to` padded some (else None)
         self.pads = np.zeros(batch, dtype=np.int64)  # [B] padding slots of each sequence
+        self.compute_holes = False  # padded batches (benchmarking only): step_inputs feeds holes as real rows
 
     @property
     def batch(self) -> int:

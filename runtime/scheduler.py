@@ -11,8 +11,10 @@ its own and joins the running batch, which no sequence waits out.
 Padded batches (`padded=True`, benchmarking only) are the vanilla batched speculative decoding that EMS-SD
 measures itself against: before every round, each sequence's target cache is padded with masked slots to the
 batch's longest (after prefill, to the longest prompt; after verification, to the longest accepted), so the
-padding costs attention and cache memory as it does there. Step inputs are padded to the widest tree in both
-modes (the step contract is [B, T]); the draft model's cache is never padded.
+padding costs attention and cache memory as it does there. Step inputs are [B, T] in both modes (the step
+contract), padded to the widest tree with holes; unpadded, a backend that packs rows (OrtBackend) leaves the holes
+out of its token-wise work (EMS-SD's unpadded input tokens), padded, the target's holes are computed as real rows
+(KVCache.compute_holes). The draft model's cache and steps are never padded.
 
 Invariant between rounds: the target cache holds K/V for seq.tokens[:-1]; the last token is the root.
 """
@@ -159,6 +161,7 @@ class Scheduler:
             return
         ran = list(live)
         cache = self.target.new_cache(len(live), self.bucket)
+        cache.compute_holes = self.padded
         t0 = time.perf_counter()
         steps = prefill(self.target, cache, [s.tokens[:-1] for s in live])
         if self.drafter is not None:

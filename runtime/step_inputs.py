@@ -1,8 +1,9 @@
 """Pack per-sequence rows into one batched step (specrt.contract) without padding the KV cache.
 
 Each sequence b brings its own rows: tokens, positions and a [n_b, n_b] mask over its new tokens
-(None = causal). T = max n_b; rows past n_b are holes (token 0, position 0, seeing only themselves):
-they produce finite garbage that nobody reads and nobody commits. Past slots visible to sequence b
+(None = causal). T = max n_b; rows past n_b are holes (token 0 at contract.HOLE_POSITION, seeing only themselves):
+nobody reads or commits them, and a backend that packs rows (Backend.packs_rows) leaves them out of its
+token-wise work. A padded batch's holes (KVCache.compute_holes) sit at position 0 instead and are computed. Past slots visible to sequence b
 are [0, cache.lengths[b]) (less the padding slots of a padded cache: KVCache.pad_to), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
 hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True. With a sliding
 window W (cache.window), a row at position p sees only past slots s with p - s < W (slot s holds
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specrt.contract import HOLE_POSITION
 from specrt.runtime.kv_cache import KVCache
 
 # Prompt tokens per sequence per prefill step: bounded step shapes keep backend memory flat whatever the
@@ -66,6 +68,7 @@ def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
         cache.add_rows(len(rows))
         return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
     fresh = runner.new_cache(len(rows), cache.bucket)
+    fresh.compute_holes = cache.compute_holes
     steps = prefill(runner, fresh, rows)
     cache.extend(fresh)
     return steps
@@ -104,7 +107,7 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
         pos = np.stack(positions).astype(np.int64, copy=False)
         return np.stack(tokens).astype(np.int64, copy=False), pos, _windowed(mask, pos, cache)
     ids = np.zeros((batch, num_tokens), dtype=np.int64)
-    pos = np.zeros((batch, num_tokens), dtype=np.int64)
+    pos = np.full((batch, num_tokens), 0 if cache.compute_holes else HOLE_POSITION, dtype=np.int64)
     mask[:, :, capacity:] = False
     for b in range(batch):
         n = counts[b]

@@ -22,6 +22,10 @@ the graph (ONNX TensorScatter + Attention, opset 24; TensorRT's IKVCacheUpdateLa
     logits           [B, T, V]       float
     present_key.{l}  [B, Hkv, C, D]  float  past with the new K/V written in, bound to past's memory
 
+A ragged step's shorter sequences fill their rows past their own with holes: token 0 at position
+HOLE_POSITION, seeing only itself. Nobody reads a hole's logits or commits its K/V, so a backend may leave holes
+out of its token-wise work (OrtBackend does: runtime/backends/packed_rows.py); computed, a hole is finite garbage.
+
 Binding names are built here and nowhere else.
 """
 
@@ -34,6 +38,7 @@ POSITION_IDS = "position_ids"
 ATTENTION_MASK = "attention_mask"
 WRITE_INDICES = "write_indices"
 LOGITS = "logits"
+HOLE_POSITION = -1  # position_ids of a hole row (no real token has a negative position)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 ROLES = ("target", "draft")

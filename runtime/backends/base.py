@@ -33,6 +33,9 @@ class Backend(ABC):
     # its caches live at fixed addresses (engines), so sequences joining a batch are prefilled in place beside the
     # running ones, stepped as empty rows (step_inputs.admit): a prefill step is as wide as the whole batch
     static_cache: bool = False
+    # holes (contract.HOLE_POSITION) are left out of its token-wise work, so a ragged step costs about what its real
+    # rows do, not B x its widest sequence's (OrtBackend: packed_rows.py)
+    packs_rows: bool = False
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry

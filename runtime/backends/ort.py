@@ -8,6 +8,9 @@ Memory stays flat over any mix of prompt lengths (`specrt bench soak`): the runt
 shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops growing once it has seen
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
+Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
+ragged step's holes are left out of its projections and MLPs.
+
 kv_update "graph" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
 lengths[b] + j), binds write_indices = the lengths, and binds each present_key/present_value output to the
@@ -78,14 +81,34 @@ class OrtBackend(Backend):
             spin = entry.role != "draft"
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.enable_mem_pattern = False  # it keeps a plan per input shape: memory grows with each new one
+        source = self._packed(onnx_path, opts)
         try:
-            self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
             if kv_update != "graph":
                 raise
             raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
                               f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
                               "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
+
+    def _packed(self, onnx_path: Path, opts):
+        """The step graph with packed token rows, serialized (its external data, if any, read from beside it by
+        ONNX Runtime); the path itself where the graph has no step rows to pack."""
+        import onnx
+
+        from specrt.runtime.backends.packed_rows import pack_rows
+
+        try:
+            model = onnx.load(str(onnx_path), load_external_data=False)
+        except Exception:  # protobuf's DecodeError and OSError alike: let ONNX Runtime say what it finds
+            return str(onnx_path)
+        packed = pack_rows(model)
+        if packed is model:
+            return str(onnx_path)
+        self.packs_rows = True
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                      str(Path(onnx_path).resolve().parent))
+        return packed.SerializeToString()
 
     def allocate(self, shape):
         return np.zeros(shape, dtype=np.dtype(self.entry.dtype))

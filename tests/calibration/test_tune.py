@@ -307,6 +307,29 @@ def test_a_batched_step_is_costed_over_the_width_of_its_widest_tree(tmp_path):
     assert target_step_ms(lat, 2, dyn) == pytest.approx(2 * (0.25 * 1.0 + 0.75 * 3.0))
 
 
+def test_a_packed_step_is_costed_over_the_mean_width_of_its_batch(tmp_path):
+    """Where the backend leaves holes out (LatencyProfile.packed_rows), a ragged step does the token-wise work of its
+    real rows: L over the distribution of the batch's mean width, not its widest."""
+    import dataclasses
+
+    from specrt.calibration.cost import mean_width, prefill_ms, target_step_ms
+
+    dyn = measured_tree(4, 4, 4, 1.0, 1.0, per_round=6.0, hist={4: 1, 8: 1})  # 4 or 8 nodes, evenly
+    widths, p = mean_width(dyn, 2)
+    assert list(widths) == [4, 6, 8] and p == pytest.approx([0.25, 0.5, 0.25])
+    assert list(mean_width(dyn, 1)[0]) == [4, 8]
+    assert [list(a) for a in mean_width(measured_tree(4, 4, 4, 1.0, 1.0, per_round=5.5), 4)] == [[5.5], [1.0]]
+    (tmp_path / "manifest.json").write_text("{}")
+    flat = write_latency(tmp_path, lambda n: float(n), batches=(1, 2))  # linear: 1 ms per token row
+    packed = dataclasses.replace(flat, packed_rows=True)
+    assert target_step_ms(packed, 1, dyn) == target_step_ms(flat, 1, dyn)  # one sequence: no holes either way
+    assert target_step_ms(flat, 2, dyn) == pytest.approx(2 * (0.25 * 5 + 0.75 * 9))  # as wide as the widest: 5 or 9
+    assert target_step_ms(packed, 2, dyn) == pytest.approx(2 * (0.25 * 5 + 0.5 * 7 + 0.25 * 9))  # the mean: 5, 7, 9
+    assert prefill_ms(flat, "target", [8, 2]) == pytest.approx(2 * 8 * prefill_ms(flat, "target", [1]))
+    assert prefill_ms(dataclasses.replace(flat, packed_rows=True), "target", [8, 2]) == \
+        pytest.approx(10 * prefill_ms(flat, "target", [1]))
+
+
 def test_a_plan_is_refused_once_its_inputs_change(tmp_path):
     from specrt.errors import BundleError
 
