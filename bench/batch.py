@@ -6,7 +6,8 @@ HumanEval prompts (their lengths vary) with per-request limits of new tokens dra
 (interleaved timed runs, medians): for each method and batch size, continuous batching (a finished
 sequence's place goes to the next prompt between rounds) and static batching (batches that wait for
 their slowest sequence); for the `--padded` methods also the vanilla padded batches EMS-SD measures
-itself against (every target KV cache padded with masked slots to the batch's longest; same tokens). Per
+itself against (every target KV cache padded with masked slots to the batch's longest, and every target step's
+holes computed as real rows where unpadded batches leave them out on a backend that packs rows; same tokens). Per
 row: tokens/s, speedup over autoregressive at the same batch size and batching, continuous over static,
 unpadded over padded and the padding ratio (padding slots per new token), p50 / p95 request latency (from
 the call's start to a request's last token: waiting included, as a server's client sees it), whether every

@@ -8,6 +8,7 @@ compaction and ragged batching are all right.
 import numpy as np
 import pytest
 
+from specrt import contract
 from specrt.runtime import step_inputs
 from tests.fakes import PathBackend, fake_pipeline, noisy_copy, path_table
 
@@ -186,4 +187,25 @@ def test_padded_batches_equal_autoregressive(fake, kw, batching):
     assert sum(o.stats.padded for o in out) > 0
     unpadded = fake.generate(ps, max_new_tokens=30, batch_size=3, batching=batching, **kw)
     assert sum(o.stats.padded for o in unpadded) == 0
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_padded_batches_compute_their_holes_and_unpadded_ones_mark_them(fake, monkeypatch, batching):
+    """Unpadded, a ragged target step's holes sit at contract.HOLE_POSITION (a backend that packs rows leaves them
+    out); padded, they are real rows, prefill and admission included, as vanilla batching computes its padding."""
+    holes = []
+    run = type(fake.target)._run
+
+    def recording(self, binding, input_ids, position_ids, attention_mask, cache):
+        if self is fake.target:
+            holes.append(bool((position_ids == contract.HOLE_POSITION).any()))
+        return run(self, binding, input_ids, position_ids, attention_mask, cache)
+
+    monkeypatch.setattr(type(fake.target), "_run", recording)
+    ps = prompts(7, seed=9)
+    fake.generate(ps, method="anpd", max_new_tokens=30, batch_size=3, batching=batching, padded=True)
+    assert holes and not any(holes)
+    holes.clear()
+    fake.generate(ps, method="anpd", max_new_tokens=30, batch_size=3, batching=batching)
+    assert any(holes)
 
