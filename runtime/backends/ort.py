@@ -20,6 +20,7 @@ place. The step returns CacheRows: the runtime then commits the accepted rows wh
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -81,9 +82,10 @@ class OrtBackend(Backend):
             spin = entry.role != "draft"
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.enable_mem_pattern = False  # it keeps a plan per input shape: memory grows with each new one
-        source = self._packed(onnx_path, opts)
         try:
-            self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
+            with tempfile.TemporaryDirectory(prefix="specrt-packed-", ignore_cleanup_errors=True) as scratch:
+                source = self._packed(Path(onnx_path), opts, Path(scratch))
+                self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
             if kv_update != "graph":
                 raise
@@ -91,9 +93,11 @@ class OrtBackend(Backend):
                               f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
                               "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
 
-    def _packed(self, onnx_path: Path, opts):
-        """The step graph with packed token rows, serialized (its external data, if any, read from beside it by
-        ONNX Runtime); the path itself where the graph has no step rows to pack."""
+    def _packed(self, onnx_path: Path, opts, scratch: Path):
+        """The step graph with packed token rows (packed_rows.py), for ONNX Runtime to load: where its weights are
+        external data, the graph serialized (the weights read from beside the original file); else written to
+        `scratch` with its weights as external data (serializing hundreds of MB through protobuf takes seconds and
+        several times the memory; the file is read back at disk speed). The path itself where nothing is packed."""
         import onnx
 
         from specrt.runtime.backends.packed_rows import pack_rows
@@ -102,13 +106,17 @@ class OrtBackend(Backend):
             model = onnx.load(str(onnx_path), load_external_data=False)
         except Exception:  # protobuf's DecodeError and OSError alike: let ONNX Runtime say what it finds
             return str(onnx_path)
-        packed = pack_rows(model)
-        if packed is model:
+        if not pack_rows(model):
             return str(onnx_path)
         self.packs_rows = True
-        opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                      str(Path(onnx_path).resolve().parent))
-        return packed.SerializeToString()
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                          str(onnx_path.resolve().parent))
+            return model.SerializeToString()
+        dest = scratch / onnx_path.name
+        onnx.save_model(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=dest.name + ".data", size_threshold=1024)
+        return str(dest)
 
     def allocate(self, shape):
         return np.zeros(shape, dtype=np.dtype(self.entry.dtype))

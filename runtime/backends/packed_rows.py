@@ -37,17 +37,18 @@ LAST_AXIS = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "Red
 # X · W with W (and any scale / zero point) constant: row r of the result depends on row r of X alone
 WEIGHT_OPS = frozenset({"MatMul", "MatMulInteger", "MatMulNBits"})
 PREFIX = "packed_rows/"
+SMALL_BYTES = 4096  # initializers up to this size keep their values for shape inference (shapes, axes)
 
 
 class _Packer:
     def __init__(self, model):
-        from onnx import numpy_helper, shape_inference
+        from onnx import numpy_helper
 
-        self.model = shape_inference.infer_shapes(model)  # a copy: the caller's model is not changed
-        graph = self.model.graph
+        self.model = model
+        graph = model.graph
         constants = {n.output[0]: n.attribute[0].t for n in graph.node
                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
-        self.dims = {t.name: list(t.dims) for t in [*graph.initializer, *constants.values()]}
+        self.dims = {t.name: list(t.dims) for t in graph.initializer}  # every constant tensor's shape
         self.dims.update({name: list(t.dims) for name, t in constants.items()})
         self.small = {t.name: t for t in graph.initializer if not t.external_data and len(t.dims) <= 1}
         self.small.update(constants)  # values the pass reads (axes); external or large weights are never loaded
@@ -55,8 +56,10 @@ class _Packer:
         for node in graph.node:
             if node.input and all(i == "" or i in self.static for i in node.input):
                 self.static.update(node.output)
+        inferred = _inferred(model).graph
         self.shapes = {v.name: [_dim(d) for d in v.type.tensor_type.shape.dim]
-                       for v in [*graph.value_info, *graph.input, *graph.output] if v.type.tensor_type.HasField("shape")}
+                       for v in [*inferred.value_info, *inferred.input, *inferred.output]
+                       if v.type.tensor_type.HasField("shape")}
         self.rows = self.shapes.get(contract.INPUT_IDS, [])[:2]  # the symbolic [B, T]
         self.array = numpy_helper.to_array
         self.consts: dict[str, np.ndarray] = {}
@@ -182,7 +185,7 @@ class _Packer:
         node.input.extend(new)
         self.body.append(node)
 
-    def finish(self):
+    def finish(self) -> None:
         from onnx import numpy_helper
 
         graph = self.model.graph
@@ -200,24 +203,39 @@ class _Packer:
         kept = [v for v in graph.value_info if v.name not in self.packed]  # a packed tensor's shape changed
         del graph.value_info[:]
         graph.value_info.extend(kept)
-        return self.model
+
+
+def _inferred(model):
+    """Shape inference over the graph without its weights' data (a copy of hundreds of MB otherwise; shapes need
+    only their dims)."""
+    from onnx import ModelProto, TensorProto, shape_inference
+
+    skeleton = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    g = skeleton.graph
+    for field in ("node", "input", "output", "value_info"):
+        getattr(g, field).extend(getattr(model.graph, field))
+    g.initializer.extend(t if t.ByteSize() <= SMALL_BYTES else TensorProto(name=t.name, dims=t.dims, data_type=t.data_type)
+                         for t in model.graph.initializer)
+    return shape_inference.infer_shapes(skeleton)
 
 
 def _dim(d) -> str | int | None:
     return d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else None
 
 
-def pack_rows(model):
-    """A copy of step graph `model` (an onnx ModelProto; external data need not be loaded) whose token-wise ops
-    skip hole rows. A graph without the step's input_ids / position_ids, or packed already, comes back as it is."""
+def pack_rows(model) -> bool:
+    """Rewrite step graph `model` (an onnx ModelProto; external data need not be loaded) in place so that its
+    token-wise ops skip hole rows; False (left as it is) for a graph without the step's input_ids / position_ids,
+    with B and T not symbolic, or packed already."""
     names = {i.name for i in model.graph.input}
     if contract.INPUT_IDS not in names or contract.POSITION_IDS not in names \
             or any(n.name.startswith(PREFIX) for n in model.graph.node):
-        return model
+        return False
     packer = _Packer(model)
     if len(packer.rows) < 2 or not all(isinstance(d, str) and d for d in packer.rows):
-        return model  # B and T must be dynamic (symbolic) for [B, T, ...] tensors to be told apart
+        return False  # B and T must be dynamic (symbolic) for [B, T, ...] tensors to be told apart
     packer.start()
-    for node in list(packer.model.graph.node):
+    for node in list(model.graph.node):
         packer.rewrite(node)
-    return packer.finish()
+    packer.finish()
+    return True
