@@ -1,10 +1,11 @@
 """Pack per-sequence rows into one batched step (specrt.contract) without padding the KV cache.
 
 Each sequence b brings its own rows: tokens, positions and a [n_b, n_b] mask over its new tokens
-(None = causal). T = max n_b; rows past n_b are holes (token 0 at contract.HOLE_POSITION, seeing only themselves):
-nobody reads or commits them, and a backend that packs rows (Backend.packs_rows) leaves them out of its
-token-wise work. A padded batch's holes (KVCache.compute_holes) sit at position 0 instead and are computed. Past slots visible to sequence b
-are [0, cache.lengths[b]) (less the padding slots of a padded cache: KVCache.pad_to), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
+(None = causal). T = max n_b; rows past n_b are holes (token 0 at contract.HOLE_POSITION, seeing only
+themselves): nobody reads or commits them, and a backend that packs rows (Backend.packs_rows) leaves them out
+of its token-wise work. A padded batch's holes (KVCache.compute_holes) sit at position 0 instead and are
+computed. Past slots visible to sequence b are [0, cache.lengths[b]) (less the padding slots of a padded
+cache: KVCache.pad_to), unless `scratch[b] = (anchor, vis)` says that slots [anchor, lengths[b])
 hold scratch rows (draft tree nodes) of which row t sees only those with vis[t] True. With a sliding
 window W (cache.window), a row at position p sees only past slots s with p - s < W (slot s holds
 position s; scratch rows sit at the end, well inside any window) and new tokens at positions q with

@@ -214,7 +214,8 @@ def _inferred(model):
     g = skeleton.graph
     for field in ("node", "input", "output", "value_info"):
         getattr(g, field).extend(getattr(model.graph, field))
-    g.initializer.extend(t if t.ByteSize() <= SMALL_BYTES else TensorProto(name=t.name, dims=t.dims, data_type=t.data_type)
+    g.initializer.extend(t if t.ByteSize() <= SMALL_BYTES
+                         else TensorProto(name=t.name, dims=t.dims, data_type=t.data_type)
                          for t in model.graph.initializer)
     return shape_inference.infer_shapes(skeleton)
 

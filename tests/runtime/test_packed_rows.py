@@ -92,8 +92,9 @@ def _toy_graph():
              helper.make_node("TopK", ["split", "k"], ["top", "top_index"]),
              helper.make_node("Identity", ["proj"], [contract.LOGITS])]
     bt = ["batch", "num_tokens"]
-    graph = helper.make_graph(nodes, "toy", [helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, bt),
-                                             helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, bt)],
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, bt)
+              for name in (contract.INPUT_IDS, contract.POSITION_IDS)]
+    graph = helper.make_graph(nodes, "toy", inputs,
                               [helper.make_tensor_value_info("top", TensorProto.FLOAT, bt + [2, 2]),
                                helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, bt + [6])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
