@@ -211,8 +211,8 @@ def predictor(pipe, requests: list[tuple[int, int]]):
             return sum(prefill_ms(latency, role, lens, running if backends[role].static_cache else 0) for role in roles)
 
         try:
-            ms = workload_ms(lambda live: sum(point_cost_ms(acceptance, latency, live, c)), rounds, requests, batch,
-                             batching, prefill)
+            ms = workload_ms(lambda live, context: sum(point_cost_ms(acceptance, latency.at_context(context), live, c)),
+                             rounds, requests, batch, batching, prefill)
         except SpecrtError:
             return None, None, ()  # a batch size or step beyond the profile
         new_tokens = sum(new for _, new in requests)

@@ -23,7 +23,7 @@ import functools
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -288,6 +288,28 @@ class LatencyProfile(Artifact):
     def batch_sizes(self, role: str = "target") -> list[int]:
         return sorted(self.models[role])
 
+    def at_context(self, context: float) -> LatencyProfile:
+        """This profile with one curve per batch size: each point linear between the profiled contexts at `context`
+        cached tokens per sequence (a step attends over the cache: the longest sequence's, in a batch), the
+        smallest context's below it, along the line through the two largest (never falling) above them. Without it,
+        step_ms averages over the profiled contexts."""
+        models = {}
+        for role, per_batch in self.models.items():
+            models[role] = {}
+            for b, per_context in per_batch.items():
+                contexts = sorted(per_context)
+                ns = sorted(set.intersection(*(set(per_context[c]) for c in contexts)))
+                curve = {}
+                for n in ns:
+                    ys = [per_context[c][n] for c in contexts]
+                    if context > contexts[-1] and len(contexts) > 1:
+                        slope = max(0.0, (ys[-1] - ys[-2]) / (contexts[-1] - contexts[-2]))
+                        curve[n] = ys[-1] + slope * (context - contexts[-1])
+                    else:
+                        curve[n] = float(np.interp(context, contexts, ys))
+                models[role][b] = {round(context): curve}
+        return replace(self, models=models)
+
     def step_ms(self, role: str, batch: float, num_tokens: float) -> float:
         """L(n) at a batch size, averaged over the profiled contexts, linear between profiled n of the curve's
         non-decreasing fit; between two profiled batch sizes, linear between theirs (a batch that drains runs at
@@ -375,6 +397,7 @@ class Plan(Artifact):
     # tokens/s (after the min_gain rule); None: tuned on one variant
     variants: dict[str, dict[int, float]] | None = None
     new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --new-tokens`); None: calibration's
+    context: int | None = None  # tuned for steps at this many cached tokens (`tune --context`); None: profiled average
 
     def trees_by_batch(self, batch_size: int) -> dict[int, CurvePoint] | None:
         """The static tree chosen at each tuned batch size <= batch_size, where there are several and every one is a

@@ -54,6 +54,9 @@ class TuneConfig(BundleOptions):
                                           "outputs of that length (it grows along an output: n-gram drafts copy what "
                                           "the output said); default: the calibration's average over its outputs",
                                     ge=1)
+    context: int | None = option(None, "tokens your requests typically have cached (prompt and output so far): every "
+                                       "step priced at that context (a step attends over the cache), linear between "
+                                       "the profiled contexts; default: their average", ge=1)
     variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated on its "
                                                     "own (`specrt calibrate --quant S`) and profiled (best side by "
                                                     "side: `specrt profile --variants exported,S`): exported and "
@@ -183,7 +186,8 @@ def tune(cfg: TuneConfig) -> Plan:
     for variant in cfg.variants:
         acceptance, latency = evidence(bundle, variant)
         prompt_tokens = usable_prompt_tokens(bundle, latency)
-        weighed[variant] = (latency, *choose(cfg, acceptance, latency, prompt_tokens))
+        priced = latency if cfg.context is None else latency.at_context(cfg.context)
+        weighed[variant] = (latency, *choose(cfg, acceptance, priced, prompt_tokens))
         quant = variant_quant(variant)
         inputs += [Acceptance.file(quant), LatencyProfile.file(quant)] + ([PromptTokens.FILE] if prompt_tokens else [])
     machines = {replace(latency.stamp.machine, quant=None) for latency, _, _ in weighed.values()}
@@ -201,7 +205,7 @@ def tune(cfg: TuneConfig) -> Plan:
         picked = EXPORTED  # a quantized target decodes other tokens: only for a gain beyond the model's error
     latency, choices, curves = weighed[picked]
     plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=tuple(dict.fromkeys(inputs))), choices=choices,
-                curves=curves, quant=variant_quant(picked), new_tokens=cfg.new_tokens,
+                curves=curves, quant=variant_quant(picked), new_tokens=cfg.new_tokens, context=cfg.context,
                 variants={v: {b: round(x, 4) for b, x in speed.items()} for v, speed in speeds.items()})
     artifacts.save(bundle, plan)
     return plan
@@ -238,6 +242,8 @@ def describe_plan(plan: Plan) -> str:
             f"{v} " + ", ".join(f"{x:.1f}" for x in speed.values()) for v, speed in plan.variants.items()) + ")")
     if plan.new_tokens:
         lines.append(f"tuned for outputs of {plan.new_tokens} tokens")
+    if plan.context:
+        lines.append(f"tuned for steps at {plan.context} cached tokens")
     for batch, c in plan.choices.items():
         best = c.best
         what = describe_point(best.kind, best.num_nodes, best.ngram_tokens)

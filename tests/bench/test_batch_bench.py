@@ -59,7 +59,7 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     from tests.fakes import write_latency
     from specrt.calibration.cost import workload_ms
 
-    cost = lambda live: 10.0 + live  # noqa: E731  ms per round at a live batch size
+    cost = lambda live, context: 10.0 + live  # noqa: E731  ms per round at a live batch size
     rounds = lambda new: new // 2  # noqa: E731
     requests = [(5, 4), (5, 8), (5, 2)]  # (prompt tokens, new tokens), 2 tokens per round: 2, 4, 1 rounds
     # continuous, batch 2: rounds at live 2 until the first finishes (2 rounds), then the third joins
@@ -75,6 +75,13 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     workload_ms(cost, rounds, [(3, 4), (7, 8), (9, 2)], 2, "continuous",
                 lambda lens, running: groups.append((lens, running)) or 0.0)
     assert groups == [([3, 7], 0), ([9], 1)]  # the third joins the second, still running
+    # each stretch of rounds at the context its longest live sequence has cached midway through it: (prompt 3, 4
+    # new, 2 rounds) and (7, 8, 4) for 2 rounds: the second at 7 + 8 * 1/4; then (7, 8) with 2 rounds left and
+    # (9, 2, 1 round) for 1: 7 + 8 * 5/8 beats 9 + 2 * 1/2; then (7, 8) alone for its last round: 7 + 8 * 7/8
+    contexts = []
+    workload_ms(lambda live, context: contexts.append((live, context)) or 0.0, rounds, [(3, 4), (7, 8), (9, 2)], 2,
+                "continuous", lambda *a: 0.0)
+    assert contexts == [(2, 9.0), (2, 12.0), (1, 14.0)]
     (tmp_path / "manifest.json").write_text("{}")
     lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=8)  # 2 ms per token row
     assert prefill_ms(lat, "target", [10]) == pytest.approx(20.0)

@@ -49,6 +49,22 @@ def test_the_tuner_reads_the_non_decreasing_fit_of_a_noisy_profile_and_the_file_
     assert artifacts.load(bundle, LatencyProfile, HERE).models["target"][1][128][2] == 0.6
 
 
+def test_a_profile_at_a_context_is_linear_between_the_profiled_ones(bundle):
+    from dataclasses import replace
+
+    lat = write_latency(bundle, lambda n: 1.0 + n, batches=(1, 2), max_tokens=4)
+    models = {role: {b: {128: curve, 512: {n: ms + 4.0 for n, ms in curve.items()}} for b, (curve,) in
+                     ((b, tuple(per.values())) for b, per in per_batch.items())} for role, per_batch in lat.models.items()}
+    lat = replace(lat, models=models)
+    assert lat.step_ms("target", 2, 1) == pytest.approx(2 * 2.0 + 2.0)  # without a context: their average
+    assert lat.at_context(128).step_ms("target", 2, 1) == pytest.approx(4.0)
+    assert lat.at_context(320).step_ms("target", 2, 1) == pytest.approx(6.0)  # halfway: halfway
+    assert lat.at_context(40).step_ms("target", 1, 3) == pytest.approx(4.0)  # below the smallest: the smallest's
+    assert lat.at_context(896).step_ms("draft", 1, 2) == pytest.approx(0.1 + 8.0)  # beyond: along the line
+    falling = replace(lat, models={**models, "target": {1: {128: {1: 5.0}, 512: {1: 3.0}}}})
+    assert falling.at_context(2048).step_ms("target", 1, 1) == pytest.approx(3.0)  # noise never makes it cheaper
+
+
 @pytest.mark.parametrize("corrupt,match", [
     (lambda p: p.unlink(), "no latency.json in .*: run `specrt profile --bundle .* --backend ort --threads 2` first"),
     (lambda p: p.write_text(p.read_text()[:50]), "is not valid JSON \\(truncated or edited\\?.*re-run `specrt profile"),

@@ -74,6 +74,26 @@ def test_tuning_for_short_outputs_weighs_the_acceptance_where_their_rounds_start
         tune(TuneConfig(bundle=b, batch_sizes=(1,), new_tokens=16))
 
 
+def test_tuning_for_a_context_prices_every_step_there(tmp_path):
+    """Verifying more tokens costs little at 128 cached tokens and a lot at 1024 (attention over the cache): tuned for
+    a short context, a tree; for a long one, no speculation; untold, the average of the two."""
+    from dataclasses import replace
+
+    from specrt.calibration.tune import describe_plan
+
+    b = write_bundle(tmp_path, [[0.6, 0.2], [0.6, 0.2]], lambda n: 10 + 0.1 * n, lambda n: 0.1)
+    lat = artifacts.load(b, LatencyProfile)
+    long = {n: 10 + 8.0 * n for n in range(1, 17)}
+    artifacts.save(b, replace(lat, models={**lat.models, "target": {1: {128: lat.models["target"][1][128], 1024: long}}}))
+    short = tune(TuneConfig(bundle=b, batch_sizes=(1,), context=128))
+    assert short.choices[1].method == "tree" and short.context == 128
+    assert "tuned for steps at 128 cached tokens" in describe_plan(short)
+    assert tune(TuneConfig(bundle=b, batch_sizes=(1,), context=1024)).choices[1].method == "autoregressive"
+    ar = next(r for r in tune(TuneConfig(bundle=b, batch_sizes=(1,), context=576)).curves[1] if r.kind == "autoregressive")
+    assert ar.target_ms == pytest.approx((10.1 + 18.0) / 2)
+    assert next(r for r in tune(TuneConfig(bundle=b, batch_sizes=(1,))).curves[1]).target_ms == pytest.approx(ar.target_ms)
+
+
 def test_tuning_an_unprofiled_batch_size_is_refused(tmp_path):
     from specrt.errors import SpecrtError
 
