@@ -280,6 +280,9 @@ class LatencyProfile(Artifact):
     # the target's backend left holes out of its token-wise work (Backend.packs_rows): a ragged step costs about L at
     # its mean width, not its widest (False: it computes them, or it was profiled before rows were packed)
     packed_rows: bool = False
+    # slots the profiled KV caches grew by (capacity: a multiple of it; a static cache's: its whole capacity): what
+    # at_context prices a context by (None: profiled before it was recorded)
+    cache_bucket: int | None = None
 
     def roofline_ms(self, weight_bytes: int) -> float | None:
         """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""
@@ -289,24 +292,31 @@ class LatencyProfile(Artifact):
         return sorted(self.models[role])
 
     def at_context(self, context: float) -> LatencyProfile:
-        """This profile with one curve per batch size: each point linear between the profiled contexts at `context`
-        cached tokens per sequence (a step attends over the cache: the longest sequence's, in a batch), the
-        smallest context's below it, along the line through the two largest (never falling) above them. Without it,
-        step_ms averages over the profiled contexts."""
+        """This profile with one curve per batch size, each point at `context` cached tokens per sequence (a batch's:
+        its longest sequence's). A step attends over the cache's capacity, which grows by `cache_bucket` slots: each
+        point is the profiled one at the same capacity, linear between profiled capacities, the smallest's below
+        them, along the line through the two largest (never falling) above them; without a recorded bucket, linear
+        in the context the same way. Without it, step_ms averages over the profiled contexts."""
+        def capacity(tokens: float) -> float:
+            return -(-tokens // self.cache_bucket) * self.cache_bucket if self.cache_bucket else tokens
+
         models = {}
         for role, per_batch in self.models.items():
             models[role] = {}
             for b, per_context in per_batch.items():
-                contexts = sorted(per_context)
-                ns = sorted(set.intersection(*(set(per_context[c]) for c in contexts)))
+                ns = sorted(set.intersection(*(set(curve) for curve in per_context.values())))
                 curve = {}
                 for n in ns:
-                    ys = [per_context[c][n] for c in contexts]
-                    if context > contexts[-1] and len(contexts) > 1:
-                        slope = max(0.0, (ys[-1] - ys[-2]) / (contexts[-1] - contexts[-2]))
-                        curve[n] = ys[-1] + slope * (context - contexts[-1])
+                    at: dict[float, list[float]] = {}  # capacity -> the profiled points there
+                    for c, points in per_context.items():
+                        at.setdefault(capacity(c + n), []).append(points[n])
+                    xs = sorted(at)
+                    ys = [float(np.mean(at[x])) for x in xs]
+                    x = capacity(context + n)
+                    if x > xs[-1] and len(xs) > 1:
+                        curve[n] = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (x - xs[-1])
                     else:
-                        curve[n] = float(np.interp(context, contexts, ys))
+                        curve[n] = float(np.interp(x, xs, ys))
                 models[role][b] = {round(context): curve}
         return replace(self, models=models)
 

@@ -15,8 +15,8 @@ batch's mean width (a step of b sequences with sum T_b real rows does the token-
 A workload (requests of given prompt and output lengths, workload_ms) is served in rounds: each request's
 output is walked through the acceptance calibrated where each round starts (rounds_needed: acceptance grows
 along an output), and each round costs what the batch's live size does as sequences finish, at the context its
-longest live sequence has cached then (LatencyProfile.at_context: a step attends over the whole cache, and
-averaging the profiled contexts overpriced the short HumanEval requests of `specrt bench batch`).
+cache holds then (LatencyProfile.at_context: a step attends over the cache's whole capacity, and averaging the
+profiled contexts overpriced the short HumanEval requests of `specrt bench batch`).
 """
 
 from __future__ import annotations
@@ -126,17 +126,22 @@ def workload_ms(round_ms, rounds: Callable[[int], float], requests: list[tuple[i
                 batching: str, prefill) -> float:
     """Predicted ms to serve `requests` (prompt tokens, new tokens) at most `max_batch` at once: a request of `new`
     tokens needs rounds(new) rounds (rounds_needed); a round costs round_ms(live sequences, context), so a batch that
-    drains (sequences finishing at different rounds) costs what its live size does, at the context its longest
-    live sequence has cached midway through the rounds until the next one finishes (its prompt and its output's
-    share emitted by then; a step attends over the whole cache); each group of requests admitted together pays
-    `prefill(their prompt lengths, sequences running beside them)`. Continuous batching admits the next requests as
-    soon as sequences finish; static batching runs each group of `max_batch` requests until its last one ends."""
+    drains (sequences finishing at different rounds) costs what its live size does, at the context its cache holds:
+    its longest live sequence's midway through the rounds until the next one finishes (its prompt and its output's
+    share emitted by then), or the longest any reached before (a batch's cache does not shrink; a step attends over
+    all of it); each group of requests admitted together pays `prefill(their prompt lengths, sequences running beside
+    them)`. Continuous batching admits the next requests as soon as sequences finish; static batching runs each group
+    of `max_batch` requests, in a cache of its own, until its last one ends."""
     needed = [rounds(new) for _, new in requests]
     groups = [list(range(len(requests)))] if batching == "continuous" else \
         [list(range(i, min(i + max_batch, len(requests)))) for i in range(0, len(requests), max_batch)]
+
+    def cached(i: int, left: float) -> float:  # request i's tokens in the cache with `left` of its rounds to go
+        return requests[i][0] + requests[i][1] * (1 - left / needed[i])
+
     total = 0.0
     for group in groups:
-        waiting, live = list(group), {}  # live: request -> rounds left
+        waiting, live, reached = list(group), {}, 0.0  # live: request -> rounds left
         while waiting or live:
             joining = waiting[:max_batch - len(live)]
             del waiting[:len(joining)]
@@ -144,7 +149,8 @@ def workload_ms(round_ms, rounds: Callable[[int], float], requests: list[tuple[i
                 total += prefill([requests[i][0] for i in joining], len(live))
                 live.update((i, needed[i]) for i in joining)
             step = min(live.values())  # rounds until the next sequence finishes, all at this live size
-            context = max(requests[i][0] + requests[i][1] * (1 - (left - step / 2) / needed[i]) for i, left in live.items())
+            context = max(reached, *(cached(i, left - step / 2) for i, left in live.items()))
             total += step * round_ms(len(live), context)
+            reached = max(reached, *(cached(i, left - step) for i, left in live.items()))
             live = {i: left - step for i, left in live.items() if left > step}
     return total

@@ -98,14 +98,14 @@ def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
 
 
 def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,
-               before=None) -> list[float]:
-    """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones, each after
-    `warmup` untimed ones; `before`: another runner, one untimed step of one token of which precedes every step
-    (the target before the draft, as in a decode round)."""
+               before=None, bucket: int = 128) -> list[float]:
+    """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones (in a cache
+    growing by `bucket` slots, as the pipeline's), each after `warmup` untimed ones; `before`: another runner, one
+    untimed step of one token of which precedes every step (the target before the draft, as in a decode round)."""
     from specrt.runtime.step_inputs import pack_step
 
     def inputs(r, n):
-        cache = r.new_cache(batch)
+        cache = r.new_cache(batch, bucket)
         cache.reserve(context + n)
         cache.lengths[:] = context
         rng = np.random.default_rng(0)
@@ -156,8 +156,10 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
                     for q in quants:  # variants side by side: a point's costs compared under the same load
                         before = runners[q, "target"] if role == "draft" else None
                         samples[q, role, b, c, n] += step_times(runners[q, role], b, n, c, cfg.repeats, cfg.warmup,
-                                                                before)
+                                                                before, pipes[q].bucket)
                     bar.update()
+        probes = {q: runners[q, "target"].new_cache(1, p.bucket) for q, p in pipes.items()}
+        buckets = {q: c.capacity if c.is_static else c.bucket for q, c in probes.items()}  # a static cache: one bucket
     models: dict = {q: {"target": {}, "draft": {}} for q in quants}
     for (q, role, b, c, n), times in samples.items():
         models[q][role].setdefault(b, {}).setdefault(c, {})[n] = round(1e3 * statistics.median(times), 4)
@@ -171,7 +173,7 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
             table[n] = ms
         data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
                               host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch,
-                              packed_rows=pipe.target.packs_rows)
+                              packed_rows=pipe.target.packs_rows, cache_bucket=buckets[q])
         path = artifacts.save(cfg.bundle, data, quant=q)
         plot_latency(data, path.with_suffix(".png"))
         out[q] = data

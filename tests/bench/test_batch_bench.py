@@ -82,6 +82,10 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     workload_ms(lambda live, context: contexts.append((live, context)) or 0.0, rounds, [(3, 4), (7, 8), (9, 2)], 2,
                 "continuous", lambda *a: 0.0)
     assert contexts == [(2, 9.0), (2, 12.0), (1, 14.0)]
+    contexts.clear()  # the cache does not shrink: the short request left alone runs at the long one's 22 tokens
+    workload_ms(lambda live, context: contexts.append((live, context)) or 0.0, rounds, [(20, 2), (3, 8)], 2, "static",
+                lambda *a: 0.0)
+    assert contexts == [(2, 21.0), (1, 22.0)]
     (tmp_path / "manifest.json").write_text("{}")
     lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=8)  # 2 ms per token row
     assert prefill_ms(lat, "target", [10]) == pytest.approx(20.0)

@@ -63,6 +63,12 @@ def test_a_profile_at_a_context_is_linear_between_the_profiled_ones(bundle):
     assert lat.at_context(896).step_ms("draft", 1, 2) == pytest.approx(0.1 + 8.0)  # beyond: along the line
     falling = replace(lat, models={**models, "target": {1: {128: {1: 5.0}, 512: {1: 3.0}}}})
     assert falling.at_context(2048).step_ms("target", 1, 1) == pytest.approx(3.0)  # noise never makes it cheaper
+    # caches grown by 128 slots: the profiled points held 256 and 640 slots (128 / 512 cached + 1 new token)
+    bucketed = replace(lat, cache_bucket=128)
+    assert bucketed.at_context(200).step_ms("target", 2, 1) == pytest.approx(4.0)  # 256 slots, as 128 cached
+    assert bucketed.at_context(320).step_ms("target", 2, 1) == pytest.approx(4.0 + 4.0 / 3)  # 384: a third of the way
+    static = replace(lat, cache_bucket=1024)  # one capacity whatever the context: the profiled points averaged
+    assert static.at_context(40).step_ms("target", 2, 1) == pytest.approx(6.0) == static.at_context(900).step_ms("target", 2, 1)
 
 
 @pytest.mark.parametrize("corrupt,match", [

@@ -44,8 +44,9 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     shutil.copytree(demo_bundle, b)
     visits, host_calls = [], []
 
-    def fake_step_times(runner, batch, n, context, repeats, warmup, before=None):
+    def fake_step_times(runner, batch, n, context, repeats, warmup, before=None, bucket=None):
         role = runner.entry.role
+        assert bucket == 128  # the pipeline's: what its caches grow by
         visits.append((role, batch, context, n, before is not None))
         return [0.001 * n * (1 + len([v for v in visits if v[:4] == (role, batch, context, n)]))]  # 2, 3, 4 ms x n
 
@@ -72,6 +73,7 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     assert set(host_calls[:len(configs)]) == configs
     assert set(out.host_ms) == {"tree", "dynamic", "merged", "ngram"}  # ANPD's own, not a draft tree's
     assert sorted(out.host_ms["ngram"]) == list(latency.HOST_NGRAM_SIZES) and sorted(out.host_batch["ngram"][2]) == [3, 10]
+    assert out.cache_bucket == 128  # what at_context prices a context by
     assert artifacts.load(b, LatencyProfile) == out
 
 
