@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from specrt.bundle.files import write_atomic
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
@@ -44,16 +46,20 @@ def write_report(stem: Path, data: dict, markdown: Callable[[dict], str], plot: 
 
 def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, joules: dict | None = None) -> tuple[dict, dict]:
     """Run every config's callable `warmup` times untimed, then `runs` timed passes, interleaved so that
-    drift hits all configs alike. Returns ({name: [seconds per timed run]}, {name: last result}); with an
-    available EnergyMeter, `joules` gets {name: [joules per timed run]}."""
+    drift hits all configs alike, each timed pass in a new random order (seeded): whatever one config leaves
+    behind for the next (a grown arena, a cold cache) falls on a different one each pass, not always on the
+    same neighbour. Returns ({name: [seconds per timed run]}, {name: last result}); with an available
+    EnergyMeter, `joules` gets {name: [joules per timed run]}."""
     from tqdm import tqdm
 
     seconds = {name: [] for name in configs}
     last = {}
     measure = meter is not None and meter.available and joules is not None
+    names, rng = list(configs), np.random.default_rng(0)
     with tqdm(total=(warmup + runs) * len(configs), desc=desc, unit="config-run") as bar:
         for r in range(warmup + runs):
-            for name, run in configs.items():
+            for name in (names if r < warmup else [names[i] for i in rng.permutation(len(names))]):
+                run = configs[name]
                 if measure:
                     meter.start()
                 t0 = time.perf_counter()

@@ -27,3 +27,15 @@ def test_demo_runs_hardware_aware_rows_only_on_a_profiled_bundle(tmp_path):
     assert set(OURS) - set(demo_methods(tmp_path)) == {"anpd-hw"}
     (tmp_path / "latency.json").write_text("{}")
     assert demo_methods(tmp_path) == OURS
+
+
+def test_timed_passes_interleave_every_config_in_a_new_order_each():
+    from specrt.bench.report import timed_runs
+
+    calls = []
+    configs = {name: (lambda name=name: calls.append(name) or name.upper()) for name in "abcdefgh"}
+    seconds, last = timed_runs(configs, 3, 1, "t")
+    assert calls[:8] == list("abcdefgh")  # the untimed pass in the given order
+    passes = [calls[8 * i:8 * (i + 1)] for i in range(1, 4)]
+    assert all(sorted(p) == list("abcdefgh") for p in passes) and len({tuple(p) for p in passes}) == 3
+    assert all(len(s) == 3 for s in seconds.values()) and last == {n: n.upper() for n in "abcdefgh"}
