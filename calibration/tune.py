@@ -55,8 +55,8 @@ class TuneConfig(BundleOptions):
                                           "the output said); default: the calibration's average over its outputs",
                                     ge=1)
     context: int | None = option(None, "tokens your requests typically have cached (prompt and output so far): every "
-                                       "step priced at that context (a step attends over the cache), linear between "
-                                       "the profiled contexts; default: their average", ge=1)
+                                       "step priced at the KV capacity that takes (a step attends over all of it), "
+                                       "between the profiled contexts; default: their average", ge=1)
     variants: tuple[str, ...] = option((EXPORTED,), "variants of the step graphs to weigh, each calibrated on its "
                                                     "own (`specrt calibrate --quant S`) and profiled (best side by "
                                                     "side: `specrt profile --variants exported,S`): exported and "
