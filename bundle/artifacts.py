@@ -283,6 +283,12 @@ class LatencyProfile(Artifact):
     # slots the profiled KV caches grew by (capacity: a multiple of it; a static cache's: its whole capacity): what
     # at_context prices a context by (None: profiled before it was recorded)
     cache_bucket: int | None = None
+    # role -> batch -> tokens per sequence -> ms of one prefill step of that many prompt tokens per sequence into an
+    # empty cache (a prompt's tokens cost more there than in a decode-shaped step of as many rows: attention over the
+    # step's own tokens grows with them); prefill_chunk: the tokens per sequence per step the pipeline prefilled in
+    # (None: profiled before prefill was; prefill_step_ms then prices it from the decode curves)
+    prefill: dict[str, dict[int, dict[int, float]]] | None = None
+    prefill_chunk: int | None = None
 
     def roofline_ms(self, weight_bytes: int) -> float | None:
         """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""
@@ -340,6 +346,30 @@ class LatencyProfile(Artifact):
                 raise SpecrtError(f"{role} was profiled up to {ns[-1]} tokens at batch {batch}, not {num_tokens}")
             values.append(float(np.interp(num_tokens, ns, nondecreasing(tuple(curve[n] for n in ns)))))
         return float(np.mean(values))
+
+    def prefill_step_ms(self, role: str, rows: int, lens: list[int]) -> float:
+        """Ms of one prefill step of `rows` sequences of which these feed `lens` prompt tokens (the others, if
+        any, are empty rows of a static cache). A ragged step is as wide as its longest row for every sequence;
+        a backend that packs rows leaves the holes out, so it costs the per-token price of a step that wide, times
+        its tokens. Per-token prices: the prefill profile's, linear between profiled widths and batch sizes (the
+        nearest profiled one beyond them); without one, the decode curve's largest step at the largest profiled
+        batch size <= rows."""
+        width = max(lens)
+        tokens = sum(lens) if self.packed_rows else rows * width
+        if not self.prefill or role not in self.prefill:
+            sizes = self.batch_sizes(role)
+            batch = max([b for b in sizes if b <= rows] or sizes[:1])
+            largest = min(max(curve) for curve in self.models[role][batch].values())
+            return self.step_ms(role, batch, largest) / (batch * largest) * tokens
+        per_batch = self.prefill[role]
+        sizes = sorted(per_batch)
+
+        def per_token(b: int) -> float:
+            curve = per_batch[b]
+            ns = sorted(curve)
+            return float(np.interp(width, ns, [curve[n] / (b * n) for n in ns]))
+
+        return float(np.interp(rows, sizes, [per_token(b) for b in sizes])) * tokens
 
     def host(self, num_nodes: float, kind: str = "tree", batch: float = 1) -> float:
         """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from specrt.bundle.artifacts import LatencyProfile, MeasuredTree
+from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.runtime.tree import TreeSpec
 
 
@@ -94,17 +95,16 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
 
 
 def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int = 0) -> float:
-    """Predicted ms to prefill prompts admitted together: one ragged step is as wide as its longest prompt for
-    every sequence (shorter ones are padded with holes, which a backend that packs rows leaves out: then it is as
-    wide as the prompts' tokens), and a long step costs in proportion to its token rows, at the per-row cost of the
-    largest profiled step at the largest profiled batch size <= the step's. `running`: sequences of the batch
+    """Predicted ms to prefill prompts admitted together: in steps of the profile's prefill chunk of tokens per
+    sequence (the pipeline's), each priced by LatencyProfile.prefill_step_ms. `running`: sequences of the batch
     stepped beside the joining ones as empty rows (a static cache's: Backend.static_cache)."""
+    chunk = latency.prefill_chunk or PREFILL_CHUNK
     rows = running + len(prompt_lens)
-    sizes = latency.batch_sizes(role)
-    batch = max([b for b in sizes if b <= rows] or sizes[:1])
-    largest = min(max(curve) for curve in latency.models[role][batch].values())
-    per_row = latency.step_ms(role, batch, largest) / (batch * largest)
-    return per_row * (sum(prompt_lens) if latency.packed_rows else rows * max(prompt_lens))
+    total = 0.0
+    for start in range(0, max(prompt_lens), chunk):
+        lens = [min(chunk, max(0, n - start)) for n in prompt_lens]
+        total += latency.prefill_step_ms(role, rows, lens)
+    return total
 
 
 def rounds_needed(new: int, accepted: float, by_position: tuple[float, ...] = (), bucket: int = 0,

@@ -33,10 +33,12 @@ from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 
 NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+PREFILL_TOKENS = (16, 32, 64, 128, 256)
 HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
 HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
 HOST_NGRAM_SIZES = (2, 5, 10, 20)
@@ -55,6 +57,11 @@ class ProfileConfig(BundleOptions, BackendOptions):
     passes: int = option(3, "passes over every point (and host-work configuration), each in a new random order",
                          ge=1)
     max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
+    prefill_tokens: tuple[int, ...] = option(PREFILL_TOKENS, "prompt tokens per sequence of the prefill steps to "
+                                                             "profile (from an empty cache; none above the pipeline's "
+                                                             "prefill chunk)")
+    prefill_repeats: int = option(1, "timed prefill steps per point per pass", ge=1)
+    max_prefill_tokens: int = option(2048, "skip prefill points with batch * prompt tokens above this", ge=1)
     variants: tuple[str, ...] = option((), "profile these variants of the step graphs (exported and quantized schemes) "
                                            "in one run, each point of each variant timed side by side, each into its "
                                            "own latency.json: what `tune --variants` compares, under the same load "
@@ -125,6 +132,25 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     return times
 
 
+def prefill_times(runner, batch: int, num_tokens: int, repeats: int, warmup: int, bucket: int = 128) -> list[float]:
+    """Seconds of `repeats` prefill steps (after `warmup` untimed ones) of `num_tokens` prompt tokens for each of
+    `batch` sequences into an empty cache growing by `bucket` slots, their K/V appended, as the pipeline prefills
+    a chunk (step_inputs.feed_rows); each into a cache of its own, made before the clock starts."""
+    from specrt.runtime.step_inputs import feed_rows
+
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, runner.entry.vocab_size, num_tokens) for _ in range(batch)]
+    times = []
+    for i in range(warmup + repeats):
+        cache = runner.new_cache(batch, bucket)
+        cache.reserve(num_tokens)
+        t0 = time.perf_counter()
+        feed_rows(runner, cache, rows)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, LatencyProfile]:
     """Profile the variant --quant selects, or each of cfg.variants side by side; quant -> what was written."""
     from contextlib import ExitStack
@@ -140,6 +166,9 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
               for n in cfg.num_tokens if b * n <= cfg.max_tokens_per_step and n <= largest]
     if not points:
         raise SpecrtError("nothing to profile: every batch * num_tokens exceeds max_tokens_per_step")
+    chunk = min(PREFILL_CHUNK, min(p.target.max_step_tokens or PREFILL_CHUNK for p in pipes.values()))
+    points += [("prefill", role, b, n) for role in ("target", "draft") for b in cfg.batch_sizes
+               for n in cfg.prefill_tokens if b * n <= cfg.max_prefill_tokens and n <= chunk]
     too_long = max(cfg.contexts) + max(cfg.num_tokens)
     if too_long > min(p.max_context for p in pipes.values()):
         raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's "
@@ -154,6 +183,11 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
                 for i in rng.permutation(len(points)):
                     role, b, c, n = points[i]
                     for q in quants:  # variants side by side: a point's costs compared under the same load
+                        if role == "prefill":
+                            _, model, batch, tokens = points[i]
+                            samples[q, *points[i]] += prefill_times(runners[q, model], batch, tokens,
+                                                                    cfg.prefill_repeats, cfg.warmup, pipes[q].bucket)
+                            continue
                         before = runners[q, "target"] if role == "draft" else None
                         samples[q, role, b, c, n] += step_times(runners[q, role], b, n, c, cfg.repeats, cfg.warmup,
                                                                 before, pipes[q].bucket)
@@ -161,8 +195,15 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
         probes = {q: runners[q, "target"].new_cache(1, p.bucket) for q, p in pipes.items()}
         buckets = {q: c.capacity if c.is_static else c.bucket for q, c in probes.items()}  # a static cache: one bucket
     models: dict = {q: {"target": {}, "draft": {}} for q in quants}
-    for (q, role, b, c, n), times in samples.items():
-        models[q][role].setdefault(b, {}).setdefault(c, {})[n] = round(1e3 * statistics.median(times), 4)
+    prefills: dict = {q: {} for q in quants}
+    for (q, kind, *point), times in samples.items():
+        ms = round(1e3 * statistics.median(times), 4)
+        if kind == "prefill":
+            role, b, n = point
+            prefills[q].setdefault(role, {}).setdefault(b, {})[n] = ms
+        else:
+            b, c, n = point
+            models[q][kind].setdefault(b, {}).setdefault(c, {})[n] = ms
     bandwidth = round(copy_bandwidth(next(iter(pipes.values())).machine.device))
     out = {}
     for q, pipe in pipes.items():
@@ -173,7 +214,8 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
             table[n] = ms
         data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
                               host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch,
-                              packed_rows=pipe.target.packs_rows, cache_bucket=buckets[q])
+                              packed_rows=pipe.target.packs_rows, cache_bucket=buckets[q],
+                              prefill=prefills[q] or None, prefill_chunk=chunk if prefills[q] else None)
         path = artifacts.save(cfg.bundle, data, quant=q)
         plot_latency(data, path.with_suffix(".png"))
         out[q] = data
@@ -250,7 +292,7 @@ def plot_latency(data: LatencyProfile, path: Path) -> None:
     if plt is None:
         return
     m = data.stamp.machine
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3 if data.prefill else 2, figsize=(15 if data.prefill else 10, 3.6))
     for ax, role in zip(axes, ("target", "draft")):
         for b, per_ctx in sorted(data.models[role].items()):
             for c, curve in sorted(per_ctx.items()):
@@ -261,5 +303,17 @@ def plot_latency(data: LatencyProfile, path: Path) -> None:
         ax.set_ylabel("step ms (dots: medians; lines: the fit tuned on)")
         ax.set_title(f"{role}: L(n), {m.backend}, {m.threads} threads, {m.gpu or m.device}")
         ax.grid(alpha=0.3)
+    if data.prefill:
+        ax = axes[2]
+        for role, style in (("target", "-"), ("draft", "--")):
+            for b, curve in sorted(data.prefill.get(role, {}).items()):
+                ns = sorted(curve)
+                ax.plot(ns, [curve[n] / (b * n) for n in ns], style, marker=".", label=f"{role}, batch {b}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens per sequence in the step")
+        ax.set_ylabel("prefill ms per prompt token")
+        ax.set_title("prefill from an empty cache")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     axes[0].legend(fontsize=7)
     save_figure(fig, path)

@@ -195,9 +195,19 @@ def cmd_profile(args) -> None:
     for quant, data in profile(cfg).items():
         for b in data.batch_sizes():
             print(f"{quant + ', ' if quant else ''}batch {b}: target L(1) {data.step_ms('target', b, 1):.2f} ms, L(8) "
-                  f"{data.step_ms('target', b, 8):.2f} ms; draft L(1) {data.step_ms('draft', b, 1):.2f} ms")
+                  f"{data.step_ms('target', b, 8):.2f} ms; draft L(1) {data.step_ms('draft', b, 1):.2f} ms"
+                  + prefill_words(data.prefill, b))
         name = data.file(quant)
         print(f"wrote {cfg.bundle}/{name} and {name[:-len('.json')]}.png ({data.stamp.machine.describe()})")
+
+
+def prefill_words(prefill: dict | None, batch: int) -> str:
+    """"; target prefill 2.31 ms per prompt token at 256 per sequence": the widest prefill step profiled at `batch`."""
+    curve = (prefill or {}).get("target", {}).get(batch)
+    if not curve:
+        return ""
+    n = max(curve)
+    return f"; target prefill {curve[n] / (batch * n):.2f} ms per prompt token at {n} per sequence"
 
 
 def cmd_tune(args) -> None:

@@ -9,7 +9,7 @@ import pytest
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile
 from specrt.calibration import latency
-from specrt.calibration.latency import ProfileConfig, profile, step_times
+from specrt.calibration.latency import ProfileConfig, prefill_times, profile, step_times
 from specrt.runtime.kv_cache import KVCache
 
 
@@ -25,6 +25,7 @@ class Recorder:
 
     def step(self, ids, pos, mask, cache):
         self.log.append((self.name, ids.shape[1], int(cache.lengths[0])))
+        return None, np.zeros((1, 2, *ids.shape[:1], 1, ids.shape[1], 1), np.float32)  # logits, K/V [L, 2, B, H, T, D]
 
 
 def test_step_times_time_each_step_after_one_of_the_other_model():
@@ -54,9 +55,16 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
         host_calls.append((kind, batch, nodes))
         return float(len([c for c in host_calls if c == (kind, batch, nodes)]))  # 1 (untimed), 2, 3, 4
 
+    def fake_prefill_times(runner, batch, n, repeats, warmup, bucket=None):
+        prefills.append((runner.entry.role, batch, n, repeats))
+        return [0.002 * batch * n] * repeats  # 2 ms per prompt token
+
+    prefills = []
     monkeypatch.setattr(latency, "step_times", fake_step_times)
     monkeypatch.setattr(latency, "host_round_ms", fake_host_round_ms)
-    cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 2, 4), passes=3)
+    monkeypatch.setattr(latency, "prefill_times", fake_prefill_times)
+    cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 2, 4), passes=3,
+                        prefill_tokens=(16, 64, 300), max_prefill_tokens=64)
     out = profile(cfg, progress=False)[None]
 
     points = {(r, bs, 32, n) for r in ("target", "draft") for bs in (1, 2) for n in (1, 2, 4)}
@@ -74,7 +82,18 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     assert set(out.host_ms) == {"tree", "dynamic", "merged", "ngram"}  # ANPD's own, not a draft tree's
     assert sorted(out.host_ms["ngram"]) == list(latency.HOST_NGRAM_SIZES) and sorted(out.host_batch["ngram"][2]) == [3, 10]
     assert out.cache_bucket == 128  # what at_context prices a context by
+    # prefill steps in the same passes: none above batch * tokens 64, none wider than the pipeline's chunk (256)
+    assert sorted(prefills) == sorted([(r, bs, n, 1) for r in ("target", "draft") for bs, n in ((1, 16), (1, 64), (2, 16))] * 3)
+    assert out.prefill["target"] == {1: {16: 32.0, 64: 128.0}, 2: {16: 64.0}} and out.prefill_chunk == 256
+    assert out.prefill_step_ms("target", 2, [16, 8]) == pytest.approx(2.0 * 24)  # packed: 2 ms per real token
     assert artifacts.load(b, LatencyProfile) == out
+
+
+def test_prefill_times_time_one_step_into_an_empty_cache_each():
+    log = []
+    target = Recorder("target", log)
+    times = prefill_times(target, 3, 5, repeats=2, warmup=1)
+    assert len(times) == 2 and log == [("target", 5, 0)] * 3  # 5 prompt tokens each, nothing cached before
 
 
 @pytest.mark.parametrize("passes", [0, -1])

@@ -350,6 +350,28 @@ def test_a_packed_step_is_costed_over_the_mean_width_of_its_batch(tmp_path):
         pytest.approx(10 * prefill_ms(flat, "target", [1]))
 
 
+def test_prefill_is_priced_from_the_prefill_profile_chunk_by_chunk(tmp_path):
+    """A profiled prefill prices each chunk step at the per-token cost of a step as wide as its longest row (at the
+    step's rows, linear between profiled widths and batch sizes), times its real tokens where rows are packed."""
+    import dataclasses
+
+    from specrt.calibration.cost import prefill_ms
+
+    (tmp_path / "manifest.json").write_text("{}")
+    flat = write_latency(tmp_path, lambda n: float(n), batches=(1, 2))
+    # per token: 1 ms at 16 tokens per sequence, 2 ms at 32 (batch 1); twice that at batch 2
+    prefill = {"target": {1: {16: 16.0, 32: 64.0}, 2: {16: 64.0, 32: 256.0}}}
+    lat = dataclasses.replace(flat, prefill=prefill, prefill_chunk=32, packed_rows=True)
+    assert prefill_ms(lat, "target", [16]) == pytest.approx(16.0)
+    assert prefill_ms(lat, "target", [24]) == pytest.approx(24 * 1.5)  # halfway between the widths
+    assert prefill_ms(lat, "target", [40]) == pytest.approx(32 * 2.0 + 8 * 1.0)  # chunks of 32, then 8
+    assert prefill_ms(lat, "target", [32, 8]) == pytest.approx(40 * 4.0)  # ragged, packed: its tokens at width 32
+    assert prefill_ms(lat, "target", [16], running=1) == pytest.approx(16 * 2.0)  # a static cache's two rows
+    unpacked = dataclasses.replace(lat, packed_rows=False)
+    assert prefill_ms(unpacked, "target", [32, 8]) == pytest.approx(64 * 4.0)  # the holes computed too
+    assert prefill_ms(lat, "draft", [16]) == prefill_ms(flat, "draft", [16])  # not profiled: the decode curves'
+
+
 def test_a_plan_is_refused_once_its_inputs_change(tmp_path):
     from specrt.errors import BundleError
 
