@@ -58,7 +58,10 @@ class Backend(ABC):
     def _new_cache(self, binding, batch: int, bucket: int) -> KVCache:
         e = self.entry
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket,
-                       e.sliding_window)
+                       e.sliding_window, release=self.release_store)
+
+    def release_store(self, store) -> None:
+        """Take back a KV store a cache gave up (OrtBackend pools them); by default it is simply dropped."""
 
     @abstractmethod
     def allocate(self, shape: tuple[int, ...]):

@@ -29,7 +29,7 @@ from specrt import contract
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import BundleError
 from specrt.runtime.backends.base import Backend
-from specrt.runtime.kv_cache import CacheRows
+from specrt.runtime.kv_cache import CacheRows, StorePool
 
 
 class _GrowingBuffer:
@@ -71,6 +71,7 @@ class OrtBackend(Backend):
 
         super().__init__(entry)
         self.kv_update = kv_update
+        self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = threads
@@ -119,7 +120,10 @@ class OrtBackend(Backend):
         return str(dest)
 
     def allocate(self, shape):
-        return np.zeros(shape, dtype=np.dtype(self.entry.dtype))
+        return self.pool.allocate(shape)
+
+    def release_store(self, store) -> None:
+        self.pool.release(store)
 
     def _new_binding(self) -> _Binding:
         return _Binding(self.session, np.dtype(self.entry.dtype))

@@ -157,3 +157,48 @@ def test_leaving_and_joining_sequences_copy_only_the_rows_that_move():
     assert c._store is store and c.batch == 5 and c.lengths.tolist() == [3, 4, 1, 0, 0]
     c.keep([1, 0])  # a swap reads each source before it is overwritten
     assert seq(c, 0) == [150, 151, 152, 153] and seq(c, 1) == [0, 1, 2]
+
+
+def test_a_store_pool_hands_given_up_memory_to_the_next_store_zeroed_and_keeps_a_bounded_few():
+    from specrt.runtime.kv_cache import StorePool
+
+    pool = StorePool(np.float32, keep=2)
+    big = (4, 2, 8, 2, 256, 64)  # 16 MiB
+    a = pool.allocate(big)
+    assert not a.any() and pool.held_bytes == 0
+    a[...] = 1.0
+    pool.release(a)
+    pool.release(a)  # twice: held once
+    assert pool.held_bytes == a.nbytes
+    b = pool.allocate((4, 2, 8, 2, 128, 64))  # smaller: the same memory, zero-filled as a fresh store
+    assert np.shares_memory(a, b) and not b.any() and pool.held_bytes == 0
+    c = pool.allocate(big)  # nothing fits in the pool: fresh
+    assert not np.shares_memory(b, c)
+    for arr in (b, c, pool.allocate((4, 2, 8, 2, 64, 64))):  # a third one: the smallest is dropped
+        pool.release(arr)
+    assert pool.held_bytes == 2 * a.nbytes
+    pool.release(np.ones(16, np.float32))  # below MIN_BYTES (and not its memory): not kept
+    assert pool.held_bytes == 2 * a.nbytes
+
+
+def test_a_cache_gives_its_stores_back_when_it_grows_and_when_it_is_dropped_and_never_shares_a_live_one():
+    import gc
+
+    from specrt.runtime.kv_cache import StorePool
+
+    pool = StorePool(np.float32)
+    cache = KVCache(pool.allocate, 4, 8, 2, 64, 1024, bucket=128, release=pool.release)
+    cache.reserve(100)
+    cache.buffer[...] = 3.0
+    cache.lengths[:] = 100
+    first = cache._store
+    cache.reserve(200)  # grown: the committed prefix copied, the old store given back
+    assert (cache.buffer[:, :, :, :, :100] == 3.0).all() and not cache.buffer[:, :, :, :, 100:].any()
+    assert np.shares_memory(pool._free[0], first) and not np.shares_memory(cache._store, first)
+    other = KVCache(pool.allocate, 4, 8, 2, 64, 1024, bucket=128, release=pool.release)
+    other.reserve(100)  # takes the given-up store, never the live one
+    assert np.shares_memory(other._store, first) and not np.shares_memory(other._store, cache._store)
+    held = cache._store
+    del cache
+    gc.collect()
+    assert any(np.shares_memory(flat, held) for flat in pool._free)  # dropped: its store given back
