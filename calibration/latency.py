@@ -310,6 +310,7 @@ def plot_latency(data: LatencyProfile, path: Path) -> None:
                 ns = sorted(curve)
                 ax.plot(ns, [curve[n] / (b * n) for n in ns], style, marker=".", label=f"{role}, batch {b}")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("prompt tokens per sequence in the step")
         ax.set_ylabel("prefill ms per prompt token")
         ax.set_title("prefill from an empty cache")
