@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from specrt.errors import InvalidRequestError
 
 
 class StorePool:
@@ -48,24 +51,30 @@ class StorePool:
     operating system costs a page fault per page when it is first written, which made cache growth a real part
     of a batched run (ad hoc, the inflated pair at batch 8 on 2 cores: 0.7 s of a 12 s static `bench batch`
     run). Keeps at most `keep` buffers (the largest), so what it holds is bounded by what the largest caches
-    held; `allocate` hands out the smallest that fits, zero-filled as a fresh one. Thread-safe; numpy only."""
+    held; `allocate` hands out the smallest that fits, zero-filled as a fresh one. Thread-safe, and safe to
+    `release` into from a garbage collector's finalizer at any point, even inside `allocate` on the same thread
+    (a release only appends to a queue that the next allocate or release sorts under the lock). numpy only."""
 
     MIN_BYTES = 1 << 20  # smaller stores are cheap to map: not pooled
 
     def __init__(self, dtype, keep: int = 3):
         self.dtype = np.dtype(dtype)
         self.keep = keep
-        self._free: list[np.ndarray] = []  # 1-D, each the whole memory of a store given up
+        self._free: list[np.ndarray] = []  # 1-D, each the whole memory of a store given up; under _lock
+        self._returned: deque[np.ndarray] = deque()  # released, not yet sorted into _free (appends are atomic)
         self._lock = threading.Lock()
 
     def allocate(self, shape: tuple[int, ...]) -> np.ndarray:
         size = int(np.prod(shape))
-        with self._lock:
-            fits = [i for i, flat in enumerate(self._free) if flat.size >= size]
-            flat = self._free.pop(min(fits, key=lambda i: self._free[i].size)) if fits else None
-        if flat is None or size * self.dtype.itemsize < self.MIN_BYTES:
-            if flat is not None:
-                self.release(flat)
+        flat = None
+        if size * self.dtype.itemsize >= self.MIN_BYTES:
+            with self._lock:
+                self._sort_returned()
+                for i, candidate in enumerate(self._free):  # smallest first
+                    if candidate.size >= size:
+                        flat = self._free.pop(i)
+                        break
+        if flat is None:
             return np.zeros(shape, dtype=self.dtype)
         out = flat[:size].reshape(shape)
         out[...] = 0
@@ -76,19 +85,27 @@ class StorePool:
         owner = store if store.base is None else store.base
         if owner.dtype != self.dtype or owner.nbytes < self.MIN_BYTES or not owner.flags.c_contiguous:
             return
-        with self._lock:
-            if any(np.shares_memory(owner, flat) for flat in self._free):  # released twice: keep it once
-                return
-            self._free.append(owner.reshape(-1))
-            self._free.sort(key=lambda flat: flat.size)
-            del self._free[:-self.keep]
+        self._returned.append(owner.reshape(-1))
+        if self._lock.acquire(blocking=False):  # else whoever holds it sorts it in
+            try:
+                self._sort_returned()
+            finally:
+                self._lock.release()
+
+    def _sort_returned(self) -> None:
+        """(Under the lock.) Move released stores into _free, once each, and keep the largest `keep`."""
+        while self._returned:
+            flat = self._returned.popleft()
+            if not any(np.shares_memory(flat, other) for other in self._free):  # released twice: kept once
+                self._free.append(flat)
+        self._free.sort(key=lambda flat: flat.size)
+        del self._free[:-self.keep]
 
     @property
     def held_bytes(self) -> int:
         with self._lock:
+            self._sort_returned()
             return sum(flat.nbytes for flat in self._free)
-
-from specrt.errors import InvalidRequestError
 
 
 class CacheRows:

@@ -179,6 +179,10 @@ def test_a_store_pool_hands_given_up_memory_to_the_next_store_zeroed_and_keeps_a
     assert pool.held_bytes == 2 * a.nbytes
     pool.release(np.ones(16, np.float32))  # below MIN_BYTES (and not its memory): not kept
     assert pool.held_bytes == 2 * a.nbytes
+    # a finalizer releasing a store while this thread holds the lock (inside allocate) must not deadlock
+    with pool._lock:
+        pool.release(np.zeros(big, np.float32))
+    assert pool.held_bytes == 2 * a.nbytes and pool._free[0].size == a.size  # sorted in, the largest kept
 
 
 def test_a_cache_gives_its_stores_back_when_it_grows_and_when_it_is_dropped_and_never_shares_a_live_one():
@@ -202,3 +206,30 @@ def test_a_cache_gives_its_stores_back_when_it_grows_and_when_it_is_dropped_and_
     del cache
     gc.collect()
     assert any(np.shares_memory(flat, held) for flat in pool._free)  # dropped: its store given back
+
+
+def test_a_store_pool_never_hands_one_memory_to_two_live_stores_across_threads():
+    import threading
+
+    from specrt.runtime.kv_cache import StorePool
+
+    pool = StorePool(np.float32, keep=3)
+    clashes, rng_seeds = [], range(4)
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(150):
+            store = pool.allocate((int(rng.integers(1, 4)) << 18,))  # 1-3 MiB
+            if store.any():
+                clashes.append("not zero-filled")
+            store[...] = seed + 1
+            if not (store == seed + 1).all():
+                clashes.append("written by another thread")
+            pool.release(store)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in rng_seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not clashes and len(pool._free) <= 3
