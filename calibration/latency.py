@@ -8,6 +8,12 @@ steps that drift was larger than the differences it weighs. A draft step is time
 step, as in a decode round, where the target's step has just pushed the draft's weights out of the caches.
 Points with batch * n above `max_tokens_per_step` are skipped (CPU time).
 
+Prefill steps are points of the same passes: `prefill_tokens` prompt tokens for each of `batch` sequences into an
+empty cache (none wider than the pipeline's prefill chunk, none with batch * tokens above `max_prefill_tokens`),
+what the batch cost model prices admitting requests by (LatencyProfile.prefill_step_ms): a prompt token costs
+more there than a decode step's row does, and at batch 1 with 16 tokens twice what it does with 256 (the inflated
+target on 2 cores, `latency-inflated-prefill` in bench/results).
+
 It also measures the runtime's own host work per decode round (masks, drafting bookkeeping, verification,
 cache commits: everything outside model calls) for static and dynamic trees of several sizes at every
 profiled batch size (fewer sizes above batch 1), since on small models that is a real part of a round that
@@ -167,8 +173,9 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
     if not points:
         raise SpecrtError("nothing to profile: every batch * num_tokens exceeds max_tokens_per_step")
     chunk = min(PREFILL_CHUNK, min(p.target.max_step_tokens or PREFILL_CHUNK for p in pipes.values()))
+    widest = min(chunk, min(p.max_context for p in pipes.values()))
     points += [("prefill", role, b, n) for role in ("target", "draft") for b in cfg.batch_sizes
-               for n in cfg.prefill_tokens if b * n <= cfg.max_prefill_tokens and n <= chunk]
+               for n in cfg.prefill_tokens if b * n <= cfg.max_prefill_tokens and n <= widest]
     too_long = max(cfg.contexts) + max(cfg.num_tokens)
     if too_long > min(p.max_context for p in pipes.values()):
         raise SpecrtError(f"context {max(cfg.contexts)} + {max(cfg.num_tokens)} tokens exceeds the model's "
