@@ -214,6 +214,10 @@ def bench_section(results: list[tuple[Path, str, dict]], page_dir: Path, level: 
             if md.startswith("### "):  # each verb's Markdown starts with its run's heading
                 md = "#" * (level + 1) + md[3:]
             lines += [md, "", f"Command: `{bench_command(verb, data)}` → `{path.as_posix()}`", ""]
+            where = data.get("machine") or {}
+            if where.get("cpu"):  # recorded since 2026-11-24
+                features = ", ".join(where.get("cpu_features") or []) or "none of those recorded"
+                lines += [f"Ran on: {where['cpu']}, {where.get('cpus')} cores ({features})", ""]
             png = path.with_suffix(".png")
             if png.is_file():
                 lines += [f"![{path.stem}]({Path(os.path.relpath(png, page_dir)).as_posix()})", ""]

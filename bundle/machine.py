@@ -25,6 +25,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Instruction-set extensions that change what a CPU step costs (8-bit and bfloat16 GEMMs above all), as Linux
+# names them in /proc/cpuinfo: x86 "flags", Arm "Features"
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16",
+                "asimddp", "i8mm", "sve", "bf16")
+
+
+def cpu_features() -> tuple[str, ...]:
+    """Which of CPU_FEATURES this CPU has (empty where /proc/cpuinfo is not there to say)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return tuple(x for x in CPU_FEATURES if x in have)
+    except OSError:
+        pass
+    return ()
+
+
 def available_cores() -> int:
     """Cores this process may run on (its CPU affinity), else the machine's count."""
     try:

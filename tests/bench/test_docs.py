@@ -18,6 +18,7 @@ def test_results_page_from_json(tmp_path):
     (results / "plan-x.json").write_text("{}")  # not a bench report: listed, not rendered
     old = json.loads((results / "e2e-t.json").read_text())
     del old["command"]  # results from before commands were recorded: the command is rebuilt from the config
+    old["machine"] = {k: v for k, v in old["machine"].items() if k not in ("cpu", "cpu_features")}
     (results / "e2e-old.json").write_text(json.dumps({**old, "label": "old"}))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
@@ -26,6 +27,11 @@ def test_results_page_from_json(tmp_path):
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
     assert page.count("Command: `specrt bench e2e --bundle") == 2 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
+    from specrt.bundle.machine import CPU_FEATURES, cpu_model
+
+    machine = json.loads((results / "e2e-t.json").read_text())["machine"]  # where it ran, with what the CPU has
+    assert machine["cpu"] == cpu_model() and set(machine["cpu_features"]) <= set(CPU_FEATURES)
+    assert page.count(f"Ran on: {cpu_model()}, ") == 1  # e2e-old predates it: no line
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "| stale |" not in text
     assert "| [`e2e-t`](docs/results.md#end-to-end) | best lossless `sd` **2.00x** our AR (200.0 vs 100.0 tok/s) |" in text
