@@ -79,6 +79,7 @@ def _check(cfg: BatchBenchConfig, pipe) -> None:
 
 
 def run_batch(cfg: BatchBenchConfig) -> dict:
+    from specrt.calibration.acceptance import ratio_interval
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
@@ -100,7 +101,8 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
         by_position = [round(accepted[b] / rounds[b], 3) if rounds[b] else None for b in range(max(rounds, default=-1) + 1)]
         return (sum(len(o.token_ids) for o in outs), [o.stats.seconds.finished for o in outs],
                 [o.token_ids for o in outs], sum(o.stats.padded for o in outs),
-                sum(o.stats.rounds for o in outs), by_position)
+                sum(o.stats.rounds for o in outs), by_position,
+                ratio_interval([len(o.token_ids) for o in outs], [o.stats.rounds for o in outs]))
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
@@ -124,6 +126,8 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
                      "unpadded_vs_padded": round(unpadded / speed[key], 3) if pad else None,
                      "padding_ratio": round(last[key][3] / last[key][0], 3),
                      "tokens_per_round": round(last[key][0] / max(1, last[key][4]), 3),
+                     # its 5-95% interval over resamples of the requests: how much the text alone moves it
+                     "tokens_per_round_interval": [round(v, 3) for v in last[key][6]],
                      "predicted_tokens_per_round": round(per_round, 3) if per_round else None,
                      "predicted_tokens_per_s": round(predicted, 2) if predicted else None,
                      # drafted tokens accepted per round by the bucket of POSITION_BUCKET output positions a round started at
@@ -236,7 +240,9 @@ def markdown(data: dict) -> str:
         x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
         pred = ("-" if r.get("predicted_tokens_per_s") is None else
                 f"{r['predicted_tokens_per_s']:.1f} ({r['prediction_error']:+.0%})")
+        spread = r.get("tokens_per_round_interval")
         per_round = "-" if r.get("tokens_per_round") is None else f"{r['tokens_per_round']:.2f}" + (
+            f" [{spread[0]:.2f}-{spread[1]:.2f}]" if spread and spread[0] != spread[1] else "") + (
             f" ({r['predicted_tokens_per_round']:.2f})" if r.get("predicted_tokens_per_round") else "")
         lines.append(f"| {_name(r)} | {r['batch_size']} | {r['batching']} | {r['tokens_per_s']:.1f} | "
                      f"{x(r['speedup_vs_ar'])} | {x(r['continuous_vs_static'])} | {x(r.get('unpadded_vs_padded'))} | "
@@ -256,8 +262,9 @@ def markdown(data: dict) -> str:
     else:
         lines += ["", "Predicted: the batch cost model over this workload (each output walked through the tokens per "
                       "round calibrated where each round starts, profiled round cost at each live batch size as the "
-                      "batch drains, prefill included); in brackets, measured / predicted - 1. Padding ratio: padding "
-                      "slots in the target KV cache per new token."]
+                      "batch drains, prefill included); in brackets, measured / predicted - 1. Tokens per round in "
+                      "square brackets: the 5-95% interval over resamples of the requests (how much which prompts were "
+                      "drawn moves it). Padding ratio: padding slots in the target KV cache per new token."]
     return "\n".join(lines) + "\n"
 
 

@@ -297,6 +297,13 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "rank_histogram": acceptance.rank_histogram,
         "trees": [(t.num_nodes, t.expected_accepted) for t in acceptance.trees],
         "by_position": by_position_series(acceptance),
+        # measured by decoding: (what, accepted drafted tokens per round, its 5-95% interval over the prompts or None)
+        "decoded": [(f"dynamic tree of {m.num_nodes} nodes", m.expected_accepted, m.accepted_interval)
+                    for m in acceptance.dynamic] +
+                   [(f"dynamic tree of {m.num_nodes} nodes + {m.ngram_tokens} n-gram drafts", m.expected_accepted,
+                     m.accepted_interval) for m in acceptance.merged] +
+                   [(f"ANPD, K = {m.num_nodes}", m.expected_accepted, m.accepted_interval) for m in acceptance.ngram],
+        "num_prompts": acceptance.config.get("num_prompts"),
         "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {
         "choices": _plain(plan.choices), "curves": _plain(plan.curves), "quant": plan.quant,
@@ -545,6 +552,14 @@ def acceptance_section(facts: dict, plots: dict) -> list[str]:
         lines += [f"Acceptance grows along an output (by buckets of {by['bucket']} output positions; the batch cost "
                   "model and `specrt tune --new-tokens` walk each output through it):", "",
                   "![accepted per round by output position](plots/acceptance-by-position.svg)", ""]
+    if acc.get("decoded"):
+        prompts = f"{acc['num_prompts']} calibration prompts" if acc["num_prompts"] else "calibration prompts"
+        lines += [f"Measured by decoding the {prompts}; last column: the 5-95% "
+                  "interval over resamples of those prompts (how much which prompts were drawn moves the figure: acceptance "
+                  "depends on the text):", "", "| drafts | accepted per round | 5-95% over the prompts |", "|---|---:|---:|"]
+        lines += [f"| {what} | {e:.2f} | " + ("-" if spread is None else f"{spread[0]:.2f}-{spread[1]:.2f}") + " |"
+                  for what, e, spread in acc["decoded"]]
+        lines.append("")
     lines += [f"Command: `{acc['command']}`", ""]
     return lines
 

@@ -212,6 +212,9 @@ class MeasuredTree:
     # drafted tokens accepted per round by the output position a round starts at, per bucket of
     # Acceptance.position_bucket positions (the last bucket: every later position); () before it was measured
     accepted_by_position: tuple[float, ...] = ()
+    # 5th-95th percentile of expected_accepted over resamples of the calibration prompts (calibration.acceptance.
+    # ratio_interval): how far the text alone moves it; None before it was measured
+    accepted_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

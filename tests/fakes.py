@@ -140,8 +140,8 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
 
 
 def measured_tree(num_nodes, width, depth, accepted, calls, per_round=None, hist=None, ngram_tokens=0, min_prob=None,
-                  by_position=()):
+                  by_position=(), interval=None):
     from specrt.bundle.artifacts import MeasuredTree
 
     return MeasuredTree(num_nodes, width, depth, accepted, calls, per_round if per_round is not None else num_nodes,
-                        hist or {}, ngram_tokens, min_prob, tuple(by_position))
+                        hist or {}, ngram_tokens, min_prob, tuple(by_position), interval)

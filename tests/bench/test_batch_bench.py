@@ -45,6 +45,9 @@ def test_bench_batch_rows(demo_bundle, tmp_path):
     sd1 = data["rows"][3]
     assert len(sd1["accepted_by_position"]) == 1 and 0 < sd1["accepted_by_position"][0] <= 4
     assert sd1["tokens_per_round"] > 1 and sd1["predicted_accepted_by_position"] == []
+    low, high = sd1["tokens_per_round_interval"]
+    assert low <= sd1["tokens_per_round"] <= high and low < high  # 5 prompts of their own acceptance
+    assert data["rows"][0]["tokens_per_round_interval"] == [1.0, 1.0]
     assert len(data["max_new_tokens_per_request"]) == 5 and (tmp_path / "batch-t.md").is_file()
     assert "| sd (padded) | 2 | static |" in (tmp_path / "batch-t.md").read_text()
     assert headline("batch", data).startswith("continuous / static batching at batch 2: `autoregressive` ")

@@ -15,7 +15,7 @@ from specrt.bench.reporting import ReportConfig, collect, run_report
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile
 from specrt.errors import SpecrtError
-from tests.fakes import write_acceptance, write_latency
+from tests.fakes import measured_tree, write_acceptance, write_latency
 
 REQUIRE_BROWSER = os.environ.get("SPECRT_REQUIRE_BROWSER") == "1"  # .ci/run sets it: there the test must run
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -30,7 +30,8 @@ def make_bundle(demo_bundle, tmp_path: Path, name: str, target_scale: float = 1.
     lat = write_latency(b, lambda n: target_scale * (10 + 0.5 * n), lambda n: 1.0 + 0.05 * n, batches=(1, 2), max_tokens=32)
     artifacts.save(b, replace(lat, copy_bandwidth=2e9))
     write_acceptance(b, [[0.7, 0.15, 0.05]] * 6, draft_temperature=0.6,
-                     by_position=[[[0.5, 0.1, 0.05]] * 6, [[0.7, 0.15, 0.05]] * 6])
+                     by_position=[[[0.5, 0.1, 0.05]] * 6, [[0.7, 0.15, 0.05]] * 6],
+                     dynamic=[measured_tree(4, 4, 4, 1.6, 3.0, interval=(1.45, 1.75))])
     tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     return b
 
@@ -92,6 +93,8 @@ def test_the_page_says_what_to_run_and_why(report):
         assert section in md
     assert f"Command: `specrt profile --bundle {facts['bundle']}`" in md  # the profile's config names no bundle here
     assert "calibrated draft temperature **0.600**" in md
+    # what decoding measured, with how far the prompts drawn move it
+    assert "| dynamic tree of 4 nodes | 1.60 | 1.45-1.75 |" in md
 
 
 def test_every_plot_is_written_and_inlined_and_nothing_is_fetched(report):

@@ -98,17 +98,22 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
     assert a.position_bucket == 16 and np.array(a.depth_rank_by_position).shape == (2, 4, 4)
     for m in a.dynamic + a.merged + a.ngram:
         assert len(m.accepted_by_position) == 2 and all(0 <= x <= m.depth for x in m.accepted_by_position)
+        # how far the 4 prompts drawn move each figure: an interval around it
+        assert m.accepted_interval[0] <= m.expected_accepted <= m.accepted_interval[1]
     c = calibrate(replace(cfg, seed=2), progress=False)
     assert c.depth_rank != a.depth_rank
 
 
 def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
-    """--prompts FILE: the prompts a user's traffic looks like, recorded with their hash; a bad file in one line."""
+    """--prompts FILE: the prompts a user's traffic looks like, recorded with their hash, whole unless
+    --prompt-tokens cuts them; a bad file in one line."""
     import json
     import shutil
+    from dataclasses import replace
 
     from specrt.bundle.manifest import sha256_file
-    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.calibration.acceptance import HELD_OUT_PROMPT_TOKENS, CalibrationConfig, calibrate
+    from specrt.runtime.pipeline import Pipeline
     from specrt.checkpoints.corpus import read_prompts
     from specrt.errors import SpecrtError
 
@@ -123,6 +128,16 @@ def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
     assert a.num_positions == 2 * 12  # each prompt's 12 decoded tokens, whatever the prompt's length
     stdlib = calibrate(CalibrationConfig(**{**vars(cfg), "prompts": None}), progress=False)
     assert stdlib.depth_rank != a.depth_rank and "prompts_sha256" not in stdlib.config
+    # the prompts whole unless --prompt-tokens cuts them: the context changes what the target writes
+    long = tmp_path / "long.jsonl"
+    body = "".join(f"    total = total + values[{i}] * {i}\n" for i in range(12))
+    long.write_text(json.dumps({"prompt": f"def weighted(values):\n    total = 0\n{body}    return"}) + "\n")
+    whole = replace(cfg, prompts=long, num_prompts=1)
+    assert len(Pipeline.load(copy).encode(read_prompts(long, 1)[0])) > 2 * HELD_OUT_PROMPT_TOKENS
+    a = calibrate(whole, progress=False)
+    seen = lambda acc: (acc.depth_rank, acc.ngram)  # noqa: E731
+    assert seen(calibrate(replace(whole, prompt_tokens=10 ** 6), progress=False)) == seen(a)
+    assert seen(calibrate(replace(whole, prompt_tokens=HELD_OUT_PROMPT_TOKENS), progress=False)) != seen(a)
     assert read_prompts(prompts, 3)[2] == "x = 1"
     with pytest.raises(SpecrtError, match="has 3 prompt\\(s\\); --num-prompts asks for 4"):
         read_prompts(prompts, 4)
@@ -132,6 +147,25 @@ def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
         read_prompts(bad, 2)
     with pytest.raises(SpecrtError, match="cannot read it"):
         read_prompts(tmp_path / "missing.jsonl", 1)
+
+
+def test_ratio_interval_is_the_spread_of_the_pooled_rate_over_resampled_items():
+    from specrt.calibration.acceptance import ratio_interval
+
+    # every item at the same rate: no spread, whatever their sizes
+    assert ratio_interval([2, 4, 6], [1, 2, 3]) == (2.0, 2.0)
+    # the pooled rate (sums over items, not a mean of rates) lies inside; more items of the same spread narrow it
+    rng = np.random.default_rng(3)
+    rates, sizes = rng.uniform(1, 3, 400), rng.integers(10, 100, 400)
+    few = ratio_interval(rates[:20] * sizes[:20], sizes[:20])
+    many = ratio_interval(rates * sizes, sizes)
+    assert few[0] < (rates[:20] * sizes[:20]).sum() / sizes[:20].sum() < few[1]
+    assert many[1] - many[0] < (few[1] - few[0]) / 2  # 20x the items: about 1/sqrt(20) the width
+    lo50, hi50 = ratio_interval(rates * sizes, sizes, level=0.5)
+    assert many[0] < lo50 < hi50 < many[1]
+    assert ratio_interval(rates * sizes, sizes) == many  # seeded
+    with pytest.raises(ValueError, match="as many numerators as denominators"):
+        ratio_interval([1, 2], [1])
 
 
 def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
