@@ -36,6 +36,7 @@ from specrt.bundle.artifacts import InPlaceGraph, InPlaceGraphs, Stamp
 from specrt.bundle.manifest import BundleOptions, load_manifest, model_entry, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
+from specrt.export.onnx_export import EXTERNAL_DATA
 
 INPLACE_DIR = "inplace"
 
@@ -43,8 +44,8 @@ INPLACE_DIR = "inplace"
 @dataclass(frozen=True)
 class InPlaceConfig(BundleOptions):
     model: str = option("both", "which step graphs: target, draft or both", choices=("target", "draft", "both"))
-    external_data: str = option("auto", "keep the weights in a <graph>.data file beside each graph: auto = over 1 GiB "
-                                        "of weights", choices=("auto", "always", "never"))
+    external_data: str = option("auto", "keep the weights in a <graph>.data file beside each graph: auto = over 64 MiB "
+                                        "of weights (as specrt export)", choices=EXTERNAL_DATA)
 
 
 def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "auto") -> InPlaceGraph:

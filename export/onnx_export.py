@@ -34,7 +34,10 @@ from specrt.version import __version__
 TMP_PREFIX = ".specrt-export-"
 EXPORTERS = ("auto", "dynamo", "torchscript")
 EXTERNAL_DATA = ("auto", "always", "never")
-EXTERNAL_DATA_BYTES = 1 << 30  # external_data="auto": weights above 1 GiB (a protobuf file holds at most 2 GiB)
+# external_data="auto": weights above 64 MiB. A protobuf file holds at most 2 GiB, and loading a step graph packs its
+# token rows (runtime/backends/packed_rows.py): a graph whose weights lie beside it is parsed without them and
+# handed to ONNX Runtime, which reads them from the .data file; one that holds them is parsed and written out whole
+EXTERNAL_DATA_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class ExportConfig(Config):
     exporter: str = option("auto", "auto = the dynamo exporter (torch.export), falling back to the TorchScript one "
                                    "where it cannot export the step module; or either one", choices=EXPORTERS)
     external_data: str = option("auto", "keep the weights in a <graph>.data file beside each step graph (ONNX "
-                                        "external data): auto = over 1 GiB of weights (one file holds at most 2 GiB)",
+                                        "external data): auto = over 64 MiB of weights (one file holds at most 2 GiB, and "
+                                        "such a graph loads several times faster)",
                                 choices=EXTERNAL_DATA)
     check: bool = option(True, "check each step graph against PyTorch after export", flag="parity-check")
     onnx: bool = option(True, "write the ONNX step graphs: the ort backend runs them; torch and graphs run the hf/ "

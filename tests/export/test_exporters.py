@@ -38,6 +38,25 @@ def test_the_default_export_is_the_dynamo_exporter_and_matches_torchscript(demo_
     assert [o.token_ids for o in dyn] == [o.token_ids for o in old]
 
 
+def test_auto_keeps_the_weights_of_large_models_beside_the_graph_and_they_decode_alike(demo_bundle, tmp_path, monkeypatch,
+                                                                                       humaneval):
+    """external_data auto: a model over EXTERNAL_DATA_BYTES of weights gets a .data file (loading then skips
+    parsing and re-writing its weights), a smaller one stays one file; both decode as the one-file export."""
+    from specrt.export import onnx_export
+    from specrt.runtime.pipeline import Pipeline
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 8 << 20)  # between the draft's 5 MB and the target's 14 MB
+    m = _export(tmp_path / "b", exporter="torchscript")
+    assert {r: e["external_data"] for r, e in m["export"].items()} == {"target": True, "draft": False}
+    assert (tmp_path / "b" / "target.onnx.data").is_file() and not (tmp_path / "b" / "draft.onnx.data").exists()
+    prompts = humaneval[:2]
+    ours = Pipeline.load(tmp_path / "b", threads=2)
+    assert ours.target.packs_rows  # the graph packed without its weights in memory
+    got = ours.generate(prompts, method="sd", max_new_tokens=16, batch_size=2)
+    want = Pipeline.load(demo_bundle, threads=2).generate(prompts, method="sd", max_new_tokens=16, batch_size=2)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def test_auto_falls_back_to_torchscript_and_says_why(tmp_path, monkeypatch):
     from specrt.export import onnx_export
 
