@@ -38,7 +38,8 @@ VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: me
          "ngram": ("NgramConfig", "ANPD ablation"), "mtad": ("MtadConfig", "MJSD / MTAD"),
          "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
          "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
-         "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted")}
+         "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted"),
+         "load": ("LoadBenchConfig", "Start-up: fresh process to first token")}
 SHOWN_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)  # L(n) columns of the latency table, where profiled
 
 
@@ -188,6 +189,11 @@ def headline(verb: str, data: dict) -> str:
         return "; ".join(f"batch {r['batch_size']}{f', {clients} client threads' if clients > 1 else ''}: "
                          f"**{r['rss_last_mb']:.0f} MB** resident at the end, {r['growth']:+.1%} over the run, "
                          f"{r['calls_per_s']:.2f} calls/s, {'passed' if r['passed'] else 'FAILED'}" for r in data["rows"])
+    if verb == "load":
+        first = data["rows"][0]
+        text = f"`{first['bundle']}`: **{first['total_s']:.2f} s** to the first token (`Pipeline.load` {first['load_s']:.2f} s)"
+        return "; ".join([text] + [f"`{r['bundle']}` {r['total_s']:.2f} s (load {r['load_vs_first']:.2f}x)"
+                                   for r in data["rows"][1:]])
     if verb == "quant":
         parts = []
         for r in data["rows"][1:]:  # the first row is the exported pair, the baseline

@@ -12,7 +12,7 @@
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
-    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|docs   benchmarks and the results page
+    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
 user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
@@ -272,6 +272,8 @@ BENCH_VERBS = {
     "batch": ("batch", "BatchBenchConfig", "run_batch", "throughput, request latency and the cost model's predictions "
                                                       "by batch size: continuous against static, unpadded against "
                                                       "padded batches"),
+    "load": ("load", "LoadBenchConfig", "run_load", "fresh process to first token: import, Pipeline.load and the "
+                                                    "first token, against other bundles (--vs)"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }

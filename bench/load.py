@@ -1,0 +1,153 @@
+"""`specrt bench load`: how long a program waits before its first token: importing the runtime, `Pipeline.load`,
+and the first `generate` (one new token, what a first request pays on top of its own work: arenas, first runs).
+
+Every run is a fresh process (spawned), as a program starting up is; the bundle's files are read once untimed
+first, so every bundle is timed with them in the page cache alike (a restart, not a cold disk). With `--vs`, other
+bundles are timed in the same run, interleaved run by run in a new random order each time; each row's ratio is
+against the first bundle's. Resident memory is read after the first token. Writes JSON, Markdown and a plot.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bench.report import BenchConfig, header, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
+from specrt.errors import SpecrtError
+from specrt.plotting import pyplot, save_figure
+from specrt.runtime.backends import BackendOptions
+
+PHASES = ("import_s", "load_s", "first_token_s")
+
+
+@dataclass(frozen=True)
+class LoadBenchConfig(BenchConfig, BackendOptions):
+    vs: tuple[Path, ...] = option((), "other bundles timed in the same run, each row against --bundle's")
+    num_prompts: int = option(1, "the first token is of HumanEval/0", cli=False)
+    max_new_tokens: int = option(1, "one new token", cli=False)
+    runs: int = option(5, "timed runs per bundle, each a fresh process (medians are reported)", ge=1)
+
+
+def _startup(cfg: LoadBenchConfig, bundle: str, queue) -> None:
+    """One fresh process: the import, the load and the first token, timed; resident memory after."""
+    try:
+        t0 = time.perf_counter()
+        from specrt.bench.prompts import humaneval_prompts
+        from specrt.bench.soak import rss_mb
+        from specrt.runtime.pipeline import Pipeline
+
+        t1 = time.perf_counter()
+        pipe = Pipeline.load(bundle, **cfg.pipeline_options())
+        t2 = time.perf_counter()
+        out = pipe.generate(humaneval_prompts(1)[0], method="autoregressive", max_new_tokens=1)
+        t3 = time.perf_counter()
+        queue.put({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2, "rss_mb": rss_mb(),
+                   "token": out.token_ids})
+    except BaseException as e:  # said in the parent rather than hang it
+        queue.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _spawned(cfg: LoadBenchConfig, bundle: Path) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_startup, args=(cfg, str(bundle), queue))
+    proc.start()
+    got = queue.get()
+    proc.join()
+    if "error" in got:
+        raise SpecrtError(f"bench load: {bundle} failed to start: {got['error']}")
+    return got
+
+
+def layout(bundle: Path) -> dict:
+    """What the load reads: the weight bytes of the step graphs the ort backend loads, and whether they lie in
+    external data files beside the graphs."""
+    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.graphs.passes import data_file, graph_bytes
+
+    m = load_manifest(bundle, verify=False)
+    graphs = [Path(bundle) / model_entry(m, role).onnx for role in ("target", "draft")]
+    return {"graph_bytes": sum(graph_bytes(g) for g in graphs if g.is_file()),
+            "external_data": [g.name for g in graphs if data_file(g).is_file()]}
+
+
+def read_through(directory: Path) -> int:
+    """Read every file under `directory` once (into the page cache); returns the bytes read."""
+    total = 0
+    for f in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 24):
+                total += len(block)
+    return total
+
+
+def run_load(cfg: LoadBenchConfig) -> dict:
+    from tqdm import tqdm
+
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
+    bundles = [Path(cfg.bundle), *map(Path, cfg.vs)]
+    if len(set(b.resolve() for b in bundles)) < len(bundles):
+        raise SpecrtError("bench load: --vs names --bundle or one bundle twice")
+    for b in bundles:  # every file in the page cache before any timed run
+        read_through(b)
+    times: dict[int, list[dict]] = {i: [] for i in range(len(bundles))}
+    rng = np.random.default_rng(0)
+    with tqdm(total=cfg.runs * len(bundles), desc=f"bench load {cfg.label}", unit="start") as bar:
+        for _ in range(cfg.runs):
+            for i in rng.permutation(len(bundles)):
+                times[int(i)].append(_spawned(cfg, bundles[int(i)]))
+                bar.update()
+    rows = []
+    for i, b in enumerate(bundles):
+        runs = times[i]
+        med = {k: round(statistics.median(r[k] for r in runs), 3) for k in (*PHASES, "rss_mb")}
+        rows.append({"bundle": str(b), **layout(b), **med, "total_s": round(sum(med[k] for k in PHASES), 3),
+                     "runs": [{k: round(r[k], 3) for k in (*PHASES, "rss_mb")} for r in runs],
+                     "same_first_token": all(r["token"] == runs[0]["token"] for r in runs)})
+    for r in rows:
+        r["load_vs_first"] = round(r["load_s"] / rows[0]["load_s"], 3)
+    data = {**header("load", cfg), "rows": rows}
+    write_report(cfg.out / f"load-{cfg.label}", data, markdown, plot)
+    return data
+
+
+def markdown(data: dict) -> str:
+    c = data["config"]
+    lines = [f"### load `{data['label']}`: fresh process to first token, backend {c['backend']}, {c['threads']} threads, "
+             f"median of {c['runs']} runs per bundle ({data['date']})", "",
+             "| bundle | step graphs (MB) | weights beside the graph | import (s) | `Pipeline.load` (s) | first token (s) | "
+             "total (s) | load / first row's | RSS (MB) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        lines.append(f"| `{r['bundle']}` | {r['graph_bytes'] / 1e6:.0f} | {', '.join(r['external_data']) or 'no'} | "
+                     f"{r['import_s']:.2f} | {r['load_s']:.2f} | {r['first_token_s']:.2f} | {r['total_s']:.2f} | "
+                     f"{r['load_vs_first']:.2f}x | {r['rss_mb']:.0f} |")
+    lines += ["", "Each run a fresh process; the bundles' files read once before the first, so the page cache holds them "
+                  "(a restart, not a cold disk). First token: `generate` of one new token from HumanEval/0."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.6 * len(rows)))
+    names = [Path(r["bundle"]).name or r["bundle"] for r in rows]
+    left = np.zeros(len(rows))
+    for phase, color in zip(PHASES, ("C7", "C0", "C1")):
+        widths = [r[phase] for r in rows]
+        ax.barh(names, widths, left=left, color=color, label=phase.removesuffix("_s").replace("_", " "))
+        left += widths
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from a fresh process (medians)")
+    ax.set_title(f"load {data['label']}")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
