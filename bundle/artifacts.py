@@ -32,7 +32,7 @@ import numpy as np
 from specrt.bundle.codec import DataError, from_data, to_data
 from specrt.bundle.files import write_json_atomic
 from specrt.bundle.machine import Machine
-from specrt.bundle.manifest import manifest_sha256, sha256_file
+from specrt.bundle.manifest import manifest_sha256, sha256_file, verify_files
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 
 
@@ -125,7 +125,7 @@ def load(bundle: Path, cls: type[Artifact], machine: Machine | None = None, here
         raise BundleError(f"{path} was measured on {stamp.machine.describe()}, but this is {machine.describe()}: "
                           f"re-run `{cls.variant_command(bundle, machine, 'machine', quant)}` here")
     for input_name, digest in stamp.inputs.items():
-        if not (bundle / input_name).is_file() or sha256_file(bundle / input_name) != digest:
+        if verify_files(bundle, {input_name: digest}):
             raise BundleError(f"{path} was made from an earlier {input_name} (it changed or is gone since): {redo}")
     why = artifact.mismatch() if here else None
     if why:
@@ -641,14 +641,14 @@ class QuantSet(Artifact):
         scheme = f" --scheme {machine.quant}" if machine and machine.quant else ""
         return f"specrt quantize --bundle {bundle}{scheme}"
 
-    def graphs(self, bundle: Path, scheme: str, verify: bool = True) -> dict[str, str]:
+    def graphs(self, bundle: Path, scheme: str, verify: bool | str = True) -> dict[str, str]:
         """role -> the step graph (relative to the bundle) of variant `scheme`, refused where it is missing or
         (verify) changed since `specrt quantize` wrote it."""
         if scheme not in self.variants:
             raise BundleError(f"{bundle} has no {scheme} variant (it has: {', '.join(sorted(self.variants)) or 'none'}): "
                               f"run `specrt quantize --bundle {bundle} --scheme {scheme}`")
         for v in self.variants[scheme].values():
-            if not (Path(bundle) / v.file).is_file() or (verify and sha256_file(Path(bundle) / v.file) != v.sha256):
+            if verify_files(bundle, {v.file: v.sha256}, verify) or not (Path(bundle) / v.file).is_file():
                 raise BundleError(f"{Path(bundle) / v.file} is missing or changed since `specrt quantize` wrote it: "
                                   f"re-run `specrt quantize --bundle {bundle} --scheme {scheme}`")
         return {role: v.file for role, v in self.variants[scheme].items()}

@@ -32,7 +32,7 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (ENGINE_SETS, Acceptance, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet,
                                     variant_words)
 from specrt.bundle.machine import Machine, resolve_threads
-from specrt.bundle.manifest import load_manifest, model_entry, sha256_file
+from specrt.bundle.manifest import load_manifest, model_entry, verify_files
 from specrt.config import Config, option
 from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
@@ -98,8 +98,9 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
-             verify: bool = True, quant: str | None = None, kv_update: str = "runtime") -> "Pipeline":
-        """Open a bundle made by `specrt export`; `verify` re-hashes its files against the manifest.
+             verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime") -> "Pipeline":
+        """Open a bundle made by `specrt export`; `verify` checks its files against the manifest's sha256: True hashes
+        those not hashed before as the same file (bundle/manifest.py: .verified.json), "full" every one, False none.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
         (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for);
@@ -413,11 +414,11 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
     if backend == "ort":
         if tokens.graph is None:
             return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
-        if not (bundle / tokens.graph).is_file() or (verify and sha256_file(bundle / tokens.graph) != tokens.graph_sha256):
+        if verify_files(bundle, {tokens.graph: tokens.graph_sha256}, verify) or not (bundle / tokens.graph).is_file():
             return None, f"{bundle / tokens.graph} is missing or changed since `specrt ppd train` wrote it: {redo}", None
         return tokens, None, None
     path = bundle / tokens.embeddings
-    if not path.is_file() or sha256_file(path) != tokens.embeddings_sha256:
+    if verify_files(bundle, {tokens.embeddings: tokens.embeddings_sha256}, verify or True):
         return None, f"{path} is missing or changed since `specrt ppd train` wrote it: {redo}", None
     return tokens, None, np.load(path)
 
@@ -436,7 +437,7 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
         raise BundleError(f"{bundle} has no in-graph step graph of its {' and '.join(missing)}: run "
                           f"`specrt inplace --bundle {bundle}`")
     for g in graphs.values():
-        if not (bundle / g.file).is_file() or (verify and sha256_file(bundle / g.file) != g.sha256):
+        if verify_files(bundle, {g.file: g.sha256}, verify) or not (bundle / g.file).is_file():
             raise BundleError(f"{bundle / g.file} is missing or changed since `specrt inplace` wrote it: re-run "
                               f"`specrt inplace --bundle {bundle}`")
     return {role: g.file for role, g in graphs.items()}
