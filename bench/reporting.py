@@ -190,9 +190,11 @@ def headline(verb: str, data: dict) -> str:
                          f"**{r['rss_last_mb']:.0f} MB** resident at the end, {r['growth']:+.1%} over the run, "
                          f"{r['calls_per_s']:.2f} calls/s, {'passed' if r['passed'] else 'FAILED'}" for r in data["rows"])
     if verb == "load":
+        modes = len(data["config"].get("verify", ())) > 1
+        name = lambda r: f"`{r['bundle']}`" + (f" (verify {r['verify']})" if modes else "")  # noqa: E731
         first = data["rows"][0]
-        text = f"`{first['bundle']}`: **{first['total_s']:.2f} s** to the first token (`Pipeline.load` {first['load_s']:.2f} s)"
-        return "; ".join([text] + [f"`{r['bundle']}` {r['total_s']:.2f} s (load {r['load_vs_first']:.2f}x)"
+        text = f"{name(first)}: **{first['total_s']:.2f} s** to the first token (`Pipeline.load` {first['load_s']:.2f} s)"
+        return "; ".join([text] + [f"{name(r)} {r['total_s']:.2f} s (load {r['load_vs_first']:.2f}x)"
                                    for r in data["rows"][1:]])
     if verb == "quant":
         parts = []
