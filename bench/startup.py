@@ -2,7 +2,8 @@
 
     python -m specrt.bench.startup '{"bundle": ..., "options": {...}, "prompt": ...}'
 
-prints one JSON line: import_s (`from specrt import Pipeline`), load_s (`Pipeline.load`), first_token_s (`generate`
+prints one JSON line: import_s (`from specrt.runtime.pipeline import Pipeline`, what `from specrt import Pipeline`
+imports), load_s (`Pipeline.load`), first_token_s (`generate`
 of one new token), rss_mb after it, and the token."""
 
 import time
@@ -14,7 +15,7 @@ import sys  # noqa: E402
 
 
 def main(spec: dict) -> dict:
-    from specrt import Pipeline
+    from specrt.runtime.pipeline import Pipeline
 
     t1 = time.perf_counter()
     pipe = Pipeline.load(spec["bundle"], **spec["options"])
