@@ -77,6 +77,25 @@ def _identity(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def _recordable(st: os.stat_result) -> bool:
+    return time.time() - st.st_mtime_ns / 1e9 > VERIFY_RACE_S
+
+
+def _read_record(bundle: Path) -> dict:
+    try:
+        seen = json.loads((bundle / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return seen if isinstance(seen, dict) else {}
+
+
+def _write_record(bundle: Path, seen: dict) -> None:
+    try:
+        write_atomic(bundle / VERIFIED, json.dumps(seen, indent=0, sort_keys=True) + "\n")
+    except OSError:  # a read-only bundle: hashed again next time
+        pass
+
+
 def verify_files(bundle: str | Path, digests: dict[str, str], verify: bool | str = True) -> str | None:
     """The first of `digests` (path relative to the bundle -> sha256) that is missing or does not hash to its digest,
     or None: each one hashed unless .verified.json says it is the same file (size, mtime, inode) that hashed to that
@@ -86,13 +105,8 @@ def verify_files(bundle: str | Path, digests: dict[str, str], verify: bool | str
     if not verify:
         return None
     bundle = Path(bundle)
-    record = bundle / VERIFIED
     with _verified_lock:
-        try:
-            seen = json.loads(record.read_text()) if verify != "full" else {}
-        except (OSError, ValueError):
-            seen = {}
-        seen = seen if isinstance(seen, dict) else {}
+        seen = _read_record(bundle) if verify != "full" else {}
         changed, bad = False, None
         for rel, digest in digests.items():
             try:
@@ -105,24 +119,29 @@ def verify_files(bundle: str | Path, digests: dict[str, str], verify: bool | str
             if sha256_file(bundle / rel) != digest:
                 bad = rel
                 break
-            if time.time() - st.st_mtime_ns / 1e9 > VERIFY_RACE_S:
+            if _recordable(st):
                 seen[rel], changed = [*_identity(st), digest], True
         if changed:
-            try:
-                write_atomic(record, json.dumps(seen, indent=0, sort_keys=True) + "\n")
-            except OSError:  # a read-only bundle: hashed again next time
-                pass
+            _write_record(bundle, seen)
     return bad
 
 
-def hash_tree(bundle: Path, rel_paths: list[str]) -> dict[str, str]:
-    """sha256 of every file under each relative path (file or directory)."""
-    out = {}
+def hash_tree(bundle: Path, rel_paths: list[str], record: bool = False) -> dict[str, str]:
+    """sha256 of every file under each relative path (file or directory). `record`: also in .verified.json, as
+    verify_files records what it hashed, without its race window: only for files nothing writes once they are
+    hashed (an export's staging directory), so that a bundle's first load need not hash them all again."""
+    out, seen = {}, {}
     for rel in rel_paths:
         p = bundle / rel
         files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
         for f in files:
-            out[f.relative_to(bundle).as_posix()] = sha256_file(f)
+            key, st = f.relative_to(bundle).as_posix(), f.stat()
+            out[key] = sha256_file(f)
+            if _identity(f.stat()) == _identity(st):  # unchanged while it was hashed
+                seen[key] = [*_identity(st), out[key]]
+    if record:
+        with _verified_lock:
+            _write_record(bundle, {**_read_record(bundle), **seen})
     return out
 
 

@@ -326,7 +326,7 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
         "io": {"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
                "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
         "parity": parity,
-        "files": hash_tree(dest, ["tokenizer", "hf"] + onnx_files),
+        "files": hash_tree(dest, ["tokenizer", "hf"] + onnx_files, record=True),  # dest: staging, written once
     }
     write_manifest(dest, manifest)
     return manifest

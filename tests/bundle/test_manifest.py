@@ -14,8 +14,11 @@ from specrt.errors import BundleError, InvalidRequestError
 
 @pytest.fixture
 def bundle(demo_bundle, tmp_path):
+    from specrt.bundle.manifest import VERIFIED
+
     copy = tmp_path / "b"
     shutil.copytree(demo_bundle, copy)
+    (copy / VERIFIED).unlink()  # the export's record: of the original files (other inodes), harmless but in the way
     old = time.time() - 60  # written a minute ago: past the race window
     for f in copy.rglob("*"):
         os.utime(f, (old, old))
@@ -71,6 +74,9 @@ def test_a_file_written_just_now_is_not_recorded_and_a_read_only_bundle_still_lo
     from specrt.bundle.manifest import VERIFIED, load_manifest
     from specrt.runtime.pipeline import Pipeline
 
+    from specrt.bundle import manifest
+
+    monkeypatch.setattr(manifest, "VERIFY_RACE_S", 30.0)  # the fixture's files are 60 s old; a stalled test stays safe
     hashed = counting(monkeypatch)
     (bundle / "draft.onnx").write_bytes((bundle / "draft.onnx").read_bytes())  # mtime now: a coarse clock's race
     load_manifest(bundle)
@@ -79,7 +85,6 @@ def test_a_file_written_just_now_is_not_recorded_and_a_read_only_bundle_still_lo
     load_manifest(bundle)
     assert hashed == ["draft.onnx"]
     (bundle / VERIFIED).unlink()
-    from specrt.bundle import manifest
 
     def read_only(path, data):
         raise PermissionError(13, "Permission denied", str(path))
@@ -88,3 +93,20 @@ def test_a_file_written_just_now_is_not_recorded_and_a_read_only_bundle_still_lo
     hashed.clear()
     Pipeline.load(bundle, threads=1)
     assert len(hashed) > 3 and not (bundle / VERIFIED).exists()
+
+
+def test_an_export_records_what_it_hashed_so_the_first_load_hashes_nothing(tmp_path, monkeypatch):
+    from specrt.bundle.manifest import VERIFIED, load_manifest
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    m = export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=tmp_path / "b",
+                                   tokenizer=DEMO_DIR / "tokenizer", exporter="torchscript"), progress=False)
+    record = json.loads((tmp_path / "b" / VERIFIED).read_text())
+    assert {rel: r[3] for rel, r in record.items()} == m["files"]
+    hashed = counting(monkeypatch)
+    load_manifest(tmp_path / "b")
+    assert hashed == []
+    (tmp_path / "b" / "tokenizer" / "tokenizer.json").write_text("{}")  # and what changes after is still caught
+    with pytest.raises(BundleError, match="tokenizer/tokenizer.json does not match its sha256"):
+        load_manifest(tmp_path / "b")
