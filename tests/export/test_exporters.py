@@ -92,7 +92,10 @@ def test_a_bfloat16_bundle_keeps_weights_beside_the_graphs_and_passes_parity(bf1
         assert p["computed_in"] == "float32" and p["max_logit_err"] < 1e-4 and p["cases"] == 6
     assert m["models"]["target"]["dtype"] == "bfloat16"
     assert (bf16_bundle / "target.onnx.data").stat().st_mode & 0o777 == (bf16_bundle / "target.onnx").stat().st_mode & 0o777
-    assert not list(bf16_bundle.glob(".*"))  # no float32 copy or raw export left behind
+    from specrt.bundle.manifest import VERIFIED
+
+    # no float32 copy or raw export left behind: the one hidden file is the record of the hashes export computed
+    assert [p.name for p in bf16_bundle.glob(".*")] == [VERIFIED]
 
 
 def test_a_bfloat16_bundle_decodes_losslessly_on_torch_and_is_refused_by_onnx_runtime(bf16_bundle, humaneval):
