@@ -106,7 +106,7 @@ def verify_files(bundle: str | Path, digests: dict[str, str], verify: bool | str
         return None
     bundle = Path(bundle)
     with _verified_lock:
-        seen = _read_record(bundle) if verify != "full" else {}
+        seen = _read_record(bundle)
         changed, bad = False, None
         for rel, digest in digests.items():
             try:
@@ -114,10 +114,10 @@ def verify_files(bundle: str | Path, digests: dict[str, str], verify: bool | str
             except OSError:
                 bad = rel
                 break
-            if seen.get(rel) == [*_identity(st), digest]:
+            if verify != "full" and seen.get(rel) == [*_identity(st), digest]:
                 continue
             if sha256_file(bundle / rel) != digest:
-                bad = rel
+                bad, changed = rel, seen.pop(rel, None) is not None or changed  # no longer vouched for
                 break
             if _recordable(st):
                 seen[rel], changed = [*_identity(st), digest], True

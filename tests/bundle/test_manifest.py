@@ -57,6 +57,12 @@ def test_a_file_is_hashed_again_only_when_it_changed(bundle, monkeypatch):
     os.utime(bundle / "draft.onnx", (old, old + 1))
     load_manifest(bundle)
     assert hashed == ["draft.onnx"]
+    hashed.clear()
+    load_manifest(bundle, verify="full")  # every file hashed, the record kept
+    assert len(hashed) == len(files)
+    hashed.clear()
+    load_manifest(bundle)
+    assert hashed == []
     # changed in place under its old identity (bit rot): only "full" looks
     stat = (bundle / "draft.onnx").stat()
     with open(bundle / "draft.onnx", "r+b") as f:
@@ -66,6 +72,9 @@ def test_a_file_is_hashed_again_only_when_it_changed(bundle, monkeypatch):
     load_manifest(bundle)
     with pytest.raises(BundleError, match="draft.onnx does not match its sha256"):
         load_manifest(bundle, verify="full")
+    # and once "full" found it, no later load trusts the record of it
+    with pytest.raises(BundleError, match="draft.onnx does not match its sha256"):
+        load_manifest(bundle)
     with pytest.raises(InvalidRequestError, match='verify must be True, False or "full", got \'yes\''):
         load_manifest(bundle, verify="yes")
 
