@@ -1,11 +1,13 @@
-"""`specrt bench load`: how long a program waits before its first token: importing the runtime (`from specrt import
-Pipeline`), `Pipeline.load` (which imports the backend's library, e.g. onnxruntime), and the first `generate` (one
-new token, what a first request pays on top of its own work: arenas, first runs).
+"""`specrt bench load`: how long a program waits before its first token: importing the runtime
+(`specrt.runtime.pipeline`, what `from specrt import Pipeline` imports), `Pipeline.load` (which imports the
+backend's library, e.g. onnxruntime), and the first `generate` (one new token, what a first request pays on top of
+its own work: arenas, first runs).
 
 Every run is a fresh interpreter (bench/startup.py), as a program starting up is; the bundle's files are read once
-untimed first, so every bundle is timed with them in the page cache alike (a restart, not a cold disk). With `--vs`, other
-bundles are timed in the same run, interleaved run by run in a new random order each time; each row's ratio is
-against the first bundle's. Resident memory is read after the first token. Writes JSON, Markdown and a plot.
+untimed first, so every bundle is timed with them in the page cache alike (a restart, not a cold disk), and each
+row starts once untimed (which records the hashes it checked). With `--vs`, other bundles are timed in the same
+run, interleaved run by run in a new random order each time; each row's ratio is against the first bundle's.
+Resident memory is read after the first token. Writes JSON, Markdown and a plot.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
     python -m specrt.bench.startup '{"bundle": ..., "options": {...}, "prompt": ...}'
 
 prints one JSON line: import_s (`from specrt.runtime.pipeline import Pipeline`, what `from specrt import Pipeline`
-imports), load_s (`Pipeline.load`), first_token_s (`generate`
-of one new token), rss_mb after it, and the token."""
+imports), load_s (`Pipeline.load`), first_token_s (`generate` of one new token), rss_mb after it, and the token."""
 
 import time
 

@@ -10,7 +10,8 @@ Layout of a bundle (paths relative to it):
 
 Every file listed under "files" carries its sha256; `load_manifest(..., verify=True)` checks them, so a truncated
 or swapped file is refused with a message naming it. Hashing is what a load costs most after the weights
-themselves (0.68 s of a 1.2 s load of the inflated pair; a 7B-class bundle's hf/ weights alone are 12 GB), so a
+themselves (`Pipeline.load` of the inflated pair: 1.17 s hashing every file, 0.55 s with the hashes recorded, in
+bench/results/load-inflated-startup; a 7B-class bundle's hf/ weights alone are 12 GB), so a
 file hashed once is not hashed again while it stays the same file: .verified.json in the bundle records, per file,
 the size, modification time (ns) and inode it had when it hashed to its digest (written where the bundle is
 writable; a file modified within the last VERIFY_RACE_S of being hashed is not recorded, since a coarse clock could

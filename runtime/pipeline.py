@@ -396,7 +396,7 @@ class Pipeline:
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)
 
 
-def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
+def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool | str):
     """(PromptTokens or None, why not, prompt embeddings for the torch backends or None). A bundle without
     usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing."""
     if not (bundle / PromptTokens.FILE).is_file():
@@ -423,7 +423,7 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool):
     return tokens, None, np.load(path)
 
 
-def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool) -> dict[str, str]:
+def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool | str) -> dict[str, str]:
     """role -> the in-graph step graph (relative to the bundle; `specrt inplace`), checked against inplace.json."""
     if backend != "ort":
         raise InvalidRequestError(f"the in-graph KV update (kv_update='graph') runs on the ort backend (and trt, "
