@@ -63,3 +63,23 @@ def test_only_given_method_options_reach_the_method():
 
     args = parse(["generate"], "--prompt x --method dynamic --num-draft-tokens 12 --no-ngram-hardware-aware")
     assert method_options(args) == {"num_draft_tokens": 12, "ngram_hardware_aware": False}
+
+
+def test_a_list_flag_with_choices_takes_each_item_from_them(capsys):
+    import argparse
+    from dataclasses import dataclass
+
+    from specrt.cli.args import add_config, config_from
+    from specrt.config import option
+
+    @dataclass(frozen=True)
+    class Config:
+        dtypes: tuple[str, ...] = option((), "dtypes", choices=("bfloat16", "float16"))
+
+    parser = argparse.ArgumentParser()
+    add_config(parser, Config)
+    assert config_from(Config, parser.parse_args(["--dtypes", "bfloat16,float16"])).dtypes == ("bfloat16", "float16")
+    assert config_from(Config, parser.parse_args([])).dtypes == ()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dtypes", "bfloat16,int8"])
+    assert "invalid choice 'int8' (choose from bfloat16, float16)" in capsys.readouterr().err

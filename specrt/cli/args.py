@@ -66,6 +66,18 @@ def _value_parser(tp):
     return parse_json
 
 
+def _each_of(parse, choices):
+    """`parse` (text -> tuple), refusing an item that is not one of `choices`."""
+    def parse_each(text: str):
+        items = parse(text)
+        wrong = [x for x in items if x not in choices]
+        if wrong:
+            raise argparse.ArgumentTypeError(f"invalid choice {', '.join(map(repr, wrong))} (choose from "
+                                             f"{', '.join(map(str, choices))})")
+        return items
+    return parse_each
+
+
 def _metavar(tp) -> str | None:
     tp, _ = unwrap_optional(tp)
     if typing.get_origin(tp) is tuple:
@@ -105,7 +117,10 @@ def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None,
     else:
         kw["type"] = _value_parser(tp)
         kw["metavar"] = metavar or _metavar(tp)
-        if choices:
+        if choices and typing.get_origin(base) is tuple:  # a list: argparse would compare the whole tuple
+            kw["type"] = _each_of(kw["type"], choices)
+            kw["metavar"] = metavar or "{" + ",".join(map(str, choices)) + "},..."
+        elif choices:
             kw["choices"] = choices
     parser.add_argument(flag, **kw)
 
