@@ -9,9 +9,11 @@ across every variant and row, medians) and the ratio to the float pair's autoreg
 on a GPU, each row's energy per token (NVML) and its fraction of the variant's own roofline (its target's weight
 bytes / the measured copy bandwidth). Quality against the float target, on held-out text (never HumanEval): the
 target's perplexity (teacher-forced) and the share of positions where both targets' greedy choice agrees
-(teacher-forced, and over free-running greedy continuations). And per variant, a float target with the
-quantized draft: tokens per target call against the float pair's (does a quantized draft still guess as well?).
-Outputs JSON, Markdown and a PNG.
+(teacher-forced, and over free-running greedy continuations), each with its 5-95% interval over resamples of the
+held-out prompts. And per variant, a float target with the quantized draft: tokens per target call against the
+float pair's (does a quantized draft still guess as well?). `--reference-dtypes` adds the same quality figures for
+the exported target cast to a float deployment dtype (bfloat16, float16) and run by PyTorch: what a user who
+deploys in 16 bits already accepts, beside which a quantized variant's figures read. Outputs JSON, Markdown and a PNG.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from specrt.errors import InvalidRequestError
 from specrt.plotting import pyplot, save_figure
 
 FLOAT = "exported"  # the row of the pair as exported (float weights)
+REFERENCE_DTYPES = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class QuantBenchConfig(BenchConfig):
     methods: tuple[str, ...] = option(("autoregressive", "sd", "dynamic-ngram"), "our rows: methods or e2e variants")
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
+    reference_dtypes: tuple[str, ...] = option((), "quality only: the exported target cast to each of these dtypes "
+                                                   "and run by PyTorch (on --device, default the CPU): the figures a "
+                                                   "16-bit float deployment reaches", choices=REFERENCE_DTYPES)
 
     def __post_init__(self):
         super().__post_init__()
@@ -69,7 +75,9 @@ def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantB
     """Quality of pipe's target on held-out text against `reference` (the exported target's, or None when this is
     it): perplexity of the text (teacher-forced); the share of positions of the text where both targets' greedy
     choice is the same (teacher-forced top-1 agreement); and free-running greedy continuations of each prompt's
-    first half, compared position by position (one early flip changes the rest of a continuation)."""
+    first half, compared position by position (one early flip changes the rest of a continuation). Each agreement
+    with its 5-95% interval over resamples of the prompts."""
+    from specrt.calibration.acceptance import ratio_interval
     from specrt.runtime.sampling import log_softmax
     from specrt.runtime.step_inputs import sequence_logits
 
@@ -82,13 +90,38 @@ def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantB
     half = [p[: len(p) // 2] for p in prompts]
     outs = [o.token_ids for o in pipe.generate(half, method="autoregressive", max_new_tokens=cfg.quality_tokens)]
     out = {"perplexity": float(np.exp(-np.concatenate(logps).mean())), "top1": top1, "greedy": outs}
-    if reference is not None:
-        out["top1_agreement"] = float(np.mean(np.concatenate([a == b for a, b in zip(top1, reference["top1"])])))
-        out["greedy_agreement"] = (sum(a == b for r, o in zip(reference["greedy"], outs) for a, b in zip(r, o))
-                                   / sum(map(len, reference["greedy"])))
-    else:
+    if reference is None:
         out["top1_agreement"] = out["greedy_agreement"] = 1.0
+        return out
+    for key, ours, theirs in (("top1", top1, reference["top1"]), ("greedy", outs, reference["greedy"])):
+        same = [sum(int(a == b) for a, b in zip(r, o)) for r, o in zip(theirs, ours)]
+        total = [len(r) for r in theirs]
+        out[f"{key}_agreement"] = sum(same) / sum(total)
+        out[f"{key}_interval"] = ratio_interval(same, total)
+    # where each continuation first leaves the reference's (its length where it never does)
+    out["first_divergence"] = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), len(r))
+                               for r, o in zip(reference["greedy"], outs)]
     return out
+
+
+def _float_reference(cfg: QuantBenchConfig, dtype: str):
+    """A pipeline whose target is the exported checkpoint cast to `dtype`, run by PyTorch (quality rows only)."""
+    from specrt.runtime.backends import load_backend
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=cfg.device or "cpu")
+    entry = replace(pipe.target.entry, dtype=dtype)
+    pipe.target = load_backend("torch", cfg.bundle, entry, cfg.threads, pipe.machine.device)
+    return pipe
+
+
+def _quality_row(q: dict, ref: dict) -> dict:
+    row = {"perplexity": round(q["perplexity"], 4), "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),
+           "top1_agreement": round(q["top1_agreement"], 4), "greedy_agreement": round(q["greedy_agreement"], 4)}
+    for key in ("top1_interval", "greedy_interval", "first_divergence"):
+        if key in q:
+            row[key] = [round(x, 4) for x in q[key]]
+    return row
 
 
 def _load(cfg: QuantBenchConfig, scheme: str | None):
@@ -159,10 +192,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
         row = {"variant": variant, "kept": list(kept), "target_mb": round(target_bytes / 2**20, 1),
                "draft_mb": round(draft_bytes / 2**20, 1),
                "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(1e3 * target_bytes / bandwidth, 3),
-               "perplexity": round(q["perplexity"], 4),
-               "perplexity_delta": round(q["perplexity"] / ref["perplexity"] - 1, 4),
-               "top1_agreement": round(q["top1_agreement"], 4), "greedy_agreement": round(q["greedy_agreement"], 4),
-               "methods": {}}
+               **_quality_row(q, ref), "methods": {}}
         for m in cfg.methods:
             outs, calls, _ = last[(variant, m)]
             tokens = sum(map(len, outs))
@@ -197,7 +227,11 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
                                "vs_exported_draft": round(last[(FLOAT, m)][1] / calls, 3)})
         finally:
             base.draft = float_draft
-    data = {**header("quant", cfg), "rows": rows, "drafts": drafts, "device": pipes[FLOAT].machine.gpu or device,
+    references = []  # quality only: the exported target in a 16-bit float dtype
+    for dtype in cfg.reference_dtypes:
+        references.append({"dtype": dtype, **_quality_row(_quality(_float_reference(cfg, dtype), ref, held_out, cfg),
+                                                           ref)})
+    data = {**header("quant", cfg), "rows": rows, "drafts": drafts, "references": references, "device": pipes[FLOAT].machine.gpu or device,
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "energy": meter.why_not or "NVML"}
     write_report(cfg.out / f"quant-{cfg.label}", data, markdown, plot)
     return data
@@ -224,22 +258,43 @@ def markdown(data: dict) -> str:
         best = ms[r["best"]]
         gpu = (f" {r['best']}: {best['roofline_fraction']:.1%} of {r['roofline_ms']} ms, "
                f"{best['joules_per_token']:.3f} J |" if energy else "")
-        top1 = f"{r['top1_agreement']:.1%}" if "top1_agreement" in r else "-"  # results before it was measured
+        top1 = _agreement(r, "top1")
         calls = ", ".join(f"{ms[m]['tokens_per_target_call']:.2f}" for m in methods
                           if m != "autoregressive" and ms[m]["tokens_per_target_call"])
         name = r["variant"] + (f" ({', '.join(r['kept'])} in float)" if r.get("kept") else "")
         lines.append(f"| {name} | {r['target_mb']:.1f} | {r['draft_mb']:.1f} | {speed} | {calls} | "
-                     f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {top1} | {r['greedy_agreement']:.1%} | "
+                     f"{r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {top1} | {_agreement(r, 'greedy')} | "
                      f"{r['quantize_s']:.1f} |{gpu}")
     if energy:
         lines += ["", f"Roofline: each variant's target weight bytes / {data['copy_bandwidth_gb_s']} GB/s measured copy "
                       f"bandwidth; energy: {data['energy']}."]
+    if any("greedy_interval" in r for r in data["rows"]):
+        lines += ["", "Agreements in brackets: 5-95% over resamples of the held-out prompts. Where each greedy "
+                      f"continuation first leaves the exported target's (token index; {c['quality_tokens']}: never): "
+                  + "; ".join(f"{r['variant']} {', '.join(map(str, r['first_divergence']))}"
+                              for r in data["rows"] if "first_divergence" in r) + "."]
+    if data.get("references"):
+        lines += ["", "For reference, the exported target cast to a 16-bit float dtype (PyTorch; quality only): what a "
+                      "16-bit deployment of the same weights already moves", "",
+                  "| dtype | perplexity (delta) | top-1 as exported, teacher-forced | greedy continuation as exported | "
+                  "first divergence per prompt |", "|---|---:|---:|---:|---|"]
+        lines += [f"| {r['dtype']} | {r['perplexity']:.3f} ({r['perplexity_delta']:+.1%}) | {_agreement(r, 'top1')} | "
+                  f"{_agreement(r, 'greedy')} | {', '.join(map(str, r['first_divergence']))} |"
+                  for r in data["references"]]
     if data.get("drafts"):
         lines += ["", "Exported target with a quantized draft: tokens per target call (vs the exported draft's)", "",
                   "| draft | method | tokens/target call | vs exported draft |", "|---|---|---:|---:|"]
         lines += [f"| {d['draft']} | {d['method']} | {d['tokens_per_target_call']:.2f} | {d['vs_exported_draft']:.3f} |"
                   for d in data["drafts"]]
     return "\n".join(lines) + "\n"
+
+
+def _agreement(row: dict, key: str) -> str:
+    """An agreement share with its interval where measured (results before either was measured: what they have)."""
+    if f"{key}_agreement" not in row:
+        return "-"
+    interval = row.get(f"{key}_interval")
+    return f"{row[f'{key}_agreement']:.1%}" + (f" [{interval[0]:.1%}-{interval[1]:.1%}]" if interval else "")
 
 
 def plot(data: dict, path: Path) -> None:

@@ -146,10 +146,11 @@ def test_a_latency_profile_of_a_quantized_pair_is_not_one_of_the_exported_pair(q
 
 def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundle, tmp_path):
     from specrt.bench.reporting import bench_results, bench_section, headline
-    from specrt.bench.quant import QuantBenchConfig, run_quant
+    from specrt.bench.quant import QuantBenchConfig, markdown, run_quant
 
     cfg = QuantBenchConfig(bundle=quant_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=16, runs=1,
-                           quality_prompts=2, quality_tokens=16, threads=2, schemes=("int8-weights", "int4-weights"))
+                           quality_prompts=2, quality_tokens=16, threads=2, schemes=("int8-weights", "int4-weights"),
+                           reference_dtypes=("bfloat16",))
     data = run_quant(cfg)
     rows = {r["variant"]: r for r in data["rows"]}
     assert list(rows) == ["exported", "int8-weights", "int4-weights"]
@@ -160,6 +161,15 @@ def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundl
     for r in rows.values():
         assert r["best"] in cfg.methods and r["methods"]["sd"]["tokens_per_target_call"] > 1
         assert 0 <= r["greedy_agreement"] <= 1 and r["perplexity"] > 1
+    for r in [rows["int4-weights"], *data["references"]]:  # agreements against the exported target, with intervals
+        for key in ("top1", "greedy"):
+            lo, hi = r[f"{key}_interval"]
+            assert 0 <= lo <= r[f"{key}_agreement"] <= hi <= 1
+        assert len(r["first_divergence"]) == 2 and all(0 <= i <= 16 for i in r["first_divergence"])
+        assert (min(r["first_divergence"]) == 16) == (r["greedy_agreement"] == 1)
+    bf16, = data["references"]  # the exported target in bfloat16: the same model up to rounding
+    assert bf16["dtype"] == "bfloat16" and abs(bf16["perplexity_delta"]) < 0.05 and bf16["top1_agreement"] > 0.8
+    assert "| bfloat16 |" in markdown(data) and "Where each greedy continuation first leaves" in markdown(data)
     assert {(d["draft"], d["method"]) for d in data["drafts"]} == {(s, m) for s in cfg.schemes
                                                                   for m in ("sd", "dynamic-ngram")}
     assert "| int4-weights |" in "\n".join(bench_section(bench_results(tmp_path)[0], tmp_path))
