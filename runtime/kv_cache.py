@@ -156,6 +156,11 @@ class KVCache:
     def is_static(self) -> bool:
         return self._static is not None
 
+    @property
+    def store(self):
+        """The static store this cache lives in (an engine's fixed addresses), or None for a dynamic cache."""
+        return self._static
+
     def add_rows(self, count: int) -> None:
         """Add `count` empty sequences after the current ones (continuous batching admits requests here), in free
         rows of the store (a dynamic store doubles its rows when it has too few)."""
@@ -175,14 +180,16 @@ class KVCache:
             self.valid = np.concatenate([self.valid, np.ones((count, self.capacity), dtype=bool)])
 
     def extend(self, other: "KVCache") -> None:
-        """Append `other`'s sequences (a dynamic cache the new ones were prefilled in) after the current ones:
-        only their rows are copied."""
-        if self._static is not None or other._static is not None:
-            raise ValueError("extend joins dynamic caches; a static cache admits with add_rows")
+        """Append `other`'s sequences (a cache the new ones were prefilled in: a dynamic one beside a dynamic cache,
+        an engine's admission cache beside its static one) after the current ones: only their filled slots are
+        copied."""
+        if (self._static is None) != (other._static is None):
+            raise ValueError("extend joins two dynamic caches, or a static cache and its engine's admission cache")
         old = self.batch
         self.reserve(other.capacity)
         self.add_rows(other.batch)
-        self.buffer[:, :, old:, :, :other.capacity] = other.buffer
+        used = int(other.lengths.max(initial=0))
+        self.buffer[:, :, old:, :, :used] = other.buffer[:, :, :, :, :used]
         self.lengths[old:] = other.lengths
         self.pads[old:] = other.pads
         if other.valid is not None:

@@ -61,13 +61,22 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
 
 def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
     """Add one sequence per entry of `rows` after the cache's sequences, their rows prefilled (continuous
-    batching); returns the prefill steps. A dynamic cache prefills them in a cache of their own, then takes
-    it over (the running sequences are not stepped); a static one (fixed addresses) prefills them in place,
-    the running sequences as empty rows."""
+    batching); returns the prefill steps. The running sequences are not stepped: a dynamic cache prefills the
+    new ones in a cache of their own, then takes it over; a static one (fixed addresses) prefills each alone in
+    its engine's admission cache, then copies its slots in (Runner.admission_cache). An engine without one
+    prefills them in place, the running sequences stepped as empty rows (a step as wide as the whole batch)."""
     if cache.is_static:
-        old = cache.batch
-        cache.add_rows(len(rows))
-        return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
+        if not runner.backend.admits_alone:
+            old = cache.batch
+            cache.add_rows(len(rows))
+            return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
+        steps = 0
+        for row in rows:
+            alone = runner.admission_cache()
+            alone.compute_holes = cache.compute_holes
+            steps += prefill(runner, alone, [row])
+            cache.extend(alone)
+        return steps
     fresh = runner.new_cache(len(rows), cache.bucket)
     fresh.compute_holes = cache.compute_holes
     steps = prefill(runner, fresh, rows)

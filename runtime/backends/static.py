@@ -67,17 +67,26 @@ class _Shape:
 
 
 class _Slot:
-    """One static KV cache [L, 2, Bmax, Hkv, C, D] and the shapes that read it."""
+    """One static KV cache [L, 2, Bmax, Hkv, C, D] and the shapes that read it; and one admission cache
+    [L, 2, 1, Hkv, C, D] with one-sequence shapes of its own, where a sequence joining a running batch is
+    prefilled alone (a prefill in place would step every running sequence as an empty row: a step as wide as
+    the batch, for one prompt) before its slots are copied into the batch's rows."""
 
     def __init__(self, backend: "StaticTorchBackend"):
         e, eng = backend.entry, backend.engines
         self.kv = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, eng.capacity, e.head_dim))
         self.shapes = {(b, t): _Shape(backend, self.kv, b, t) for b in eng.batch_buckets for t in eng.token_profiles}
+        self.admission = backend.allocate((e.num_layers, 2, 1, e.num_kv_heads, eng.capacity, e.head_dim))
+        self.admission_shapes = {t: _Shape(backend, self.admission, 1, t) for t in eng.token_profiles}
+
+    def all_shapes(self):
+        return [*self.shapes.values(), *self.admission_shapes.values()]
 
 
 class StaticTorchBackend(EngineBackend):
     name = "graphs"
     static_cache = True
+    admits_alone = True
 
     def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet,
                  prompt_embeddings=None):
@@ -105,7 +114,7 @@ class StaticTorchBackend(EngineBackend):
                 # one memory pool per slot: a slot's graphs run one after another (a graph's outputs are read
                 # before its slot's next step), but two slots' graphs may run at once and must not share memory
                 pool = torch.cuda.graph_pool_handle()
-                for shape in slot.shapes.values():
+                for shape in slot.all_shapes():
                     shape.capture(stream, pool)
             torch.cuda.synchronize(self.device)
 
@@ -115,13 +124,21 @@ class StaticTorchBackend(EngineBackend):
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, self.engines.capacity, bucket,
                        e.sliding_window, static=slot.kv)
 
+    def _admission_cache(self, slot: _Slot) -> KVCache:
+        e = self.entry
+        return KVCache(self.allocate, e.num_layers, 1, e.num_kv_heads, e.head_dim, self.engines.capacity,
+                       window=e.sliding_window, static=slot.admission)
+
     def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
         torch = self.torch
         batch, num_tokens = input_ids.shape
         capacity = self.engines.capacity
         if cache.capacity != capacity:
             raise ValueError(f"a static step needs the engine's static cache (capacity {capacity}), got {cache.capacity}")
-        shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens))]
+        if cache.store is slot.admission:  # one sequence joining a running batch (step_inputs.admit)
+            shape = slot.admission_shapes[self.engines.for_tokens(num_tokens)]
+        else:
+            shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens))]
         ids = np.zeros((shape.batch, shape.tokens), dtype=np.int64)  # [Bb, Tp]; holes: token 0, position 0
         pos = np.zeros((shape.batch, shape.tokens), dtype=np.int64)
         ids[:batch, :num_tokens] = input_ids

@@ -95,11 +95,24 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     assert prefill_ms(lat, "target", [10, 4]) == pytest.approx(2 * 10 * 2.0)  # padded to the longest
     # a static cache prefills a joining sequence beside the running one, stepped as an empty row: two rows wide
     assert prefill_ms(lat, "target", [10], running=1) == pytest.approx(2 * 10 * 2.0)
+    # joining a running batch: in a cache of their own (dynamic), in place (static), or one by one alone (an engine's
+    # admission cache); with nothing running, every kind prefills the batch together
+    from types import SimpleNamespace
+
+    from specrt.calibration.cost import joining_prefill_ms
+
+    dynamic, beside, alone = (SimpleNamespace(static_cache=s, admits_alone=a)
+                              for s, a in ((False, False), (True, False), (True, True)))
+    assert joining_prefill_ms(lat, "target", [10, 4], 1, dynamic) == pytest.approx(2 * 10 * 2.0)
+    assert joining_prefill_ms(lat, "target", [10, 4], 1, beside) == pytest.approx(3 * 10 * 2.0)
+    assert joining_prefill_ms(lat, "target", [10, 4], 1, alone) == pytest.approx((10 + 4) * 2.0)
+    assert joining_prefill_ms(lat, "target", [10, 4], 0, alone) == pytest.approx(2 * 10 * 2.0)
 
 
 def test_batch_predictions_price_the_running_rows_of_a_static_cache_prefill(tmp_path):
-    """On engines (Backend.static_cache) a request joining a running batch is prefilled beside it: the prediction
-    pays the running rows too, where a request joins a running batch (continuous) and nowhere else."""
+    """On engines without an admission cache (Backend.static_cache, not admits_alone) a request joining a running
+    batch is prefilled beside it: the prediction pays the running rows too, where a request joins a running batch
+    (continuous) and nowhere else; with one (the graphs backend), it pays what a cache of its own would."""
     from types import SimpleNamespace
 
     from specrt.bench.batch import predictor
@@ -110,11 +123,11 @@ def test_batch_predictions_price_the_running_rows_of_a_static_cache_prefill(tmp_
     lat = write_latency(tmp_path, lambda n: 2.0 * n, batches=(1, 2), max_tokens=64)  # 2 ms per token row
     requests = [(40, 8), (40, 24), (40, 8)]  # the third joins the second, still running, at batch 2
 
-    def predict(static: bool, batching: str) -> float:
-        backend = SimpleNamespace(static_cache=static)
+    def predict(static: bool, batching: str, alone: bool = False) -> float:
+        backend = SimpleNamespace(static_cache=static, admits_alone=alone)
         pipe = SimpleNamespace(acceptance=lambda: acc, latency=lambda: lat, has_plan=lambda: False, bundle=tmp_path,
                                target=backend, draft=backend)
         return predictor(pipe, requests)[0]("autoregressive", 2, batching)[0]
 
-    assert predict(True, "continuous") < predict(False, "continuous")
+    assert predict(True, "continuous") < predict(False, "continuous") == predict(True, "continuous", alone=True)
     assert predict(True, "static") == predict(False, "static")  # each static batch starts empty

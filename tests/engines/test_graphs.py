@@ -69,6 +69,34 @@ def test_lossless_methods_equal_autoregressive_on_static_steps(graphs, pipelines
     assert got[0].stats.target_calls - got[0].stats.rounds >= 2  # chunked prefill took several steps
 
 
+def test_a_request_joining_a_running_batch_is_prefilled_alone(graphs, humaneval, monkeypatch):
+    """Continuous batching on the engines: a joining request's prompt is prefilled in the slot's admission cache,
+    one sequence wide, never beside the running sequences as empty rows (a step as wide as the batch)."""
+    from specrt.runtime.backends.static import StaticTorchBackend
+
+    steps = []  # (model, batch rows, tokens, on the admission cache)
+    run = StaticTorchBackend._run
+
+    def spy(self, slot, input_ids, position_ids, attention_mask, cache):
+        steps.append((self.entry.role, *input_ids.shape, cache.store is slot.admission))
+        return run(self, slot, input_ids, position_ids, attention_mask, cache)
+
+    monkeypatch.setattr(StaticTorchBackend, "_run", spy)
+    prompts = humaneval[6:11]  # 2 running, 3 joining as others finish
+    ar = [o.token_ids for o in graphs.generate(prompts, method="autoregressive", max_new_tokens=12)]
+    for method in ("autoregressive", "sd"):
+        steps.clear()
+        out = graphs.generate(prompts, method=method, max_new_tokens=[4, 12, 8, 12, 6], batch_size=2)
+        assert [o.token_ids for o in out] == [a[:n] for a, n in zip(ar, [4, 12, 8, 12, 6])]
+        for role in ("target", "draft") if method == "sd" else ("target",):
+            alone = [s for s in steps if s[0] == role and s[3]]
+            assert {b for _, b, _, _ in alone} == {1}
+            # each joining prompt (all but its last token) in chunks of the largest profile, and nothing else
+            assert len(alone) == sum(-(-(len(graphs.encode(p)) - 1) // 32) for p in prompts[2:]), role
+            wide = [s for s in steps if s[0] == role and not s[3] and s[2] > 8]  # prefill-sized steps in the batch
+            assert len(wide) == -(-max(len(graphs.encode(p)) - 1 for p in prompts[:2]) // 32), role  # the first two
+
+
 def test_contexts_beyond_the_static_capacity_are_refused_up_front(graphs):
     assert graphs.max_context == 256
     with pytest.raises(InvalidRequestError, match="more than the context of 256"):
@@ -137,6 +165,8 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
     ar = [o.token_ids for o in graphs.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
     for kw in LOSSLESS:
         assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, **kw)] == ar, kw
+        # two running, two joining: prefilled alone in the admission cache's captured graphs
+        assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, batch_size=2, **kw)] == ar, kw
 
 
 def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):

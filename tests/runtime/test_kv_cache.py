@@ -233,3 +233,21 @@ def test_a_store_pool_never_hands_one_memory_to_two_live_stores_across_threads()
     for t in threads:
         t.join()
     assert not clashes and len(pool._free) <= 3
+
+
+def test_a_static_cache_takes_a_sequence_prefilled_alone_in_an_admission_cache():
+    """Engines (fixed addresses) prefill a joining sequence in a one-row admission cache of their own and copy only
+    its filled slots into the next free row of the batch's static store, which keeps its address."""
+    alloc = lambda shape: np.zeros(shape, np.float32)  # noqa: E731
+    store, admission = alloc((2, 2, 4, 1, 16, 3)), alloc((2, 2, 1, 1, 16, 3))
+    c = KVCache(alloc, 2, 2, 1, 3, 16, static=store)
+    c.append(rows(2, 3, 0), [3, 2])
+    for start, n in ((50, 5), (70, 2)):  # the admission store is reused: each cache over it starts empty
+        alone = KVCache(alloc, 2, 1, 1, 3, 16, static=admission)
+        alone.append(rows(1, n, start), [n])
+        c.extend(alone)
+    assert c._store is store and c.capacity == 16 and c.lengths.tolist() == [3, 2, 5, 2]
+    assert [seq(c, b) for b in range(4)] == [[0, 1, 2], [100, 101], list(range(50, 55)), [70, 71]]
+    assert not store[:, :, 3, :, 2:].any()  # slots past the joined sequence's length were not copied
+    with pytest.raises(ValueError, match="extend joins two dynamic caches, or a static cache and"):
+        c.extend(make(batch=1))
