@@ -65,22 +65,16 @@ def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
     new ones in a cache of their own, then takes it over; a static one (fixed addresses) prefills each alone in
     its engine's admission cache, then copies its slots in (Runner.admission_cache). An engine without one
     prefills them in place, the running sequences stepped as empty rows (a step as wide as the whole batch)."""
-    if cache.is_static:
-        if not runner.backend.admits_alone:
-            old = cache.batch
-            cache.add_rows(len(rows))
-            return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
-        steps = 0
-        for row in rows:
-            alone = runner.admission_cache()
-            alone.compute_holes = cache.compute_holes
-            steps += prefill(runner, alone, [row])
-            cache.extend(alone)
-        return steps
-    fresh = runner.new_cache(len(rows), cache.bucket)
-    fresh.compute_holes = cache.compute_holes
-    steps = prefill(runner, fresh, rows)
-    cache.extend(fresh)
+    if cache.is_static and not runner.backend.admits_alone:
+        old = cache.batch
+        cache.add_rows(len(rows))
+        return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
+    steps = 0
+    for group in [[r] for r in rows] if cache.is_static else [list(rows)]:  # the admission cache holds one
+        fresh = runner.admission_cache() if cache.is_static else runner.new_cache(len(group), cache.bucket)
+        fresh.compute_holes = cache.compute_holes
+        steps += prefill(runner, fresh, group)
+        cache.extend(fresh)
     return steps
 
 
