@@ -147,6 +147,7 @@ class KVCache:
         self.valid = None  # [B, S] bool: which slots hold a token, once `pad_to` padded some (else None)
         self.pads = np.zeros(batch, dtype=np.int64)  # [B] padding slots of each sequence
         self.compute_holes = False  # padded batches (benchmarking only): step_inputs feeds holes as real rows
+        self._row_of = None  # (store, row) of the static cache this one is a row_view of
 
     @property
     def batch(self) -> int:
@@ -155,6 +156,20 @@ class KVCache:
     @property
     def is_static(self) -> bool:
         return self._static is not None
+
+    def row_view(self) -> "KVCache":
+        """An empty one-sequence static cache over this static cache's next free row of its store: where a joining
+        sequence can be prefilled alone by a step that binds any address (TensorRT), and which `extend` then
+        takes over without copying."""
+        if self._static is None:
+            raise ValueError("row_view is of a static cache")
+        row = self.batch
+        if row >= self._store.shape[2]:
+            raise InvalidRequestError(f"a batch of {row + 1} exceeds the static cache's {self._store.shape[2]} sequences")
+        view = KVCache(self._allocate, self.num_layers, 1, self.num_kv_heads, self.head_dim, self.capacity,
+                       window=self.window, static=self._store[:, :, row:row + 1])
+        view._row_of = (self._store, row)
+        return view
 
     @property
     def store(self):
@@ -182,14 +197,16 @@ class KVCache:
     def extend(self, other: "KVCache") -> None:
         """Append `other`'s sequences (a cache the new ones were prefilled in: a dynamic one beside a dynamic cache,
         an engine's admission cache beside its static one) after the current ones: only their filled slots are
-        copied."""
+        copied, and nothing where `other` is this cache's row_view."""
         if (self._static is None) != (other._static is None):
             raise ValueError("extend joins two dynamic caches, or a static cache and its engine's admission cache")
         old = self.batch
         self.reserve(other.capacity)
         self.add_rows(other.batch)
-        used = int(other.lengths.max(initial=0))
-        self.buffer[:, :, old:, :, :used] = other.buffer[:, :, :, :, :used]
+        in_place = other._row_of is not None and other._row_of[0] is self._store and other._row_of[1] == old
+        if not in_place:  # (a row_view of this very row holds the sequence already)
+            used = int(other.lengths.max(initial=0))
+            self.buffer[:, :, old:, :, :used] = other.buffer[:, :, :, :, :used]
         self.lengths[old:] = other.lengths
         self.pads[old:] = other.pads
         if other.valid is not None:

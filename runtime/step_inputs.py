@@ -63,15 +63,16 @@ def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
     """Add one sequence per entry of `rows` after the cache's sequences, their rows prefilled (continuous
     batching); returns the prefill steps. The running sequences are not stepped: a dynamic cache prefills the
     new ones in a cache of their own, then takes it over; a static one (fixed addresses) prefills each alone in
-    its engine's admission cache, then copies its slots in (Runner.admission_cache). An engine without one
-    prefills them in place, the running sequences stepped as empty rows (a step as wide as the whole batch)."""
+    its engine's admission cache (Runner.admission_cache: a store of its own whose slots are then copied in, or
+    the batch store's next free row). An engine without one prefills them in place, the running sequences
+    stepped as empty rows (a step as wide as the whole batch)."""
     if cache.is_static and not runner.backend.admits_alone:
         old = cache.batch
         cache.add_rows(len(rows))
         return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
     steps = 0
     for group in [[r] for r in rows] if cache.is_static else [list(rows)]:  # the admission cache holds one
-        fresh = runner.admission_cache() if cache.is_static else runner.new_cache(len(group), cache.bucket)
+        fresh = runner.admission_cache(cache) if cache.is_static else runner.new_cache(len(group), cache.bucket)
         fresh.compute_holes = cache.compute_holes
         steps += prefill(runner, fresh, group)
         cache.extend(fresh)

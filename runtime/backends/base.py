@@ -30,9 +30,9 @@ from specrt.runtime.kv_cache import KVCache
 class Backend(ABC):
     name: str
     max_step_tokens: int | None = None  # the most new tokens per sequence one step may carry (None: any)
-    # its caches live at fixed addresses (engines): a sequence joining a batch is prefilled alone in the engine's
-    # admission cache and copied in (admits_alone), or else in place beside the running ones, stepped as empty rows
-    # (a prefill step as wide as the whole batch; step_inputs.admit)
+    # its caches live at fixed addresses (engines): a sequence joining a batch is prefilled alone (admits_alone) in
+    # an admission cache of the engine's (Runner.admission_cache), or else in place beside the running ones,
+    # stepped as empty rows (a prefill step as wide as the whole batch; step_inputs.admit)
     static_cache: bool = False
     admits_alone: bool = False
     # holes (contract.HOLE_POSITION) are left out of its token-wise work, so a ragged step costs about what its real
@@ -62,10 +62,10 @@ class Backend(ABC):
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, e.max_positions, bucket,
                        e.sliding_window, release=self.release_store)
 
-    def _admission_cache(self, binding) -> KVCache | None:
-        """A static backend's (admits_alone): an empty one-sequence cache at fixed addresses of its own, where a
-        sequence joining a running batch is prefilled alone (its slots are then copied into the batch's cache).
-        Each call starts it empty again."""
+    def _admission_cache(self, binding, batch: KVCache) -> KVCache | None:
+        """A static backend's (admits_alone): an empty one-sequence cache where a sequence joining the running
+        `batch` is prefilled alone before `batch.extend` takes it: at fixed addresses of its own (its slots are
+        then copied in), or the batch store's next free row itself (KVCache.row_view: nothing to copy)."""
         return None
 
     def release_store(self, store) -> None:
@@ -102,10 +102,10 @@ class Runner:
     def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
         return self.backend._new_cache(self._binding, batch, bucket)
 
-    def admission_cache(self) -> KVCache | None:
-        """Where a sequence joining this runner's static batch is prefilled alone (Backend._admission_cache), or None
-        where the backend has none (a dynamic cache's new sequences get a cache of their own from new_cache)."""
-        return self.backend._admission_cache(self._binding)
+    def admission_cache(self, batch: KVCache) -> KVCache | None:
+        """Where a sequence joining this runner's static `batch` is prefilled alone (Backend._admission_cache), or
+        None where the backend has none (a dynamic cache's new sequences get a cache of their own from new_cache)."""
+        return self.backend._admission_cache(self._binding, batch)
 
     def close(self) -> None:
         """Give back what this runner holds; it must not step afterwards. Idempotent."""

@@ -124,7 +124,7 @@ class StaticTorchBackend(EngineBackend):
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, self.engines.capacity, bucket,
                        e.sliding_window, static=slot.kv)
 
-    def _admission_cache(self, slot: _Slot) -> KVCache:
+    def _admission_cache(self, slot: _Slot, batch: KVCache) -> KVCache:
         e = self.entry
         return KVCache(self.allocate, e.num_layers, 1, e.num_kv_heads, e.head_dim, self.engines.capacity,
                        window=e.sliding_window, static=slot.admission)

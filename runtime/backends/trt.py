@@ -126,6 +126,9 @@ class TrtBackend(EngineBackend):
         self.dtype = getattr(torch, entry.dtype)
         self.max_step_tokens = engines.token_profiles[-1]
         self.static_cache = engines.kv_update == "graph"  # else each call's cache grows like ONNX Runtime's
+        # a sequence joining a running batch is prefilled alone in the static store's next free row: TensorRT binds
+        # the cache's address per step, so that row is a cache of its own (KVCache.row_view)
+        self.admits_alone = self.static_cache
         path = Path(bundle) / engines.plans[entry.role]
         if not path.is_file() or path.stat().st_size != engines.plan_bytes[entry.role]:
             raise BundleError(f"{path} is missing or not the plan trt-engines.json describes (truncated or replaced?): "
@@ -159,6 +162,9 @@ class TrtBackend(EngineBackend):
         e = self.entry
         return KVCache(self.allocate, e.num_layers, batch, e.num_kv_heads, e.head_dim, self.engines.capacity, bucket,
                        e.sliding_window, static=slot.kv)
+
+    def _admission_cache(self, slot: _Slot, batch: KVCache) -> KVCache:
+        return batch.row_view()
 
     def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
         torch, e = self.torch, self.entry

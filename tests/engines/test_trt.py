@@ -291,8 +291,13 @@ def test_in_graph_engines_take_a_static_cache_and_write_it_in_place(trt, in_grap
     ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=20)]
     for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="tree"),
                dict(method="dynamic", num_draft_tokens=6)):
+        fake.CALLS.clear()
         got = pipe.generate(prompts, max_new_tokens=20, batch_size=3, **kw)
         assert [o.token_ids for o in got] == ar, kw
+        # the fourth request joins the running ones prefilled alone, in the static store's next free row (a
+        # prefill beside them would step the running sequences as empty rows): one-sequence steps of prompt chunks
+        runs = [s["input_ids"] for c, *_, s in fake.CALLS if c == "execute_async_v3"]
+        assert runs[0][0] == 3 and (1, 32) in runs, kw
     with pipe.target.runner() as runner:
         assert runner.new_cache(2).is_static  # the engine's static cache, capacity 256
     assert pipe.target.static_cache  # what the batch cost model prices joining requests by

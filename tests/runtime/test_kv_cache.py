@@ -251,3 +251,29 @@ def test_a_static_cache_takes_a_sequence_prefilled_alone_in_an_admission_cache()
     assert not store[:, :, 3, :, 2:].any()  # slots past the joined sequence's length were not copied
     with pytest.raises(ValueError, match="extend joins two dynamic caches, or a static cache and"):
         c.extend(make(batch=1))
+
+
+def test_a_row_view_is_the_static_stores_next_free_row_and_joins_without_a_copy():
+    """TensorRT binds any address: a joining sequence is prefilled in the store's next free row itself."""
+    alloc = lambda shape: np.zeros(shape, np.float32)  # noqa: E731
+    store = alloc((2, 2, 3, 1, 16, 3))
+    c = KVCache(alloc, 2, 2, 1, 3, 16, static=store)
+    c.append(rows(2, 3, 0), [3, 2])
+    view = c.row_view()
+    view.append(rows(1, 4, 70), [4])  # written straight into row 2 of the store
+    assert store[0, 0, 2, 0, :4, 0].tolist() == [70, 71, 72, 73]
+    copies = []
+
+    class Spy(np.ndarray):  # the store, recording every assignment into it or its slices
+        def __setitem__(self, key, value):
+            copies.append(key)
+            super().__setitem__(key, value)
+
+    c._store = store.view(Spy)
+    view._row_of = (c._store, 2)  # (row_view's record, of the spied store)
+    c.extend(view)
+    assert not copies and c.lengths.tolist() == [3, 2, 4] and seq(c, 2) == [70, 71, 72, 73]
+    with pytest.raises(InvalidRequestError, match="a batch of 4 exceeds the static cache's 3 sequences"):
+        c.row_view()
+    with pytest.raises(ValueError, match="row_view is of a static cache"):
+        make().row_view()
