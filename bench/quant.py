@@ -52,7 +52,7 @@ class QuantBenchConfig(BenchConfig):
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
     reference_dtypes: tuple[str, ...] = option((), "quality only: the exported target cast to each of these dtypes "
-                                                   "and run by PyTorch (on --device, default the CPU): the figures a "
+                                                   "and run by PyTorch on the device the bench runs on: the figures a "
                                                    "16-bit float deployment reaches", choices=REFERENCE_DTYPES)
 
     def __post_init__(self):
@@ -104,12 +104,13 @@ def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantB
     return out
 
 
-def _float_reference(cfg: QuantBenchConfig, dtype: str):
-    """A pipeline whose target is the exported checkpoint cast to `dtype`, run by PyTorch (quality rows only)."""
+def _float_reference(cfg: QuantBenchConfig, dtype: str, device: str):
+    """A pipeline whose target is the exported checkpoint cast to `dtype`, run by PyTorch on `device` (quality rows
+    only)."""
     from specrt.runtime.backends import load_backend
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=cfg.device or "cpu")
+    pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=device)
     entry = replace(pipe.target.entry, dtype=dtype)
     pipe.target = load_backend("torch", cfg.bundle, entry, cfg.threads, pipe.machine.device)
     return pipe
@@ -229,10 +230,11 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
             base.draft = float_draft
     references = []  # quality only: the exported target in a 16-bit float dtype
     for dtype in cfg.reference_dtypes:
-        references.append({"dtype": dtype, **_quality_row(_quality(_float_reference(cfg, dtype), ref, held_out, cfg),
-                                                           ref)})
-    data = {**header("quant", cfg), "rows": rows, "drafts": drafts, "references": references, "device": pipes[FLOAT].machine.gpu or device,
-            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "energy": meter.why_not or "NVML"}
+        q = _quality(_float_reference(cfg, dtype, device), ref, held_out, cfg)
+        references.append({"dtype": dtype, **_quality_row(q, ref)})
+    data = {**header("quant", cfg), "rows": rows, "drafts": drafts, "references": references,
+            "device": pipes[FLOAT].machine.gpu or device, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+            "energy": meter.why_not or "NVML"}
     write_report(cfg.out / f"quant-{cfg.label}", data, markdown, plot)
     return data
 
