@@ -195,12 +195,12 @@ gpu-bench: $(GPU_B)/manifest.json
 	$(GPU_ONCE)e2e-graphs || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
 		--num-prompts 5 --runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile \
 		--out $(GPU_RESULTS) && $(GPU_DONE)e2e-graphs; }
-	$(GPU_ONCE)e2e-eager || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend torch --label gpu-7b-eager \
-		--num-prompts 5 --runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
-		&& $(GPU_DONE)e2e-eager; }
 	$(GPU_ONCE)batch || { $(PY) -m specrt bench batch --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-batch \
 		--runs 2 --batch-sizes 1,8 --methods autoregressive,sd,auto --padded sd --out $(GPU_RESULTS) \
 		&& $(GPU_DONE)batch; }
+	$(GPU_ONCE)e2e-eager || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend torch --label gpu-7b-eager \
+		--num-prompts 5 --runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
+		&& $(GPU_DONE)e2e-eager; }
 
 # The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
 # projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).
