@@ -112,6 +112,7 @@ def _float_reference(cfg: QuantBenchConfig, dtype: str, device: str):
 
     pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=device)
     entry = replace(pipe.target.entry, dtype=dtype)
+    pipe.target = None  # its weights go before the cast copy's come (a 7B-class target: 12 GB each)
     pipe.target = load_backend("torch", cfg.bundle, entry, cfg.threads, pipe.machine.device)
     return pipe
 
