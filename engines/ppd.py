@@ -76,6 +76,8 @@ class PpdConfig(BundleOptions):
     prompts_from: Path | None = option(None, "a bundle whose target computes the same function (the demo target this "
                                              "one inflates): take its trained prompt tokens (zero-padded to this hidden "
                                              "size) instead of training")
+    device: str = option("cpu", "where the target runs (in float32) while training and measuring: cuda for a "
+                                "GPU-sized target, e.g. a 7B-class inflation taking the demo target's prompt tokens")
 
 
 # -- batches: windows with prompt blocks ------------------------------------------------------------
@@ -137,20 +139,22 @@ def greedy_windows(module, windows: list[list[int]], text: int, batch: int = 8) 
     data = np.array(windows, dtype=np.int64)
     width, half = data.shape[1], text
     out = data.copy()
+    dev = module.rotate_half.device
     with torch.no_grad():
         for start in range(0, len(data), batch):
-            ids = torch.from_numpy(data[start:start + batch, :half])
+            ids = torch.from_numpy(data[start:start + batch, :half]).to(dev)
             b = ids.shape[0]
-            past = [torch.zeros(b, module.num_kv_heads, 0, module.head_dim, dtype=module.rotate_half.dtype)
+            past = [torch.zeros(b, module.num_kv_heads, 0, module.head_dim, dtype=module.rotate_half.dtype, device=dev)
                     for _ in range(2 * module.num_layers)]
-            pos = torch.arange(half).expand(b, half)
-            mask = torch.ones(b, half, half, dtype=torch.bool).tril()
+            pos = torch.arange(half, device=dev).expand(b, half)
+            mask = torch.ones(b, half, half, dtype=torch.bool, device=dev).tril()
             for t in range(half, width):
                 logits, *new = module(ids, pos, mask, *past)
                 past = [torch.cat([p, n], dim=2) for p, n in zip(past, new)]
                 ids = logits[:, -1].argmax(-1, keepdim=True)
-                out[start:start + b, t] = ids[:, 0].numpy()
-                pos, mask = torch.full((b, 1), t), torch.ones(b, 1, t + 1, dtype=torch.bool)
+                out[start:start + b, t] = ids[:, 0].cpu().numpy()
+                pos = torch.full((b, 1), t, device=dev)
+                mask = torch.ones(b, 1, t + 1, dtype=torch.bool, device=dev)
     return out
 
 
@@ -164,7 +168,8 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
         p.requires_grad_(False)
     module.prompt_embeddings.requires_grad_(True)
     opt = torch.optim.Adam([module.prompt_embeddings], lr=cfg.lr)
-    weights = torch.tensor([cfg.decay ** d for d in range(k)])
+    dev = module.rotate_half.device
+    weights = torch.tensor([cfg.decay ** d for d in range(k)], device=dev)
     rng = np.random.default_rng(cfg.seed + 1)
     data = np.array(windows, dtype=np.int64)
     losses, t0 = [], time.perf_counter()
@@ -173,7 +178,7 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
             batch = data[rng.choice(len(data), cfg.batch_size, replace=len(data) < cfg.batch_size)]
             points = _points(rng, cfg.batch_size, data.shape[1], k, cfg.insertions)
             window_logits, prompt = _forward(module, batch, points, k, e, vocab)
-            idx = torch.from_numpy(points[:, :, None] + np.arange(1, k + 1))  # [B, M, k]: teacher row i + d
+            idx = torch.from_numpy(points[:, :, None] + np.arange(1, k + 1)).to(dev)  # [B, M, k]: teacher row i + d
             teacher = torch.stack([window_logits[b, idx[b]] for b in range(len(batch))]).detach()
             log_t, log_s = torch.log_softmax(teacher, -1), torch.log_softmax(prompt, -1)
             kl = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, M, k]
@@ -426,13 +431,14 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     bundle = Path(cfg.bundle)
     manifest = load_manifest(bundle)
     entry = model_entry(manifest, "target")
-    if entry.dtype != "float32":
-        raise SpecrtError(f"{bundle}'s target is {entry.dtype}: train PPD's prompt tokens on a float32 export")
+    if entry.dtype != "float32" and (cfg.prompts_from is None or entry.onnx):
+        raise SpecrtError(f"{bundle}'s target is {entry.dtype}: train PPD's prompt tokens on a float32 export (a "
+                          f"{entry.dtype} export without ONNX graphs, --no-onnx, can take them with --prompts-from)")
     budgets = sorted(set(cfg.budgets))
     if not budgets or budgets[0] < 1:
         raise SpecrtError("--budgets must be tree sizes >= 1")
     torch.manual_seed(cfg.seed)
-    module = StepModule(load_checkpoint(bundle / entry.hf_dir, "float32", "cpu")).eval()
+    module = StepModule(load_checkpoint(bundle / entry.hf_dir, "float32", cfg.device)).eval()
     vocab, hidden = entry.vocab_size, module.hf.config.hidden_size
     k, e = cfg.num_prompt_tokens, cfg.num_ensemble
     encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
@@ -441,7 +447,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     val = greedy_windows(module, validation_windows(cfg, ids), text)
     if cfg.prompts_from is not None:
         prompts, record = _from_other(cfg, hidden, vocab)
-        module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts), requires_grad=False)
+        module.prompt_embeddings = torch.nn.Parameter(torch.from_numpy(prompts).to(cfg.device), requires_grad=False)
         initial = accuracy_of(module, _initial(module, k, e, cfg.seed), val, text, cfg, vocab)
     else:
         module.prompt_embeddings = torch.nn.Parameter(_initial(module, k, e, cfg.seed), requires_grad=False)

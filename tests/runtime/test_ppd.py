@@ -245,6 +245,31 @@ def test_prompt_tokens_serve_an_inflated_target_zero_padded(ppd_bundle, tmp_path
     assert a.stats.target_calls == ref.generate(prompt, method="ppd", max_new_tokens=24, ppd_budget=8).stats.target_calls
 
 
+def test_a_16_bit_bundle_without_onnx_takes_prompt_tokens_from_a_float_one(ppd_bundle, fp16_bundle, tmp_path, humaneval):
+    """The GPU bundles (float16, --no-onnx) cannot train prompt tokens, but take those of the float32 target they
+    copy, measured in float32 on --device; PPD then decodes AR's tokens on the torch backend. A 16-bit bundle with
+    ONNX graphs is refused (its prompt-token graph would need them in its dtype)."""
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "fp16"
+    export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=b, tokenizer=DEMO_DIR / "tokenizer",
+                               dtype="float16", onnx=False), progress=False)
+    t = train_prompt_tokens(PpdConfig(bundle=b, prompts_from=ppd_bundle, val_windows=8, budgets=(4, 8), device="cpu"),
+                            progress=False)
+    small = artifacts.load(ppd_bundle, PromptTokens)
+    assert t.graph is None and t.training["from_sha256"] == small.embeddings_sha256
+    np.testing.assert_allclose(t.accuracy, small.accuracy, atol=0.02)  # measured in float32: the same function
+    pipe = Pipeline.load(b, backend="torch", device="cpu", threads=2)
+    prompts = humaneval[:2]
+    ar = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=16)]
+    assert [o.token_ids for o in pipe.generate(prompts, method="ppd", max_new_tokens=16, ppd_budget=8)] == ar
+    with pytest.raises(SpecrtError, match="train PPD's prompt tokens on a float32 export \\(a float16 export without "
+                                          "ONNX graphs, --no-onnx, can take them with --prompts-from\\)"):
+        train_prompt_tokens(PpdConfig(bundle=fp16_bundle, prompts_from=ppd_bundle), progress=False)
+
+
 def test_ppd_refuses_with_the_command_that_makes_what_is_missing(demo_bundle, ppd_bundle, tmp_path):
     from specrt.runtime.pipeline import Pipeline
 
