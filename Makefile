@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench gpu-bench-quant gpu-test gpu-pack calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench gpu-bench-quant gpu-export gpu-test gpu-pack calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -217,6 +217,17 @@ gpu-bench-quant: $(GPU_B)/manifest.json
 		--device $(GPU_DEVICE) --batch-buckets 1 --quant $$s && $(GPU_DONE)build-$$s; } || exit 1; done
 	$(GPU_ONCE)quant || { $(PY) -m specrt bench quant --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
 		--num-prompts 5 --runs 2 --methods autoregressive,sd,anpd --out $(GPU_RESULTS) && $(GPU_DONE)quant; }
+
+# Issue 12's GPU-machine goal: gpu-bench's 7B-class target exported to ONNX step graphs (float16, weights as
+# external data, parity in ONNX Runtime) in under 10 minutes. The log gets the wall time and the manifest's export,
+# parity and versions records; the 24 GB bundle is removed after (the lent machine has 64 GB of disk).
+gpu-export: $(GPU_B)/manifest.json
+	$(GPU_ONCE)export || { s=$$(date +%s) && $(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft \
+		--tokenizer $(DEMO)/tokenizer --out $(GPU_OUT)/onnx --dtype float16 > $(GPU_OUT)/gpu-export.log 2>&1 \
+		&& echo "export wall seconds: $$(($$(date +%s) - s))" >> $(GPU_OUT)/gpu-export.log && $(PY) -c "import json, \
+		sys; m = json.load(open(sys.argv[1])); print(json.dumps({k: m[k] for k in ('export', 'parity', 'versions')}))" \
+		$(GPU_OUT)/onnx/manifest.json >> $(GPU_OUT)/gpu-export.log && du -sh $(GPU_OUT)/onnx/* >> $(GPU_OUT)/gpu-export.log \
+		&& rm -rf $(GPU_OUT)/onnx && $(GPU_DONE)export; }
 
 # The GPU tests (marker gpu: CUDA graphs, the 8-bit engines), logged beside the results.
 gpu-test:
