@@ -162,8 +162,8 @@ soak: $(STAMP)
 # graphs backends against HF generate, assisted, prompt lookup and static cache + compile, and batch 1 and 8 on
 # the engines (issue 14's workload: 32 prompts, 16-96 new tokens each; continuous and static, unpadded and
 # padded), whose profile gives the batch rows their predictions (the eager backend has no profile of its own
-# here: its batch rows had none); PPD on the engines with the demo target's prompt tokens (trained on the CPU,
-# measured on the 7B-class target on the GPU).
+# here: its batch rows had none); PPD on the engines with the demo target's prompt tokens (trained and measured
+# on the GPU in float32: the demo target, then the 7B-class one).
 # Resumable: each stage that ends well leaves a stamp in $(GPU_OUT)/done and is skipped the next time, so a run
 # cut off (a lent machine's command may run 10 minutes) goes on where it stopped; results go to $(GPU_RESULTS),
 # and `make gpu-pack` puts them, the stamps and the logs in one archive (what comes back from a lent machine is
@@ -201,7 +201,7 @@ gpu-bench: $(GPU_B)/manifest.json
 		&& $(GPU_DONE)batch; }
 	$(GPU_ONCE)ppd || { { test -f $(GPU_OUT)/demo/manifest.json || $(PY) -m specrt export --target $(DEMO)/target \
 		--draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out $(GPU_OUT)/demo; } && { test -f \
-		$(GPU_OUT)/demo/ppd.json || $(PY) -m specrt ppd train --bundle $(GPU_OUT)/demo; } \
+		$(GPU_OUT)/demo/ppd.json || $(PY) -m specrt ppd train --bundle $(GPU_OUT)/demo --device $(GPU_DEVICE); } \
 		&& $(PY) -m specrt ppd train --bundle $(GPU_B) --prompts-from $(GPU_OUT)/demo --device $(GPU_DEVICE) \
 		&& $(PY) -m specrt bench ppd --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-ppd --num-prompts 5 \
 		--runs 2 --budgets 8,32 --out $(GPU_RESULTS) && $(GPU_DONE)ppd; }

@@ -27,7 +27,7 @@ from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
-from specrt.errors import SpecrtError
+from specrt.errors import BundleError, SpecrtError
 from specrt.plotting import finish_figure, pyplot
 from specrt.runtime.backends import BackendOptions
 
@@ -110,6 +110,10 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
                                  ("untrained, if independent", PathModel(tokens.initial_accuracy)),
                                  ("no prompt tokens, if independent", PathModel(tokens.baseline_accuracy)))}
     predicted.update({f"{what} tree of {ablation} rows": t.expected_accepted for what, t in trees.items()})
+    try:  # what `specrt calibrate` measured by decoding this tree on its own prompts, where it did
+        calibrated = pipe.acceptance().ppd_measured(tokens).get(picked.budget)
+    except BundleError:
+        calibrated = None
     picked_row = next(r for r in rows if r["name"] == f"ppd (picked: {picked.budget} rows)")
     entry = pipe.target.entry
     added = k * e * tokens.hidden_size
@@ -118,6 +122,8 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
         "accuracy": {"trained": tokens.accuracy, "untrained": tokens.initial_accuracy,
                      "no prompt tokens": tokens.baseline_accuracy},
         "predicted_accepted_per_round": predicted,
+        "calibrated_accepted_per_round": calibrated and calibrated.expected_accepted,
+        "calibrated_interval": calibrated and calibrated.accepted_interval,
         "measured_accepted_per_round": round(picked_row["tokens_per_target_call"] - 1, 4),
         "added_parameters": added, "added_fraction": round(added / entry.num_params, 8), "added_bytes": added * 4,
         "training_seconds": tokens.training.get("seconds") or tokens.training.get("source", {}).get("seconds"),
@@ -152,6 +158,9 @@ def markdown(data: dict) -> str:
                   f"candidates {s['picked_prompts']}",
               "- candidates accepted per round that each accuracy table predicts for the picked tree: " +
               ", ".join(f"{w} {v:.3f}" for w, v in p.items())
+              + (f"; `specrt calibrate` decoded {s['calibrated_accepted_per_round']:.3f}"
+                 + (" [{:.3f}-{:.3f}]".format(*s["calibrated_interval"]) if s.get("calibrated_interval") else "")
+                 if s.get("calibrated_accepted_per_round") is not None else "")
               + (f"; measured {s['measured_accepted_per_round']:.3f}" if "measured_accepted_per_round" in s else ""),
               f"- added parameters: {s['added_parameters']} ({s['added_fraction']:.6%} of the target's), "
               f"{s['added_bytes']} bytes; training {s['training_seconds']} s"

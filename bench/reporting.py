@@ -310,7 +310,9 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
                     for m in acceptance.dynamic] +
                    [(f"dynamic tree of {m.num_nodes} nodes + {m.ngram_tokens} n-gram drafts", m.expected_accepted,
                      m.accepted_interval) for m in acceptance.merged] +
-                   [(f"ANPD, K = {m.num_nodes}", m.expected_accepted, m.accepted_interval) for m in acceptance.ngram],
+                   [(f"ANPD, K = {m.num_nodes}", m.expected_accepted, m.accepted_interval) for m in acceptance.ngram] +
+                   [(f"PPD sparse tree of {m.num_nodes} rows", m.expected_accepted, m.accepted_interval)
+                    for m in acceptance.ppd],
         "num_prompts": acceptance.config.get("num_prompts"),
         "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {

@@ -20,6 +20,7 @@ artifacts that have changed since.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import time
@@ -242,6 +243,17 @@ class Acceptance(Artifact):
     position_bucket: int = 0
     # [buckets][D][K]: depth_rank over the rounds that start in each bucket of output positions
     depth_rank_by_position: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    # PPD's sparse trees by budget (num_nodes; width: candidates, depth: the deepest), measured by decoding, and the
+    # PromptTokens.identity() of the prompt tokens and trees measured; () / None where the bundle had none then
+    ppd: tuple[MeasuredTree, ...] = ()
+    ppd_source: str | None = None
+
+    def ppd_measured(self, tokens: "PromptTokens | None") -> dict[int, MeasuredTree]:
+        """PPD's trees measured by decoding, by budget, where they are `tokens`' trees ({} where the prompt tokens
+        were trained again, or their trees rebuilt, after this calibration)."""
+        if tokens is None or not self.ppd or self.ppd_source != tokens.identity():
+            return {}
+        return {m.num_nodes: m for m in self.ppd}
 
 
 # -- latency.json ---------------------------------------------------------------------------------
@@ -703,6 +715,10 @@ class PromptTokens(Artifact):
     initial_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same with the untrained (initial) prompt tokens
     path_accuracy: tuple[PathHit, ...]  # every candidate path whose guesses were all right together at least once
     trees: tuple[PpdTree, ...]  # one per budget, ascending
+
+    def identity(self) -> str:
+        """What a measurement of these prompt tokens' trees rests on: the embeddings and the trees (sha256)."""
+        return hashlib.sha256(json.dumps([self.embeddings_sha256, to_data(self.trees)]).encode()).hexdigest()
 
     def prompt_id(self, distance: int, ept: int) -> int:
         return self.vocab_size + (distance - 1) * self.num_ensemble + ept

@@ -83,6 +83,10 @@ class CalibrationConfig(BundleOptions, BackendOptions):
     merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
                                            "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
     ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)")
+    ppd_budgets: tuple[int, ...] | None = option(None, "PPD sparse trees (step rows) measured by decoding where the "
+                                                       "bundle has prompt tokens (`specrt ppd train`); the tuner and "
+                                                       "PPD's tree choice then weigh only these (default: every tree "
+                                                       "it built; '' for none: the training-time table's predictions)")
     prompts: Path | None = option(None, "calibrate on your own prompts: a JSON Lines file, one {\"prompt\": \"...\"} "
                                         "per line (the first --num-prompts, whole unless --prompt-tokens); default: "
                                         "held-out stdlib text. Acceptance depends on the text: "
@@ -150,10 +154,11 @@ def depth_rank_by_position(rank_seqs: list[np.ndarray], max_depth: int, max_rank
 def position_acceptance(acceptance: Acceptance, point: CurvePoint) -> tuple[float, ...]:
     """Expected drafted tokens accepted per round of a candidate by the bucket of output positions the round starts
     at (acceptance.position_bucket positions each; the last: every later one); () where the calibration has no such
-    estimate (made before they were measured; ppd; autoregressive accepts nothing)."""
+    estimate (made before they were measured; autoregressive accepts nothing)."""
     if point.kind in ("tree", "chain"):
         return tuple(tree_expectation(np.array(p), point.paths) for p in acceptance.depth_rank_by_position)
-    measured = {"dynamic": acceptance.dynamic, "merged": acceptance.merged, "ngram": acceptance.ngram}.get(point.kind, ())
+    measured = {"dynamic": acceptance.dynamic, "merged": acceptance.merged, "ngram": acceptance.ngram,
+                "ppd": acceptance.ppd}.get(point.kind, ())
     m = next((m for m in measured if (m.num_nodes, m.ngram_tokens) == (point.num_nodes, point.ngram_tokens)), None)
     return m.accepted_by_position if m is not None else ()
 
@@ -267,6 +272,23 @@ def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, pro
     return out
 
 
+def ppd_acceptance(pipe, prompts: list[list[int]], budgets, new_tokens: int, progress: bool = True) -> list[MeasuredTree]:
+    """Per PPD sparse tree of the bundle's prompt tokens whose budget is in `budgets` (None: every one): candidates
+    accepted and step rows beyond the root per round, measured by decoding these prompts (the training-time table
+    that predicts them otherwise is measured on `specrt ppd train`'s own windows, through a model of the rounds'
+    steady state)."""
+    from tqdm import tqdm
+
+    trees = [t for t in pipe.prompt_tokens.trees if budgets is None or t.budget in budgets]
+    out = []
+    with tqdm(total=len(trees) * len(prompts), desc="calibrate PPD trees", unit="prompt", disable=not progress) as bar:
+        for t in trees:
+            *measured, by_position, interval = _measure(pipe, prompts, new_tokens, bar, method="ppd", ppd_budget=t.budget)
+            out.append(MeasuredTree(t.budget, len(t.paths), max(map(len, t.paths), default=0), *measured,
+                                    accepted_by_position=by_position, accepted_interval=interval))
+    return out
+
+
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
     from tqdm import tqdm
 
@@ -287,6 +309,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         rank_seqs.append(ranks)
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
+    tokens = pipe.prompt_tokens if cfg.ppd_budgets != () else None
     temperature = float(TEMPERATURES[int(np.argmin(nll))])
     positions = int(sum(len(r) for r in rank_seqs))
     result = Acceptance(
@@ -306,6 +329,8 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         merged=tuple(dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress,
                                         MERGE_NGRAM_TOKENS)),
         ngram=tuple(ngram_acceptance(pipe, prompts, cfg.ngram_sizes, cfg.new_tokens, progress)),
+        ppd=tuple(ppd_acceptance(pipe, prompts, cfg.ppd_budgets, cfg.new_tokens, progress)) if tokens else (),
+        ppd_source=tokens.identity() if tokens else None,
         position_bucket=POSITION_BUCKET,
         depth_rank_by_position=tuple(tuple(tuple(row) for row in table) for table in
                                      depth_rank_by_position(rank_seqs, cfg.max_depth, cfg.max_rank, cfg.new_tokens)

@@ -38,7 +38,7 @@ from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms,
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
-from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd
+from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd, weighed_trees
 from specrt.runtime.tree import TreeSpec
 
 
@@ -107,9 +107,10 @@ def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int
 def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
           prompt_tokens: PromptTokens | None = None, new_tokens: int | None = None) -> list[CurvePoint]:
     """Candidates with their predicted cost and speed at one batch size; autoregressive first. With PPD's
-    prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows). `new_tokens`:
-    each candidate's acceptance over outputs of that length (workload_accepted; PPD's trees keep their average,
-    calibrated without positions)."""
+    prompt tokens, their sparse trees too (no draft: a round is one target step of the tree's rows; as calibrate
+    measured them, else as their training-time table predicts). `new_tokens`: each candidate's acceptance over
+    outputs of that length (workload_accepted; PPD's trees by the table keep their average, predicted without
+    positions)."""
     target_1, host_1 = latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
     rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + host_1), target_1, host_1)]
     for c in candidates(acceptance):
@@ -121,14 +122,18 @@ def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
         speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + draft_ms)
         rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
                             draft_ms=round(draft_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
-    for tree in prompt_tokens.trees if prompt_tokens is not None else ():
+    measured = acceptance.ppd_measured(prompt_tokens)
+    for tree, accepted, tree_rows in weighed_trees(prompt_tokens, measured) if prompt_tokens is not None else ():
         try:
-            target_ms, host_ms = round_cost_ms_ppd(latency, batch, tree)
+            target_ms, host_ms = round_cost_ms_ppd(latency, batch, tree, tree_rows)
         except SpecrtError:
             continue  # beyond the profiled token counts for this batch size
-        speed = batch * 1e3 * (tree.expected_accepted + 1) / (target_ms + host_ms)
-        rows.append(CurvePoint("ppd", tree.budget, round(tree.expected_accepted, 6), round(speed, 4), round(target_ms, 4),
-                               round(host_ms, 4), paths=tree.paths))
+        c = CurvePoint("ppd", tree.budget, accepted, 0.0, 0.0, 0.0, paths=tree.paths)
+        if measured:  # measured by output position too
+            c = replace(c, expected_accepted=workload_accepted(acceptance, c, new_tokens))
+        speed = batch * 1e3 * (c.expected_accepted + 1) / (target_ms + host_ms)
+        rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
+                            draft_ms=round(host_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
     return rows
 
 

@@ -219,14 +219,19 @@ class Pipeline:
 
     def ppd_tree(self, batch_size: int):
         """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the
-        default size where this machine is not profiled)."""
+        default size where this machine is not profiled), with the acceptance `specrt calibrate` measured by decoding
+        where it measured these prompt tokens' trees (else the training-time table's)."""
         from specrt.runtime.drafters.ppd import choose_tree
 
         try:
             latency = self.latency()
         except BundleError:
             latency = None
-        return choose_tree(self.prompt_tokens, latency, batch_size)
+        try:
+            measured = self.acceptance().ppd_measured(self.prompt_tokens)
+        except BundleError:
+            measured = {}
+        return choose_tree(self.prompt_tokens, latency, batch_size, measured)
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

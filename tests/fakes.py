@@ -123,9 +123,10 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
 
 
 def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0,
-                     ngram=(), quant: str | None = None, by_position=()):
-    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees), of variant `quant`;
-    `by_position`: the tables by bucket of 16 output positions (none: calibrated before they were measured)."""
+                     ngram=(), quant: str | None = None, by_position=(), ppd=(), ppd_source=None):
+    """An acceptance.json from a depth x rank table (and measured dynamic / merged trees / PPD trees of the prompt
+    tokens whose identity is `ppd_source`), of variant `quant`; `by_position`: the tables by bucket of 16 output
+    positions (none: calibrated before they were measured)."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import Acceptance, Stamp
     from specrt.calibration.acceptance import best_trees, chain_expectation
@@ -134,7 +135,7 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
     acc = Acceptance(Stamp.make(bundle), {"quant": quant} if quant else {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
                      tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram),
-                     16 if by_position else 0, tuple(tuple(map(tuple, t)) for t in by_position))
+                     16 if by_position else 0, tuple(tuple(map(tuple, t)) for t in by_position), tuple(ppd), ppd_source)
     artifacts.save(bundle, acc, quant=quant)
     return acc
 

@@ -28,7 +28,7 @@ def test_tables_by_output_position_count_the_rounds_that_start_there(monkeypatch
     # the last bucket is every later start: with 2 buckets for 4 tokens, starts 2..5 pool
     pooled = acc.depth_rank_by_position(ranks, max_depth=1, max_rank=2, new_tokens=4)
     assert pooled[1, 0].tolist() == [0.75, 0.25]
-    a = type("A", (), {"depth_rank_by_position": tables.tolist(), "dynamic": (), "merged": (), "ngram": ()})()
+    a = type("A", (), {"depth_rank_by_position": tables.tolist(), "dynamic": (), "merged": (), "ngram": (), "ppd": ()})()
     chain = CurvePoint("chain", 2, 0.0, 0.0, 0.0, 0.0, paths=((0,), (0, 0)))
     assert acc.position_acceptance(a, chain) == pytest.approx((0.0, 0.5 + 0.25, 1.0 + 1.0))
     assert acc.position_acceptance(a, CurvePoint("ppd", 4, 0.0, 0.0, 0.0, 0.0)) == ()

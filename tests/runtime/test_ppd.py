@@ -317,6 +317,62 @@ def test_tune_weighs_ppd_and_auto_runs_it_where_it_pays(ppd_bundle, tmp_path, hu
         pipe.plan()
 
 
+def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it_measured(ppd_bundle, tmp_path):
+    """`specrt calibrate` measures PPD's sparse trees by decoding its prompts (what decoding those prompts with each
+    tree accepts, exactly); the tuner and PPD's own tree choice then weigh only the measured trees, with the
+    measured acceptance and rows, until the prompt tokens or their trees change."""
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.calibration.tune import TuneConfig, tune
+    from specrt.checkpoints.corpus import validation_prompts
+    from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import measured_tree, write_acceptance, write_latency
+
+    b = tmp_path / "b"
+    shutil.copytree(ppd_bundle, b)
+    tokens = artifacts.load(b, PromptTokens)
+    acc = calibrate(CalibrationConfig(bundle=b, threads=2, num_prompts=2, new_tokens=16, max_depth=2, max_rank=2,
+                                      max_nodes=3, dynamic_sizes=(), merged_sizes=(), ngram_sizes=(), ppd_budgets=(2, 8, 5)),
+                    progress=False)
+    assert [m.num_nodes for m in acc.ppd] == [2, 8] and acc.ppd_source == tokens.identity()  # no tree of 5 rows built
+    pipe = Pipeline.load(b, threads=2)
+    prompts = validation_prompts(pipe.encode, 2, 64, 0)
+    for m in acc.ppd:
+        stats = [g.stats for g in (pipe.generate([p], method="ppd", ppd_budget=m.num_nodes, max_new_tokens=16)[0]
+                                   for p in prompts)]
+        rounds = sum(st.rounds for st in stats)
+        assert m.expected_accepted == round(sum(st.accepted for st in stats) / rounds, 6)
+        assert m.nodes_per_round == round(sum(st.drafted for st in stats) / rounds, 4) <= m.num_nodes
+        assert m.accepted_interval is not None and len(m.accepted_by_position) == 1
+        assert m.width == len(tokens.tree(m.num_nodes).paths)
+    assert acc.ppd_measured(tokens) == {m.num_nodes: m for m in acc.ppd}
+    small = dict(bundle=b, threads=2, num_prompts=1, new_tokens=8, max_depth=2, max_rank=2, max_nodes=3,
+                 dynamic_sizes=(), merged_sizes=(), ngram_sizes=())
+    every = calibrate(CalibrationConfig(**small), progress=False)  # by default, every tree ppd train built
+    assert [m.num_nodes for m in every.ppd] == [t.budget for t in tokens.trees]
+    none = calibrate(CalibrationConfig(**small, ppd_budgets=()), progress=False)
+    assert (none.ppd, none.ppd_source, none.ppd_measured(tokens)) == ((), None, {})
+
+    # measured acceptance against the table: the table favours the larger tree (a flat latency: more accepted is
+    # faster); measured, the 2-row tree accepts more
+    write_latency(b, lambda n: 10.0, lambda n: 10.0, max_tokens=32)
+    table = {t.budget: t.expected_accepted for t in tokens.trees}
+    assert table[8] > table[2]
+    two, eight = measured_tree(2, 1, 1, table[8] + 0.2, 0.0, per_round=1.5), measured_tree(8, 3, 2, table[8], 0.0, per_round=6.0)
+    write_acceptance(b, [[0.01, 0.01]] * 4, ppd=(two, eight), ppd_source=tokens.identity())
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    ppd_rows = {r.num_nodes: r for r in plan.curves[1] if r.kind == "ppd"}
+    assert sorted(ppd_rows) == [2, 8] and ppd_rows[2].expected_accepted == pytest.approx(table[8] + 0.2)
+    assert (plan.choices[1].method, plan.choices[1].best.num_nodes) == ("ppd", 2)
+    pipe = Pipeline.load(b, threads=2)
+    assert pipe.ppd_tree(1).budget == 2
+    # trees rebuilt (or the tokens trained again) since: the measurements no longer apply, the table decides
+    artifacts.save(b, replace(tokens, trees=tuple(replace(t, expected_accepted=t.expected_accepted + 1e-3)
+                                                  for t in tokens.trees)))
+    pipe = Pipeline.load(b, threads=2)
+    assert pipe.acceptance().ppd_measured(pipe.prompt_tokens) == {}
+    assert pipe.ppd_tree(1).budget == max(tokens.trees, key=lambda t: t.expected_accepted).budget
+
+
 def test_a_prompt_token_graph_that_changes_ordinary_logits_is_refused(demo_bundle, tmp_path, monkeypatch):
     import onnx
     from onnx import numpy_helper
