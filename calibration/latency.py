@@ -111,10 +111,11 @@ def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
 
 
 def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,
-               before=None, bucket: int = 128) -> list[float]:
+               before=None, bucket: int = 128, head: str = "logits") -> list[float]:
     """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones (in a cache
-    growing by `bucket` slots, as the pipeline's), each after `warmup` untimed ones; `before`: another runner, one
-    untimed step of one token of which precedes every step (the target before the draft, as in a decode round)."""
+    growing by `bucket` slots, as the pipeline's), each after `warmup` untimed ones, bringing to the host what
+    `head` keeps of the logits (Runner.step); `before`: another runner, one untimed step of one token of which
+    precedes every step (the target before the draft, as in a decode round)."""
     from specrt.runtime.step_inputs import pack_step
 
     def inputs(r, n):
@@ -130,9 +131,9 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     times = []
     for i in range(warmup + repeats):
         if other is not None:
-            before.step(*other)
+            before.step(*other, head="argmax")
         t0 = time.perf_counter()
-        runner.step(*args)
+        runner.step(*args, head=head)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times
@@ -151,7 +152,7 @@ def prefill_times(runner, batch: int, num_tokens: int, repeats: int, warmup: int
         cache = runner.new_cache(batch, bucket)
         cache.reserve(num_tokens)
         t0 = time.perf_counter()
-        feed_rows(runner, cache, rows)
+        feed_rows(runner, cache, rows, head="discard")  # as prefill: no logits to the host
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times
@@ -196,8 +197,11 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
                                                                     cfg.prefill_repeats, cfg.warmup, pipes[q].bucket)
                             continue
                         before = runners[q, "target"] if role == "draft" else None
+                        # the target's step as greedy verification takes it (each row's argmax to the host; on a
+                        # GPU the logits stay there), the draft's with its logits (drafters rank them)
                         samples[q, role, b, c, n] += step_times(runners[q, role], b, n, c, cfg.repeats, cfg.warmup,
-                                                                before, pipes[q].bucket)
+                                                                before, pipes[q].bucket,
+                                                                "argmax" if role == "target" else "logits")
                     bar.update()
         probes = {q: runners[q, "target"].new_cache(1, p.bucket) for q, p in pipes.items()}
         buckets = {q: c.capacity if c.is_static else c.bucket for q, c in probes.items()}  # a static cache: one bucket

@@ -167,6 +167,10 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.start(live)
         self._prefilled(live, steps, t0)
+        # what of the target's logits crosses to the host each round: each row's argmax where greedy verification is
+        # all that reads them (on a GPU they stay there), else whole rows
+        reads = self.drafter is not None and self.drafter.reads_target_logits
+        head = "logits" if reads else self.verifier.head
         while live:
             t_round = time.perf_counter()
             if self.padded:
@@ -185,7 +189,7 @@ class Scheduler:
             blocks = [None if t.is_chain else t.mask() for t in trees]
             ids, pos, mask = pack_step(cache, rows, positions, blocks)
             t1 = time.perf_counter()
-            logits, new_kv = self.target.step(ids, pos, mask, cache)
+            logits, new_kv = self.target.step(ids, pos, mask, cache, head)
             t_target = time.perf_counter() - t1
             verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng) for b, t in enumerate(trees)]
             if all(t.is_chain for t in trees):  # accepted rows are a prefix: one slice copy each
@@ -194,7 +198,8 @@ class Scheduler:
                 for b, v in enumerate(verdicts):
                     cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
             if self.drafter is not None:
-                self.drafter.target_logits(logits)
+                if reads:
+                    self.drafter.target_logits(logits)
                 self.drafter.commit(live, verdicts)
             appended, starts = [], [len(s.new_tokens) for s in live]
             for s, t, v in zip(live, trees, verdicts):

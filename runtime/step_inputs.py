@@ -26,18 +26,18 @@ from specrt.runtime.kv_cache import KVCache
 PREFILL_CHUNK = 256
 
 
-def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> np.ndarray:
+def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head: str = "logits") -> np.ndarray | None:
     """Feed each sequence's rows causally after its cached prefix and append all their K/V.
 
     Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the runner's
-    next step).
+    next step), or what `head` keeps of them (Runner.step).
     """
     counts = [len(r) for r in rows]
     cache.reserve(int(max(cache.lengths + np.asarray(counts))))
     start = cache.positions()
     positions = [start[b] + np.arange(n) for b, n in enumerate(counts)]
     ids, pos, mask = pack_step(cache, rows, positions)
-    logits, new_kv = runner.step(ids, pos, mask, cache)
+    logits, new_kv = runner.step(ids, pos, mask, cache, head)
     cache.append(new_kv, counts)
     return logits
 
@@ -55,7 +55,7 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
     size = (PREFILL_CHUNK if chunk is None else chunk) or longest
     size = min(size, getattr(runner, "max_step_tokens", None) or size)
     for start in range(0, longest, size):
-        feed_rows(runner, cache, [r[start:start + size] for r in rows])
+        feed_rows(runner, cache, [r[start:start + size] for r in rows], head="discard")  # no logits to the host
     return -(-longest // size)
 
 

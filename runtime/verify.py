@@ -34,8 +34,11 @@ class Verdict:
 
 
 class GreedyVerifier:
+    head = "argmax"  # what it reads of the target's logits (Runner.step): each row's argmax, nothing more
+
     def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
-        best = logits.argmax(axis=-1)  # [N + 1]
+        """`logits`: [N + 1, V], or their argmax [N + 1] (head "argmax")."""
+        best = logits if logits.ndim == 1 else logits.argmax(axis=-1)  # [N + 1]
         path: list[int] = []
         node = -1
         if tree.is_chain:
@@ -60,6 +63,8 @@ class GreedyVerifier:
 
 
 class RejectionVerifier:
+    head = "logits"  # whole rows: it warps them into distributions
+
     def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
         if tree.draft_probs is None:
             return self._one_hot(tree, logits, params, rng)
@@ -108,6 +113,8 @@ class JointLikelihoodVerifier:
     prefix of some beam, so the accepted prefix is the deepest passing node of the whole tree; among
     equally deep ones, the one the target likes best (highest p).
     """
+
+    head = "logits"  # whole rows: the target's likelihoods
 
     def __init__(self, tau: float):
         if not 0 <= tau <= 1:
@@ -166,6 +173,8 @@ class TypicalVerifier:
     temperature > 0: at temperature 0 the exact-match verifier is the method. Not lossless: the emitted
     distribution is not the target's, and a draft changes what is emitted.
     """
+
+    head = "logits"  # whole rows: their entropy and probabilities
 
     def __init__(self, epsilon: float, delta: float):
         if not 0 < epsilon <= 1 or not 0 < delta <= 1:

@@ -1,11 +1,15 @@
 """Backends run one step graph under the step contract (specrt.contract); the runtime owns the cache.
 
     runner = backend.runner()                  # one per caller: its own bindings and output buffers
-    runner.step(input_ids, position_ids, attention_mask, cache) -> (logits, new_kv)
+    runner.step(input_ids, position_ids, attention_mask, cache, head="logits") -> (logits, new_kv)
         input_ids       [B, T] int64        (numpy)
         position_ids    [B, T] int64        (numpy)
         attention_mask  [B, T, S + T] bool  (numpy; S = cache.capacity)
-        logits          [B, T, V] float32   (numpy, valid until this runner's next step)
+        logits          [B, T, V] float32   (numpy, valid until this runner's next step); what `head` asks of them:
+                        "argmax": [B, T] int64, each row's argmax (greedy verification needs no more); "discard":
+                        None (prefill). A backend whose logits live on a device reduces them there, so only what
+                        the head keeps crosses to the host ([B, T] int64 instead of [B, T, V] float32: with a
+                        128K vocabulary, 8 bytes a row instead of 512 KB)
         new_kv          [L, 2, B, Hkv, T, D] (the backend's array kind; valid until this runner's next step)
 
 A Backend is the loaded model (an ONNX Runtime session, a torch module): shared, thread-safe. A Runner
@@ -25,6 +29,9 @@ import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.runtime.kv_cache import KVCache
+
+
+HEADS = ("logits", "argmax", "discard")  # what of a step's logits comes back to the host (module docstring)
 
 
 class Backend(ABC):
@@ -77,7 +84,25 @@ class Backend(ABC):
 
     @abstractmethod
     def _run(self, binding, input_ids, position_ids, attention_mask, cache: KVCache):
-        """The backend-specific step (see the module docstring), with the runner's binding."""
+        """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
+        backend holds them, new_kv); _head brings them to the host."""
+
+    def _head(self, logits, head: str):
+        """The step's logits on the host as `head` asks (module docstring); these are numpy already."""
+        if head == "argmax":
+            return logits.argmax(axis=-1)
+        return None if head == "discard" else logits
+
+
+def torch_head(logits, head: str):
+    """Backend._head for logits held in a torch tensor (on a GPU, or the CPU): reduced where they lie, so that only
+    what the head keeps crosses to the host."""
+    import torch
+
+    if head == "discard":
+        return None
+    with torch.inference_mode():
+        return (logits.argmax(dim=-1) if head == "argmax" else logits.float()).cpu().numpy()
 
 
 class Runner:
@@ -91,13 +116,18 @@ class Runner:
         self.busy_seconds = 0.0  # wall time spent inside step() since creation
         self.num_steps = 0
 
-    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache):
-        """Run one step; returns (logits [B, T, V] numpy, new_kv [L, 2, B, Hkv, T, D])."""
+    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
+             head: str = "logits"):
+        """Run one step; returns (logits [B, T, V] numpy, or what `head` keeps of them (HEADS), new_kv [L, 2, B, Hkv,
+        T, D])."""
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
         t0 = time.perf_counter()
-        out = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
+        logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
+        logits = self.backend._head(logits, head)
         self.busy_seconds += time.perf_counter() - t0
         self.num_steps += 1
-        return out
+        return logits, new_kv
 
     def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
         return self.backend._new_cache(self._binding, batch, bucket)

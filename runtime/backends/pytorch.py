@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
-from specrt.runtime.backends.base import Backend
+from specrt.runtime.backends.base import Backend, torch_head
 
 
 class TorchBackend(Backend):
@@ -42,5 +42,6 @@ class TorchBackend(Backend):
                               torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)).to(self.device),
                               *past)
             new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
-            logits = out[0].float().cpu().numpy()
-        return logits, new_kv
+        return out[0], new_kv
+
+    _head = staticmethod(torch_head)  # the argmax on the device: [B, T] int64 crosses, not the logits

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from specrt.errors import InvalidRequestError
-from specrt.runtime.backends.base import Backend
+from specrt.runtime.backends.base import Backend, torch_head
 
 
 class SlotPool:
@@ -58,6 +58,8 @@ class EngineBackend(Backend):
 
     def allocate(self, shape):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    _head = staticmethod(torch_head)  # the engines' logits stay on the device; the head reduces them there
 
     def _new_binding(self):
         return self._slots.acquire()

@@ -152,4 +152,4 @@ class StaticTorchBackend(EngineBackend):
         shape.pos.copy_(torch.from_numpy(pos))
         shape.mask.copy_(torch.from_numpy(mask))
         logits, new_kv = shape.run()
-        return logits[:batch, :num_tokens].float().cpu().numpy(), new_kv[:, :, :batch, :, :num_tokens]
+        return logits[:batch, :num_tokens], new_kv[:, :, :batch, :, :num_tokens]

@@ -219,4 +219,4 @@ class TrtBackend(EngineBackend):
         if not ctx.execute_async_v3(self.stream()):
             why = self.logger.errors[-1] if self.logger.errors else "no reason given"
             raise SpecrtError(f"TensorRT failed to run the {e.role}'s step ({why})")
-        return logits.cpu().numpy(), (CacheRows(cache, starts, num_tokens) if in_graph else new_kv)
+        return logits, (CacheRows(cache, starts, num_tokens) if in_graph else new_kv)

@@ -65,7 +65,12 @@ class Drafter(ABC):
         ...
 
     def target_logits(self, logits) -> None:
-        pass
+        """The target's logits of the round's step [B, T, V] (drafters that read them: reads_target_logits)."""
+
+    @property
+    def reads_target_logits(self) -> bool:
+        """Whether target_logits reads them: the scheduler then brings the step's logits whole to the host."""
+        return type(self).target_logits is not Drafter.target_logits
 
     def commit(self, seqs, verdicts) -> None:
         pass

@@ -73,10 +73,14 @@ class MergedDrafter(Drafter):
             self._maps.append(maps)
         return trees
 
+    @property
+    def reads_target_logits(self) -> bool:
+        return any(d.reads_target_logits for d in self.drafters)
+
     def target_logits(self, logits) -> None:
         """Each drafter the rows of the root and of its own nodes, in its own node order."""
         for k, d in enumerate(self.drafters):
-            if type(d).target_logits is not Drafter.target_logits:  # only those that read them: rows are copied
+            if d.reads_target_logits:  # only those that read them: rows are copied
                 d.target_logits([logits[b, np.concatenate(([0], self._maps[b][k] + 1))] for b in range(len(self._maps))])
 
     def commit(self, seqs, verdicts) -> None:

@@ -23,8 +23,8 @@ class Recorder:
     def new_cache(self, batch, bucket=16):
         return KVCache(lambda shape: np.zeros(shape, np.float32), 1, batch, 1, 1, 64, bucket=bucket)
 
-    def step(self, ids, pos, mask, cache):
-        self.log.append((self.name, ids.shape[1], int(cache.lengths[0])))
+    def step(self, ids, pos, mask, cache, head="logits"):
+        self.log.append((self.name, ids.shape[1], int(cache.lengths[0]), head))
         return None, np.zeros((1, 2, *ids.shape[:1], 1, ids.shape[1], 1), np.float32)  # logits, K/V [L, 2, B, H, T, D]
 
 
@@ -33,10 +33,11 @@ def test_step_times_time_each_step_after_one_of_the_other_model():
     draft, target = Recorder("draft", log), Recorder("target", log)
     times = step_times(draft, 1, 3, 5, repeats=2, warmup=1, before=target)
     assert len(times) == 2 and all(t >= 0 for t in times)
-    assert log == [("target", 1, 5), ("draft", 3, 5)] * 3  # warm-up included: the other model before every step
+    # warm-up included: the other model before every step, as greedy decoding steps it (its argmax to the host)
+    assert log == [("target", 1, 5, "argmax"), ("draft", 3, 5, "logits")] * 3
     log.clear()
-    step_times(target, 1, 4, 5, repeats=2, warmup=0)
-    assert log == [("target", 4, 5)] * 2
+    step_times(target, 1, 4, 5, repeats=2, warmup=0, head="argmax")
+    assert log == [("target", 4, 5, "argmax")] * 2
 
 
 def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_median(demo_bundle, tmp_path,
@@ -45,9 +46,10 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     shutil.copytree(demo_bundle, b)
     visits, host_calls = [], []
 
-    def fake_step_times(runner, batch, n, context, repeats, warmup, before=None, bucket=None):
+    def fake_step_times(runner, batch, n, context, repeats, warmup, before=None, bucket=None, head=None):
         role = runner.entry.role
         assert bucket == 128  # the pipeline's: what its caches grow by
+        assert head == ("argmax" if role == "target" else "logits")  # the target's step as greedy verification's
         visits.append((role, batch, context, n, before is not None))
         return [0.001 * n * (1 + len([v for v in visits if v[:4] == (role, batch, context, n)]))]  # 2, 3, 4 ms x n
 
@@ -93,7 +95,8 @@ def test_prefill_times_time_one_step_into_an_empty_cache_each():
     log = []
     target = Recorder("target", log)
     times = prefill_times(target, 3, 5, repeats=2, warmup=1)
-    assert len(times) == 2 and log == [("target", 5, 0)] * 3  # 5 prompt tokens each, nothing cached before
+    # 5 prompt tokens each, nothing cached before, no logits to the host (as prefill)
+    assert len(times) == 2 and log == [("target", 5, 0, "discard")] * 3
 
 
 @pytest.mark.parametrize("passes", [0, -1])

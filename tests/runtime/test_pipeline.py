@@ -1,6 +1,7 @@
 from collections import Counter
 """End-to-end greedy equality and API behaviour on the committed demo pair."""
 
+import numpy as np
 import pytest
 
 BACKENDS = ["ort", "torch"]
@@ -190,3 +191,60 @@ def test_stats_are_consistent(pipelines, humaneval):
     widths = merged.drafted_hist
     assert sum(widths.values()) == merged.rounds and sum(k * v for k, v in widths.items()) == merged.drafted
     assert len(widths) > 1 and max(widths) <= 9  # merged trees vary in width, up to 4 + 5 nodes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_brings_to_the_host_only_what_its_head_keeps(pipelines, backend):
+    """Runner.step's head: the logits whole, each row's argmax (computed where the logits lie: on a GPU only
+    [B, T] int64 crosses), or nothing (prefill)."""
+    from specrt.runtime.step_inputs import pack_step
+
+    pipe = pipelines[backend]
+    rows = [np.array([5, 9, 3, 7]), np.array([11, 2])]
+    with pipe.target.runner() as runner:
+        out = {}
+        for head in ("logits", "argmax", "discard"):
+            cache = runner.new_cache(2)
+            cache.reserve(4)
+            ids, pos, mask = pack_step(cache, rows, [np.arange(4), np.arange(2)])
+            out[head] = runner.step(ids, pos, mask, cache, head)[0]
+            out[head] = None if out[head] is None else out[head].copy()
+        with pytest.raises(ValueError, match="head must be one of"):
+            runner.step(ids, pos, mask, cache, "top8")
+    assert out["logits"].shape == (2, 4, pipe.target.entry.vocab_size) and out["discard"] is None
+    assert out["argmax"].dtype == np.int64 and (out["argmax"] == out["logits"].argmax(-1)).all()
+
+
+@pytest.mark.parametrize("method, options, want", [
+    ("sd", {}, "argmax"),  # greedy verification reads each row's argmax only
+    ("dynamic", {}, "argmax"),
+    ("autoregressive", {}, "argmax"),
+    ("sd", {"temperature": 0.8, "seed": 1}, "logits"),  # rejection sampling warps whole rows
+    ("ppd", {}, "logits"),  # PPD's next guesses are the prompt tokens' rows
+    ("ppd", {"ngram_tokens": 3}, "logits"),  # ... merged with n-gram drafts too
+])
+def test_decoding_asks_each_step_for_what_verification_reads(pipelines, humaneval, monkeypatch, request, method,
+                                                            options, want):
+    """Target steps of a decode round bring each row's argmax to the host where greedy verification is all that reads
+    them, whole logits where sampling or a drafter does; prefill steps bring none. Greedy stays token-identical to
+    AR."""
+    from specrt.runtime.backends.base import Runner
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(request.getfixturevalue("ppd_bundle"), backend="torch", threads=2) if method == "ppd" \
+        else pipelines["torch"]
+    heads = []
+    real = Runner.step
+
+    def spy(self, *args, **kw):
+        if self.entry.role == "target":
+            heads.append(args[4] if len(args) > 4 else kw.get("head", "logits"))
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Runner, "step", spy)
+    out = pipe.generate(humaneval[:2], method=method, max_new_tokens=12, **options)
+    prefills = sum(g.stats.target_calls - g.stats.rounds for g in out)  # batch size 1: each prompt prefilled alone
+    assert heads[0] == "discard" and heads.count("discard") == prefills and set(heads) - {"discard"} == {want}
+    if "temperature" not in options:
+        ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=12)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ar]
