@@ -121,19 +121,20 @@ class ModelDrafter(Drafter):
     def _admit(self, new) -> None:
         admit(self.runner, self.cache, [s.tokens[:-1] for s in new])
 
-    def _feed_pending(self, seqs) -> np.ndarray:
-        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V]."""
+    def _feed_pending(self, seqs, head: str = "logits") -> np.ndarray:
+        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V] (head "argmax": their
+        argmax [B], Runner.step)."""
         cache = self.cache
         pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
-        logits = feed_rows(self.runner, cache, pending)
+        logits = feed_rows(self.runner, cache, pending, head)
         self._anchor = cache.lengths.copy()
         return logits[np.arange(len(seqs)), [len(p) - 1 for p in pending]]
 
-    def _step_nodes(self, rows, depths, vis, blocks):
+    def _step_nodes(self, rows, depths, vis, blocks, head: str = "logits"):
         """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,
         each seeing the scratch rows marked in vis[b] [n_b, scratch rows so far] (None: all of them) and,
         among the new tokens, what blocks[b] [n_b, n_b] says (one array: the same for every sequence).
-        Returns (logits [B, max n_b, V], first slot [B])."""
+        Returns (logits [B, max n_b, V], or their argmax [B, max n_b] with head "argmax", first slot [B])."""
         cache, batch = self.cache, len(rows)
         first_slot = cache.lengths.copy()
         cache.reserve(int(max(first_slot + np.asarray([len(r) for r in rows]))))
@@ -141,7 +142,7 @@ class ModelDrafter(Drafter):
         scratch = None if vis is None else [(int(self._anchor[b]), vis[b]) for b in range(batch)]
         blocks = [blocks] * batch if isinstance(blocks, np.ndarray) else blocks
         ids, pos, mask = pack_step(cache, rows, positions, blocks, scratch)
-        logits, new_kv = self.runner.step(ids, pos, mask, cache)
+        logits, new_kv = self.runner.step(ids, pos, mask, cache, head)
         cache.append(new_kv, [len(r) for r in rows])
         return logits, first_slot
 

@@ -55,8 +55,12 @@ class DraftModelDrafter(ModelDrafter):
 
     def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
         """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
-        logits rows [B, len(parents), V], all parents of one level at once."""
+        logits rows [B, len(parents), V] (or their argmax [B, len(parents)], where each has one child of rank 0),
+        all parents of one level at once."""
         kids = [self._layout.children[p + 1] for p in parents]
+        if rows.ndim == 2:  # the argmax head: every child is its parent's rank 0
+            tokens[:, np.concatenate(kids)] = rows[:, np.repeat(np.arange(len(parents)), [len(k) for k in kids])]
+            return
         if probs is not None:  # sampled chain: one child, drawn from q
             q = warp(rows[:, 0], params)
             for b in range(len(rows)):
@@ -79,16 +83,19 @@ class DraftModelDrafter(ModelDrafter):
         batch = len(seqs)
         self._layout = self.layout_for(batch)
         spec = self._layout.spec
-        root = self._feed_pending(seqs)
-        tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         sampled = spec.is_chain and not params.greedy
+        # a greedy chain (or a tree of rank-0 children only) needs each row's argmax, not the draft's logits: on a GPU
+        # they stay there (Runner.step's head)
+        head = "argmax" if not sampled and not spec.ranks.any() else "logits"
+        root = self._feed_pending(seqs, head)
+        tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         probs = np.zeros((batch, len(spec), root.shape[-1])) if sampled else None
         self._fill(np.array([-1]), root[:, None], tokens, probs, params, rng)
         self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
         for expand, vis, block in self._layout.plan:
             logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
                                                   [spec.depths[expand]] * batch,
-                                                  None if spec.is_chain else [vis] * batch, block)
+                                                  None if spec.is_chain else [vis] * batch, block, head)
             self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
             self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
         if spec.is_chain:

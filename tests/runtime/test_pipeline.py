@@ -215,36 +215,39 @@ def test_a_step_brings_to_the_host_only_what_its_head_keeps(pipelines, backend):
     assert out["argmax"].dtype == np.int64 and (out["argmax"] == out["logits"].argmax(-1)).all()
 
 
-@pytest.mark.parametrize("method, options, want", [
-    ("sd", {}, "argmax"),  # greedy verification reads each row's argmax only
-    ("dynamic", {}, "argmax"),
-    ("autoregressive", {}, "argmax"),
-    ("sd", {"temperature": 0.8, "seed": 1}, "logits"),  # rejection sampling warps whole rows
-    ("ppd", {}, "logits"),  # PPD's next guesses are the prompt tokens' rows
-    ("ppd", {"ngram_tokens": 3}, "logits"),  # ... merged with n-gram drafts too
+@pytest.mark.parametrize("method, options, want, draft", [
+    # greedy verification reads each row's argmax only; a greedy chain drafts from the draft's argmax
+    ("sd", {}, "argmax", {"argmax"}),
+    ("dynamic", {}, "argmax", {"logits"}),  # the draft's log-probabilities rank its beams
+    ("tree", {}, "argmax", {"logits"}),  # children of rank > 0: the draft's top-k
+    ("autoregressive", {}, "argmax", set()),
+    ("sd", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # rejection sampling warps whole rows
+    ("ppd", {}, "logits", set()),  # PPD's next guesses are the prompt tokens' rows
+    ("ppd", {"ngram_tokens": 3}, "logits", set()),  # ... merged with n-gram drafts too
 ])
-def test_decoding_asks_each_step_for_what_verification_reads(pipelines, humaneval, monkeypatch, request, method,
-                                                            options, want):
+def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeypatch, request, method, options, want,
+                                                   draft):
     """Target steps of a decode round bring each row's argmax to the host where greedy verification is all that reads
-    them, whole logits where sampling or a drafter does; prefill steps bring none. Greedy stays token-identical to
-    AR."""
+    them, whole logits where sampling or a drafter does; draft steps the same for what drafting reads; prefill steps
+    bring none. Greedy stays token-identical to AR."""
     from specrt.runtime.backends.base import Runner
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(request.getfixturevalue("ppd_bundle"), backend="torch", threads=2) if method == "ppd" \
         else pipelines["torch"]
-    heads = []
+    heads = {"target": [], "draft": []}
     real = Runner.step
 
     def spy(self, *args, **kw):
-        if self.entry.role == "target":
-            heads.append(args[4] if len(args) > 4 else kw.get("head", "logits"))
+        heads[self.entry.role].append(args[4] if len(args) > 4 else kw.get("head", "logits"))
         return real(self, *args, **kw)
 
     monkeypatch.setattr(Runner, "step", spy)
     out = pipe.generate(humaneval[:2], method=method, max_new_tokens=12, **options)
     prefills = sum(g.stats.target_calls - g.stats.rounds for g in out)  # batch size 1: each prompt prefilled alone
-    assert heads[0] == "discard" and heads.count("discard") == prefills and set(heads) - {"discard"} == {want}
+    target = heads["target"]
+    assert target[0] == "discard" and target.count("discard") == prefills and set(target) - {"discard"} == {want}
+    assert set(heads["draft"]) - {"discard"} == draft
     if "temperature" not in options:
         ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=12)
         assert [g.token_ids for g in out] == [g.token_ids for g in ar]
