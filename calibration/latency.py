@@ -115,7 +115,8 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones (in a cache
     growing by `bucket` slots, as the pipeline's), each after `warmup` untimed ones, bringing to the host what
     `head` keeps of the logits (Runner.step); `before`: another runner, one untimed step of one token of which
-    precedes every step (the target before the draft, as in a decode round)."""
+    precedes every step (the target before the draft, as in a decode round). Timed as the runner counts its own
+    time (Runner.busy_seconds), by which decode rounds tell model time from host work."""
     from specrt.runtime.step_inputs import pack_step
 
     def inputs(r, n):
@@ -132,10 +133,10 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     for i in range(warmup + repeats):
         if other is not None:
             before.step(*other, head="argmax")
-        t0 = time.perf_counter()
+        busy = runner.busy_seconds
         runner.step(*args, head=head)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        if i >= warmup:  # the model's time as decoding counts it (Runner.busy_seconds: a host-side head is host work)
+            times.append(runner.busy_seconds - busy)
     return times
 
 

@@ -7,9 +7,10 @@
         attention_mask  [B, T, S + T] bool  (numpy; S = cache.capacity)
         logits          [B, T, V] float32   (numpy, valid until this runner's next step); what `head` asks of them:
                         "argmax": [B, T] int64, each row's argmax (greedy verification needs no more); "discard":
-                        None (prefill). A backend whose logits live on a device reduces them there, so only what
-                        the head keeps crosses to the host ([B, T] int64 instead of [B, T, V] float32: with a
-                        128K vocabulary, 8 bytes a row instead of 512 KB)
+                        None (prefill); TopLogProbs(k, temperature): a TopK of each row's k likeliest tokens and
+                        their log-probabilities (a greedy beam search). A backend whose logits live on a device
+                        reduces them there, so only what the head keeps crosses to the host ([B, T] int64 instead
+                        of [B, T, V] float32: with a 128K vocabulary, 8 bytes a row instead of 512 KB)
         new_kv          [L, 2, B, Hkv, T, D] (the backend's array kind; valid until this runner's next step)
 
 A Backend is the loaded model (an ONNX Runtime session, a torch module): shared, thread-safe. A Runner
@@ -24,6 +25,7 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +34,40 @@ from specrt.runtime.kv_cache import KVCache
 
 
 HEADS = ("logits", "argmax", "discard")  # what of a step's logits comes back to the host (module docstring)
+
+
+@dataclass(frozen=True)
+class TopLogProbs:
+    """A head: each row's k likeliest tokens under softmax(logits / temperature) and their log-probabilities, as a
+    TopK. A beam search of width k reads no more: the best k extensions of any set of beams are among their
+    parents' k best tokens each."""
+
+    k: int
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class TopK:
+    """What TopLogProbs keeps of logits [..., V]: log-probabilities [..., k] (float64, best first) and their tokens
+    [..., k] int64; indexes like the logits it stands for, over every axis but the last."""
+
+    values: np.ndarray
+    tokens: np.ndarray
+
+    def __getitem__(self, index) -> "TopK":
+        return TopK(self.values[index], self.tokens[index])
+
+
+def top_log_probs(logits: np.ndarray, head: TopLogProbs) -> TopK:
+    """TopLogProbs on host logits: log softmax in float64 (as runtime.sampling.log_softmax), then the top k."""
+    x = logits / head.temperature
+    x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    x = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    k = min(head.k, x.shape[-1])
+    top = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    values = np.take_along_axis(x, top, axis=-1)
+    order = np.argsort(-values, axis=-1, kind="stable")
+    return TopK(np.take_along_axis(values, order, axis=-1), np.take_along_axis(top, order, axis=-1).astype(np.int64))
 
 
 class Backend(ABC):
@@ -45,6 +81,9 @@ class Backend(ABC):
     # holes (contract.HOLE_POSITION) are left out of its token-wise work, so a ragged step costs about what its real
     # rows do, not B x its widest sequence's (OrtBackend: packed_rows.py)
     packs_rows: bool = False
+    # its step's logits are host arrays (ONNX Runtime's): the head is host work, timed as such, not as the model's;
+    # a backend whose logits lie on a device (torch, engines) waits for its step in the head (the copy)
+    host_logits: bool = True
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
@@ -87,14 +126,16 @@ class Backend(ABC):
         """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
         backend holds them, new_kv); _head brings them to the host."""
 
-    def _head(self, logits, head: str):
+    def _head(self, logits, head):
         """The step's logits on the host as `head` asks (module docstring); these are numpy already."""
+        if isinstance(head, TopLogProbs):
+            return top_log_probs(logits, head)
         if head == "argmax":
             return logits.argmax(axis=-1)
         return None if head == "discard" else logits
 
 
-def torch_head(logits, head: str):
+def torch_head(logits, head):
     """Backend._head for logits held in a torch tensor (on a GPU, or the CPU): reduced where they lie, so that only
     what the head keeps crosses to the host."""
     import torch
@@ -102,6 +143,10 @@ def torch_head(logits, head: str):
     if head == "discard":
         return None
     with torch.inference_mode():
+        if isinstance(head, TopLogProbs):
+            x = torch.log_softmax((logits.float() / head.temperature).double(), dim=-1)  # as the host path
+            values, tokens = x.topk(min(head.k, x.shape[-1]), dim=-1)  # sorted, best first
+            return TopK(values.cpu().numpy(), tokens.cpu().numpy())
         return (logits.argmax(dim=-1) if head == "argmax" else logits.float()).cpu().numpy()
 
 
@@ -117,15 +162,16 @@ class Runner:
         self.num_steps = 0
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-             head: str = "logits"):
+             head: "str | TopLogProbs" = "logits"):
         """Run one step; returns (logits [B, T, V] numpy, or what `head` keeps of them (HEADS), new_kv [L, 2, B, Hkv,
         T, D])."""
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+        if head not in HEADS and not isinstance(head, TopLogProbs):
+            raise ValueError(f"head must be one of {', '.join(HEADS)} or a TopLogProbs, got {head!r}")
         t0 = time.perf_counter()
         logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
+        t1 = time.perf_counter()
         logits = self.backend._head(logits, head)
-        self.busy_seconds += time.perf_counter() - t0
+        self.busy_seconds += (t1 if self.backend.host_logits else time.perf_counter()) - t0
         self.num_steps += 1
         return logits, new_kv
 

@@ -45,3 +45,4 @@ class TorchBackend(Backend):
         return out[0], new_kv
 
     _head = staticmethod(torch_head)  # the argmax on the device: [B, T] int64 crosses, not the logits
+    host_logits = False

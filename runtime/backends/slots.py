@@ -60,6 +60,7 @@ class EngineBackend(Backend):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     _head = staticmethod(torch_head)  # the engines' logits stay on the device; the head reduces them there
+    host_logits = False
 
     def _new_binding(self):
         return self._slots.acquire()

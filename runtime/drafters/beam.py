@@ -22,25 +22,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.runtime.backends import Runner
+from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.base import ModelDrafter
 from specrt.runtime.sampling import log_probs
 from specrt.runtime.tree import DraftTree
 
 
-def top_beams(scores: np.ndarray, logq: np.ndarray, width: int,
+def top_beams(scores: np.ndarray, logq: np.ndarray | TopK, width: int,
               rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Best `width` extensions of beams with joint log-likelihoods scores [W0] by next-token logq [W0, V];
-    with `rng`, `width` extensions sampled without replacement in proportion to exp(joint log-likelihood).
+    """Best `width` extensions of beams with joint log-likelihoods scores [W0] by next-token logq [W0, V] (or each
+    beam's best >= `width` tokens only, a TopK: the same best extensions); with `rng` (whole rows only), `width`
+    extensions sampled without replacement in proportion to exp(joint log-likelihood).
 
     Returns (parent beam [width], token [width], new joint log-likelihood [width]), best (or first drawn) first."""
-    cand = scores[:, None] + logq  # [W0, V]
+    tokens = None
+    if isinstance(logq, TopK):
+        logq, tokens = logq.values, logq.tokens
+    cand = scores[:, None] + logq  # [W0, V] (or [W0, k])
     flat = cand.ravel()
     # never extend with a token the (warped) draft gives probability 0: its joint q would be 0
     k = min(width, int(np.isfinite(flat).sum()))
     key = flat if rng is None else flat + rng.gumbel(size=flat.shape)  # -inf stays -inf
     top = np.argpartition(-key, k - 1)[:k]
     top = top[np.argsort(-key[top], kind="stable")]
-    return top // logq.shape[1], top % logq.shape[1], flat[top]
+    parent, column = top // logq.shape[1], top % logq.shape[1]
+    return parent, column if tokens is None else tokens[parent, column], flat[top]
 
 
 class BeamDrafter(ModelDrafter):
@@ -72,8 +78,16 @@ class BeamDrafter(ModelDrafter):
                                    joint_logq=np.asarray([n.scores[i] for i in keep])))
         return trees
 
-    def _log_probs(self, logits: np.ndarray, params) -> np.ndarray:
-        return log_probs(logits, params)
+    def _log_probs(self, logits: np.ndarray | TopK, params) -> np.ndarray | TopK:
+        """log q of the next token [..., V]; a TopK (the step's TopLogProbs head) is that already."""
+        return logits if isinstance(logits, TopK) else log_probs(logits, params)
+
+    def _head(self, params, sampling: bool):
+        """What the search reads of each draft step: the `num_beams` likeliest tokens' log q where it searches the
+        raw softmax deterministically (computed where the logits lie: on a GPU only those cross to the host), else
+        the whole logits."""
+        greedy = not sampling and (params is None or params.greedy)
+        return TopLogProbs(self.num_beams) if greedy else "logits"
 
     def _select(self, nodes: "SearchNodes") -> set[int]:
         """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""
@@ -86,7 +100,8 @@ class BeamDrafter(ModelDrafter):
     def _search(self, seqs, params, rng) -> list["SearchNodes"]:
         """Beam search (beam sampling with `rng`) of gamma tokens per sequence; every node kept at every depth."""
         batch, width = len(seqs), self.num_beams
-        root = self._log_probs(self._feed_pending(seqs), params)  # [B, V]
+        head = self._head(params, rng is not None)
+        root = self._log_probs(self._feed_pending(seqs, head), params)  # [B, V] (or a TopK [B, k])
         found = []
         for b in range(batch):
             _, tok, sc = top_beams(np.zeros(1), root[b][None], width, rng)
@@ -102,7 +117,7 @@ class BeamDrafter(ModelDrafter):
             vis = [f.ancestors[np.ix_(e, np.asarray(f.fed, dtype=np.int64))] for f, e in zip(found, expand)]
             rows = [np.asarray(f.tokens, dtype=np.int64)[e] for f, e in zip(found, expand)]
             logits, first = self._step_nodes(rows, [np.full(len(r), depth) for r in rows], vis,
-                                             [np.eye(len(r), dtype=bool) for r in rows])
+                                             [np.eye(len(r), dtype=bool) for r in rows], head)
             for b, (f, e) in enumerate(zip(found, expand)):
                 n = len(e)
                 for t, node in enumerate(e.tolist()):
@@ -111,7 +126,7 @@ class BeamDrafter(ModelDrafter):
                 if not n:
                     f.level = []
                     continue
-                logq = self._log_probs(logits[b, :n], params)  # [n, V]
+                logq = self._log_probs(logits[b, :n], params)  # [n, V] (or a TopK [n, k])
                 par, tok, sc = top_beams(np.asarray(f.scores)[e], logq, width, rng)
                 start = len(f.tokens)
                 parents = e[par]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.runtime.backends import Runner
+from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.beam import BeamDrafter, SearchNodes
 from specrt.runtime.sampling import log_probs
 
@@ -37,9 +38,16 @@ class DynamicTreeDrafter(BeamDrafter):
         self.temperature = temperature
 
     def _log_probs(self, logits, params):
+        if isinstance(logits, TopK):  # the step's TopLogProbs head, at this temperature (_head)
+            return logits
         if params is None or params.greedy:
             return log_probs(logits / self.temperature, params)
         return log_probs(logits, params)
+
+    def _head(self, params, sampling: bool):
+        """Greedy: the `num_beams` likeliest tokens' log q at the calibrated temperature; sampling: the warped q
+        needs whole rows."""
+        return TopLogProbs(self.num_beams, self.temperature) if params is None or params.greedy else "logits"
 
     def _expand(self, nodes: SearchNodes) -> list[int]:
         # A node scores no higher than its parent, and ties go to earlier nodes, so a node that does not beat

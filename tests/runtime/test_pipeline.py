@@ -195,30 +195,37 @@ def test_stats_are_consistent(pipelines, humaneval):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_step_brings_to_the_host_only_what_its_head_keeps(pipelines, backend):
-    """Runner.step's head: the logits whole, each row's argmax (computed where the logits lie: on a GPU only
-    [B, T] int64 crosses), or nothing (prefill)."""
+    """Runner.step's head: the logits whole, each row's argmax or k likeliest tokens with their log-probabilities
+    (computed where the logits lie: on a GPU only those cross), or nothing (prefill)."""
+    from specrt.runtime.backends.base import TopLogProbs
+    from specrt.runtime.sampling import log_softmax
     from specrt.runtime.step_inputs import pack_step
 
     pipe = pipelines[backend]
     rows = [np.array([5, 9, 3, 7]), np.array([11, 2])]
     with pipe.target.runner() as runner:
         out = {}
-        for head in ("logits", "argmax", "discard"):
+        for head in ("logits", "argmax", "discard", TopLogProbs(3, 0.5)):
             cache = runner.new_cache(2)
             cache.reserve(4)
             ids, pos, mask = pack_step(cache, rows, [np.arange(4), np.arange(2)])
             out[head] = runner.step(ids, pos, mask, cache, head)[0]
-            out[head] = None if out[head] is None else out[head].copy()
+            out[head] = out[head] if out[head] is None or isinstance(head, TopLogProbs) else out[head].copy()
         with pytest.raises(ValueError, match="head must be one of"):
             runner.step(ids, pos, mask, cache, "top8")
     assert out["logits"].shape == (2, 4, pipe.target.entry.vocab_size) and out["discard"] is None
     assert out["argmax"].dtype == np.int64 and (out["argmax"] == out["logits"].argmax(-1)).all()
+    top, want = out[TopLogProbs(3, 0.5)], log_softmax(out["logits"] / 0.5)
+    assert top.tokens.shape == top.values.shape == (2, 4, 3) and top.tokens.dtype == np.int64
+    assert (top.tokens == np.argsort(-want, axis=-1, kind="stable")[..., :3]).all()
+    assert np.allclose(top.values, np.take_along_axis(want, top.tokens, -1), atol=1e-9)
 
 
 @pytest.mark.parametrize("method, options, want, draft", [
     # greedy verification reads each row's argmax only; a greedy chain drafts from the draft's argmax
     ("sd", {}, "argmax", {"argmax"}),
-    ("dynamic", {}, "argmax", {"logits"}),  # the draft's log-probabilities rank its beams
+    ("dynamic", {}, "argmax", {"top-k"}),  # its beams' top-k log-probabilities, at the draft temperature
+    ("dynamic", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # the warped q needs whole rows
     ("tree", {}, "argmax", {"logits"}),  # children of rank > 0: the draft's top-k
     ("autoregressive", {}, "argmax", set()),
     ("sd", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # rejection sampling warps whole rows
@@ -230,7 +237,7 @@ def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeyp
     """Target steps of a decode round bring each row's argmax to the host where greedy verification is all that reads
     them, whole logits where sampling or a drafter does; draft steps the same for what drafting reads; prefill steps
     bring none. Greedy stays token-identical to AR."""
-    from specrt.runtime.backends.base import Runner
+    from specrt.runtime.backends.base import Runner, TopLogProbs
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(request.getfixturevalue("ppd_bundle"), backend="torch", threads=2) if method == "ppd" \
@@ -239,7 +246,8 @@ def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeyp
     real = Runner.step
 
     def spy(self, *args, **kw):
-        heads[self.entry.role].append(args[4] if len(args) > 4 else kw.get("head", "logits"))
+        head = args[4] if len(args) > 4 else kw.get("head", "logits")
+        heads[self.entry.role].append("top-k" if isinstance(head, TopLogProbs) else head)
         return real(self, *args, **kw)
 
     monkeypatch.setattr(Runner, "step", spy)
@@ -251,3 +259,53 @@ def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeyp
     if "temperature" not in options:
         ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=12)
         assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", ["dynamic", "mtad"])
+def test_a_greedy_beam_search_over_the_top_k_head_drafts_what_whole_logits_draft(pipelines, humaneval, monkeypatch,
+                                                                                   backend, method):
+    """A greedy beam search reads only each draft step's num_beams likeliest tokens (TopLogProbs): the best
+    extensions of any beams lie among them, so every round drafts and accepts exactly what it did over the whole
+    logits."""
+    from specrt.runtime.drafters.beam import BeamDrafter
+    from specrt.runtime.drafters.dynamic import DynamicTreeDrafter
+
+    pipe = pipelines[backend]
+
+    def run():
+        out = pipe.generate(humaneval[:3], method=method, max_new_tokens=24, batch_size=3)
+        return [(g.token_ids, g.stats.accepted_hist, g.stats.drafted_hist, g.stats.accepted) for g in out]
+
+    top = run()
+    for cls in (BeamDrafter, DynamicTreeDrafter):
+        monkeypatch.setattr(cls, "_head", lambda self, params, sampling: "logits")
+    assert run() == top
+
+
+@pytest.mark.parametrize("host_logits", [True, False])
+def test_a_host_side_head_is_host_work_and_a_device_side_one_the_models(host_logits):
+    """Runner.busy_seconds (the model's time, which decode rounds tell host work by): a backend whose logits are host
+    arrays does its head on the host, outside it; one whose logits lie on a device waits for its step in the head's
+    copy, inside it."""
+    import time
+
+    from specrt.runtime.backends.base import Backend
+
+    class Slow(Backend):
+        name = "slow"
+
+        def allocate(self, shape):
+            return np.zeros(shape, np.float32)
+
+        def _run(self, binding, input_ids, position_ids, attention_mask, cache):
+            return np.zeros((1, 1, 8), np.float32), None
+
+        def _head(self, logits, head):
+            time.sleep(0.05)
+            return super()._head(logits, head)
+
+    Slow.host_logits = host_logits
+    runner = Slow(None).runner()
+    assert runner.step(None, None, None, None, "argmax")[0].tolist() == [[0]]
+    assert (runner.busy_seconds < 0.04) == host_logits
