@@ -31,6 +31,7 @@ import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.runtime.kv_cache import KVCache
+from specrt.runtime.sampling import log_softmax
 
 
 HEADS = ("logits", "argmax", "discard")  # what of a step's logits comes back to the host (module docstring)
@@ -59,10 +60,8 @@ class TopK:
 
 
 def top_log_probs(logits: np.ndarray, head: TopLogProbs) -> TopK:
-    """TopLogProbs on host logits: log softmax in float64 (as runtime.sampling.log_softmax), then the top k."""
-    x = logits / head.temperature
-    x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
-    x = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    """TopLogProbs on host logits: log softmax in float64, then the top k."""
+    x = log_softmax(logits / head.temperature)
     k = min(head.k, x.shape[-1])
     top = np.argpartition(-x, k - 1, axis=-1)[..., :k]
     values = np.take_along_axis(x, top, axis=-1)
