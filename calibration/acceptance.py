@@ -60,6 +60,7 @@ from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp,
 from specrt.bundle.manifest import BundleOptions, sha256_file
 from specrt.checkpoints.corpus import read_prompts, validation_prompts
 from specrt.config import config_dict, option
+from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.stats import POSITION_BUCKET
 
@@ -296,6 +297,13 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
 
     t0 = time.perf_counter()
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
+    if cfg.ppd_budgets:  # asked for by name: refuse what cannot be measured before decoding anything
+        if pipe.prompt_tokens is None:
+            raise SpecrtError(f"--ppd-budgets: {pipe.prompt_tokens_refused}")
+        built = [t.budget for t in pipe.prompt_tokens.trees]
+        if set(cfg.ppd_budgets) - set(built):
+            raise SpecrtError(f"--ppd-budgets {','.join(map(str, cfg.ppd_budgets))}: `specrt ppd train` built trees of "
+                              f"{', '.join(map(str, built))} rows")
     if cfg.prompts is None:
         prompts = validation_prompts(pipe.encode, cfg.num_prompts, cfg.prompt_tokens or HELD_OUT_PROMPT_TOKENS, cfg.seed)
     else:  # whole by default: how much context a prompt gives changes what the target writes, and so acceptance

@@ -317,7 +317,8 @@ def test_tune_weighs_ppd_and_auto_runs_it_where_it_pays(ppd_bundle, tmp_path, hu
         pipe.plan()
 
 
-def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it_measured(ppd_bundle, tmp_path):
+def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it_measured(ppd_bundle, demo_bundle,
+                                                                                           tmp_path):
     """`specrt calibrate` measures PPD's sparse trees by decoding its prompts (what decoding those prompts with each
     tree accepts, exactly); the tuner and PPD's own tree choice then weigh only the measured trees, with the
     measured acceptance and rows, until the prompt tokens or their trees change."""
@@ -331,9 +332,9 @@ def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it
     shutil.copytree(ppd_bundle, b)
     tokens = artifacts.load(b, PromptTokens)
     acc = calibrate(CalibrationConfig(bundle=b, threads=2, num_prompts=2, new_tokens=16, max_depth=2, max_rank=2,
-                                      max_nodes=3, dynamic_sizes=(), merged_sizes=(), ngram_sizes=(), ppd_budgets=(2, 8, 5)),
+                                      max_nodes=3, dynamic_sizes=(), merged_sizes=(), ngram_sizes=(), ppd_budgets=(8, 2)),
                     progress=False)
-    assert [m.num_nodes for m in acc.ppd] == [2, 8] and acc.ppd_source == tokens.identity()  # no tree of 5 rows built
+    assert [m.num_nodes for m in acc.ppd] == [2, 8] and acc.ppd_source == tokens.identity()
     pipe = Pipeline.load(b, threads=2)
     prompts = validation_prompts(pipe.encode, 2, 64, 0)
     for m in acc.ppd:
@@ -351,6 +352,10 @@ def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it
     assert [m.num_nodes for m in every.ppd] == [t.budget for t in tokens.trees]
     none = calibrate(CalibrationConfig(**small, ppd_budgets=()), progress=False)
     assert (none.ppd, none.ppd_source, none.ppd_measured(tokens)) == ((), None, {})
+    with pytest.raises(SpecrtError, match=r"--ppd-budgets 2,5: `specrt ppd train` built trees of 2, 4, 8, 16 rows"):
+        calibrate(CalibrationConfig(**small, ppd_budgets=(2, 5)), progress=False)  # before decoding anything
+    with pytest.raises(SpecrtError, match="has no PPD prompt tokens: run `specrt ppd train"):
+        calibrate(CalibrationConfig(**{**small, "bundle": demo_bundle}, ppd_budgets=(2,)), progress=False)
 
     # measured acceptance against the table: the table favours the larger tree (a flat latency: more accepted is
     # faster); measured, the 2-row tree accepts more
