@@ -26,18 +26,18 @@ from specrt.runtime.kv_cache import KVCache
 PREFILL_CHUNK = 256
 
 
-def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head: str = "logits") -> np.ndarray | None:
+def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head="logits", last: bool = False):
     """Feed each sequence's rows causally after its cached prefix and append all their K/V.
 
     Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the runner's
-    next step), or what `head` keeps of them (Runner.step).
+    next step), or what `head` keeps of them (Runner.step); `last`: of each sequence's last row only ([B, V]).
     """
     counts = [len(r) for r in rows]
     cache.reserve(int(max(cache.lengths + np.asarray(counts))))
     start = cache.positions()
     positions = [start[b] + np.arange(n) for b, n in enumerate(counts)]
     ids, pos, mask = pack_step(cache, rows, positions)
-    logits, new_kv = runner.step(ids, pos, mask, cache, head)
+    logits, new_kv = runner.step(ids, pos, mask, cache, head, [n - 1 for n in counts] if last else None)
     cache.append(new_kv, counts)
     return logits
 

@@ -161,14 +161,17 @@ class Runner:
         self.num_steps = 0
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-             head: "str | TopLogProbs" = "logits"):
+             head: "str | TopLogProbs" = "logits", pick: np.ndarray | None = None):
         """Run one step; returns (logits [B, T, V] numpy, or what `head` keeps of them (HEADS), new_kv [L, 2, B, Hkv,
-        T, D])."""
+        T, D]). `pick` [B]: one row of each sequence (e.g. its last fed token's), the only one the head reads:
+        logits [B, V] (or what the head keeps of them), chosen where the logits lie."""
         if head not in HEADS and not isinstance(head, TopLogProbs):
             raise ValueError(f"head must be one of {', '.join(HEADS)} or a TopLogProbs, got {head!r}")
         t0 = time.perf_counter()
         logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
         t1 = time.perf_counter()
+        if pick is not None:  # numpy arrays and torch tensors (on any device) index alike
+            logits = logits[np.arange(len(pick)), np.asarray(pick, dtype=np.int64)]
         logits = self.backend._head(logits, head)
         self.busy_seconds += (t1 if self.backend.host_logits else time.perf_counter()) - t0
         self.num_steps += 1

@@ -122,13 +122,13 @@ class ModelDrafter(Drafter):
         admit(self.runner, self.cache, [s.tokens[:-1] for s in new])
 
     def _feed_pending(self, seqs, head: str = "logits") -> np.ndarray:
-        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V] (head "argmax": their
-        argmax [B], Runner.step)."""
+        """Feed each sequence's tokens the draft has not seen; returns the root's logits [B, V], or what `head` keeps
+        of them (Runner.step: argmax [B], a TopK [B, k])."""
         cache = self.cache
         pending = [s.tokens[int(cache.lengths[b]):] for b, s in enumerate(seqs)]
-        logits = feed_rows(self.runner, cache, pending, head)
+        root = feed_rows(self.runner, cache, pending, head, last=True)  # only the last rows leave the device
         self._anchor = cache.lengths.copy()
-        return logits[np.arange(len(seqs)), [len(p) - 1 for p in pending]]
+        return root
 
     def _step_nodes(self, rows, depths, vis, blocks, head: str = "logits"):
         """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,

@@ -25,7 +25,7 @@ class Recorder:
 
     busy_seconds = 0.0
 
-    def step(self, ids, pos, mask, cache, head="logits"):
+    def step(self, ids, pos, mask, cache, head="logits", pick=None):
         self.log.append((self.name, ids.shape[1], int(cache.lengths[0]), head))
         self.busy_seconds += 0.001 * ids.shape[1]  # what the runner counts as its own time
         return None, np.zeros((1, 2, *ids.shape[:1], 1, ids.shape[1], 1), np.float32)  # logits, K/V [L, 2, B, H, T, D]

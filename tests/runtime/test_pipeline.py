@@ -213,8 +213,16 @@ def test_a_step_brings_to_the_host_only_what_its_head_keeps(pipelines, backend):
             out[head] = out[head] if out[head] is None or isinstance(head, TopLogProbs) else out[head].copy()
         with pytest.raises(ValueError, match="head must be one of"):
             runner.step(ids, pos, mask, cache, "top8")
+        picked = {}  # one row per sequence (a drafter's root: its last fed token), chosen before the head reads
+        for head in ("logits", "argmax", TopLogProbs(3, 0.5)):
+            cache = runner.new_cache(2)
+            cache.reserve(4)
+            picked[head] = runner.step(*pack_step(cache, rows, [np.arange(4), np.arange(2)]), cache, head, [3, 1])[0]
     assert out["logits"].shape == (2, 4, pipe.target.entry.vocab_size) and out["discard"] is None
     assert out["argmax"].dtype == np.int64 and (out["argmax"] == out["logits"].argmax(-1)).all()
+    last = out["logits"][[0, 1], [3, 1]]
+    assert np.allclose(picked["logits"], last) and (picked["argmax"] == last.argmax(-1)).all()
+    assert (picked[TopLogProbs(3, 0.5)].tokens == out[TopLogProbs(3, 0.5)].tokens[[0, 1], [3, 1]]).all()
     top, want = out[TopLogProbs(3, 0.5)], log_softmax(out["logits"] / 0.5)
     assert top.tokens.shape == top.values.shape == (2, 4, 3) and top.tokens.dtype == np.int64
     assert (top.tokens == np.argsort(-want, axis=-1, kind="stable")[..., :3]).all()
