@@ -84,10 +84,10 @@ class BeamDrafter(ModelDrafter):
 
     def _head(self, params, sampling: bool):
         """What the search reads of each draft step: the `num_beams` likeliest tokens' log q where it searches the
-        raw softmax deterministically (computed where the logits lie: on a GPU only those cross to the host), else
-        the whole logits."""
+        raw softmax deterministically and the logits lie on a device (computed there: only those cross to the
+        host), else the whole logits (host arrays already: ranking them there first only adds host work)."""
         greedy = not sampling and (params is None or params.greedy)
-        return TopLogProbs(self.num_beams) if greedy else "logits"
+        return TopLogProbs(self.num_beams) if greedy and not self.runner.backend.host_logits else "logits"
 
     def _select(self, nodes: "SearchNodes") -> set[int]:
         """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""

@@ -45,9 +45,11 @@ class DynamicTreeDrafter(BeamDrafter):
         return log_probs(logits, params)
 
     def _head(self, params, sampling: bool):
-        """Greedy: the `num_beams` likeliest tokens' log q at the calibrated temperature; sampling: the warped q
-        needs whole rows."""
-        return TopLogProbs(self.num_beams, self.temperature) if params is None or params.greedy else "logits"
+        """Greedy, on a device: the `num_beams` likeliest tokens' log q at the calibrated temperature (BeamDrafter.
+        _head); sampling: the warped q needs whole rows."""
+        greedy = params is None or params.greedy
+        return TopLogProbs(self.num_beams, self.temperature) if greedy and not self.runner.backend.host_logits \
+            else "logits"
 
     def _expand(self, nodes: SearchNodes) -> list[int]:
         # A node scores no higher than its parent, and ties go to earlier nodes, so a node that does not beat
