@@ -157,7 +157,7 @@ class Runner:
         self._binding = binding
         # gives the binding back once: on close(), or when the runner is garbage collected unclosed
         self._release = weakref.finalize(self, backend._release, binding)
-        self.busy_seconds = 0.0  # wall time spent inside step() since creation
+        self.busy_seconds = 0.0  # wall time of the model inside step() since creation (a host-side head is not)
         self.num_steps = 0
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,

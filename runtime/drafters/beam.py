@@ -51,6 +51,7 @@ def top_beams(scores: np.ndarray, logq: np.ndarray | TopK, width: int,
 
 class BeamDrafter(ModelDrafter):
     sample_beams = True  # beam sampling when the request samples (MTAD); DynamicTreeDrafter keeps top-k
+    temperature = 1.0  # greedy search scores log softmax(logits / temperature) (DynamicTreeDrafter: calibrated)
 
     def __init__(self, runner: Runner, num_beams: int, gamma: int, bucket: int = 128, num_verified: int = 1):
         if num_beams < 1 or gamma < 1:
@@ -79,15 +80,21 @@ class BeamDrafter(ModelDrafter):
         return trees
 
     def _log_probs(self, logits: np.ndarray | TopK, params) -> np.ndarray | TopK:
-        """log q of the next token [..., V]; a TopK (the step's TopLogProbs head) is that already."""
-        return logits if isinstance(logits, TopK) else log_probs(logits, params)
+        """log q of the next token [..., V], greedy at `temperature`, else warped as the request samples; a TopK (the
+        step's TopLogProbs head) is that already."""
+        if isinstance(logits, TopK):
+            return logits
+        if params is None or params.greedy:
+            return log_probs(logits / self.temperature, params)
+        return log_probs(logits, params)
 
     def _head(self, params, sampling: bool):
-        """What the search reads of each draft step: the `num_beams` likeliest tokens' log q where it searches the
-        raw softmax deterministically and the logits lie on a device (computed there: only those cross to the
-        host), else the whole logits (host arrays already: ranking them there first only adds host work)."""
+        """What the search reads of each draft step: the `num_beams` likeliest tokens' log q at `temperature` where
+        it searches deterministically and greedily and the logits lie on a device (computed there: only those cross
+        to the host), else the whole logits (host arrays already: ranking them there first only adds host work)."""
         greedy = not sampling and (params is None or params.greedy)
-        return TopLogProbs(self.num_beams) if greedy and not self.runner.backend.host_logits else "logits"
+        return TopLogProbs(self.num_beams, self.temperature) if greedy and not self.runner.backend.host_logits \
+            else "logits"
 
     def _select(self, nodes: "SearchNodes") -> set[int]:
         """The top `num_verified` beams at full depth (highest joint log q first) with their ancestors."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.runtime.backends import Runner
-from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.beam import BeamDrafter, SearchNodes
-from specrt.runtime.sampling import log_probs
 
 
 class DynamicTreeDrafter(BeamDrafter):
@@ -36,20 +34,6 @@ class DynamicTreeDrafter(BeamDrafter):
         super().__init__(runner, width, depth, bucket)
         self.num_nodes = num_nodes
         self.temperature = temperature
-
-    def _log_probs(self, logits, params):
-        if isinstance(logits, TopK):  # the step's TopLogProbs head, at this temperature (_head)
-            return logits
-        if params is None or params.greedy:
-            return log_probs(logits / self.temperature, params)
-        return log_probs(logits, params)
-
-    def _head(self, params, sampling: bool):
-        """Greedy, on a device: the `num_beams` likeliest tokens' log q at the calibrated temperature (BeamDrafter.
-        _head); sampling: the warped q needs whole rows."""
-        greedy = params is None or params.greedy
-        return TopLogProbs(self.num_beams, self.temperature) if greedy and not self.runner.backend.host_logits \
-            else "logits"
 
     def _expand(self, nodes: SearchNodes) -> list[int]:
         # A node scores no higher than its parent, and ties go to earlier nodes, so a node that does not beat
