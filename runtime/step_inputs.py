@@ -91,7 +91,13 @@ def sequence_logits(runner, tokens: np.ndarray) -> np.ndarray:
 def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[np.ndarray],
               blocks: Sequence[np.ndarray | None] | None = None,
               scratch: Sequence[tuple[int, np.ndarray] | None] | None = None):
-    """Returns input_ids [B, T], position_ids [B, T], attention_mask [B, T, S + T] (S = cache.capacity)."""
+    """Returns input_ids [B, T], position_ids [B, T], attention_mask [B, T, S + T] (S = cache.capacity).
+
+    `tokens` may also be one [B, n] array of a "device-argmax" head's tokens (Runner.step: n rows for every sequence,
+    where the logits lie): it is input_ids as it stands, the host building only positions and the mask."""
+    device_ids = None
+    if not isinstance(tokens, (list, tuple, np.ndarray)):
+        device_ids, tokens = tokens, [np.zeros(tokens.shape[1], np.int64)] * tokens.shape[0]
     batch = len(tokens)
     counts = [len(t) for t in tokens]
     num_tokens = max(counts)
@@ -110,7 +116,8 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
     if min(counts) == num_tokens and (blocks is None or all(b is None for b in blocks)):  # no holes, all causal
         mask[:, :, capacity:] = causal
         pos = np.stack(positions).astype(np.int64, copy=False)
-        return np.stack(tokens).astype(np.int64, copy=False), pos, _windowed(mask, pos, cache)
+        ids = np.stack(tokens).astype(np.int64, copy=False) if device_ids is None else device_ids
+        return ids, pos, _windowed(mask, pos, cache)
     ids = np.zeros((batch, num_tokens), dtype=np.int64)
     pos = np.full((batch, num_tokens), 0 if cache.compute_holes else HOLE_POSITION, dtype=np.int64)
     mask[:, :, capacity:] = False
@@ -124,7 +131,7 @@ def pack_step(cache: KVCache, tokens: Sequence[np.ndarray], positions: Sequence[
             mask[b, n:, :capacity] = False
             idx = np.arange(n, num_tokens)
             mask[b, idx, capacity + idx] = True
-    return ids, pos, _windowed(mask, pos, cache)
+    return (ids if device_ids is None else device_ids), pos, _windowed(mask, pos, cache)
 
 
 def _windowed(mask: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:

@@ -2,12 +2,16 @@
 
     runner = backend.runner()                  # one per caller: its own bindings and output buffers
     runner.step(input_ids, position_ids, attention_mask, cache, head="logits") -> (logits, new_kv)
-        input_ids       [B, T] int64        (numpy)
+        input_ids       [B, T] int64        (numpy; or a "device-argmax" head's tokens from a runner of the same
+                                            backend, used where they lie)
         position_ids    [B, T] int64        (numpy)
         attention_mask  [B, T, S + T] bool  (numpy; S = cache.capacity)
         logits          [B, T, V] float32   (numpy, valid until this runner's next step); what `head` asks of them:
                         "argmax": [B, T] int64, each row's argmax (greedy verification needs no more); "discard":
-                        None (prefill); TopLogProbs(k, temperature): a TopK of each row's k likeliest tokens and
+                        None (prefill); "device-argmax": the argmax left where the logits lie (a torch tensor on a
+                        device backend; numpy where the logits are host arrays), nothing waiting for the step: fed to
+                        a later step as its input_ids (a greedy draft chain) or brought over once by Runner.to_host;
+                        TopLogProbs(k, temperature): a TopK of each row's k likeliest tokens and
                         their log-probabilities (a greedy beam search). A backend whose logits live on a device
                         reduces them there, so only what the head keeps crosses to the host ([B, T] int64 instead
                         of [B, T, V] float32: with a 128K vocabulary, 8 bytes a row instead of 512 KB)
@@ -34,7 +38,8 @@ from specrt.runtime.kv_cache import KVCache
 from specrt.runtime.sampling import log_softmax
 
 
-HEADS = ("logits", "argmax", "discard")  # what of a step's logits comes back to the host (module docstring)
+# what of a step's logits comes back to the host (module docstring)
+HEADS = ("logits", "argmax", "device-argmax", "discard")
 
 
 @dataclass(frozen=True)
@@ -125,11 +130,15 @@ class Backend(ABC):
         """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
         backend holds them, new_kv); _head brings them to the host."""
 
+    def _pick(self, logits, pick):
+        """Row pick[b] of each sequence's logits [B, T, V] -> [B, V] (Runner.step); these are numpy."""
+        return logits[np.arange(len(pick)), np.asarray(pick, dtype=np.int64)]
+
     def _head(self, logits, head):
         """The step's logits on the host as `head` asks (module docstring); these are numpy already."""
         if isinstance(head, TopLogProbs):
             return top_log_probs(logits, head)
-        if head == "argmax":
+        if head in ("argmax", "device-argmax"):  # the host is where these logits lie
             return logits.argmax(axis=-1)
         return None if head == "discard" else logits
 
@@ -146,7 +155,41 @@ def torch_head(logits, head):
             x = torch.log_softmax((logits.float() / head.temperature).double(), dim=-1)  # as the host path
             values, tokens = x.topk(min(head.k, x.shape[-1]), dim=-1)  # sorted, best first
             return TopK(values.cpu().numpy(), tokens.cpu().numpy())
+        if head == "device-argmax":
+            return logits.argmax(dim=-1)  # queued behind the step; nothing waits for it
         return (logits.argmax(dim=-1) if head == "argmax" else logits.float()).cpu().numpy()
+
+
+def _host_tensor(torch, x: np.ndarray, dtype, pinned: bool):
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=dtype))
+    return t.pin_memory() if pinned else t
+
+
+def torch_input(torch, x, device, dtype=np.int64):
+    """A step input as a torch tensor on `device`. A "device-argmax" head's tensor is used where it lies. A host array
+    bound for a CUDA device is staged in pinned (page-locked) memory and copied without blocking: the copy queues
+    behind the steps already launched, where a blocking one would first wait for all of them (ATen copies host memory
+    to a device with cudaMemcpyAsync then cudaStreamSynchronize unless non_blocking) and so stall every step on the
+    one before it. The pinned block is not reused before its copy ran (PyTorch's caching host allocator records it)."""
+    if not isinstance(x, np.ndarray):
+        return x.to(device)
+    cuda = torch.device(device).type == "cuda"
+    return _host_tensor(torch, x, dtype, cuda).to(device, non_blocking=cuda)
+
+
+def copy_input(torch, buffer, x, dtype=np.int64) -> None:
+    """Copy a step input into an engine's buffer (a fixed address a CUDA graph or a TensorRT context reads), without
+    blocking as torch_input: a host array staged in pinned memory on CUDA, a device head's tensor where it lies."""
+    if isinstance(x, np.ndarray):
+        x = _host_tensor(torch, x, dtype, buffer.is_cuda)
+    buffer.copy_(x, non_blocking=True)
+
+
+def torch_pick(torch, logits, pick):
+    """logits [B, T, V] (a torch tensor) -> [B, V], row pick[b] of each sequence, chosen where they lie (the row
+    indices copied over as a step's inputs are, without blocking)."""
+    rows = torch_input(torch, np.asarray(pick, dtype=np.int64), logits.device)
+    return logits[torch.arange(len(pick), device=logits.device), rows]
 
 
 class Runner:
@@ -170,12 +213,23 @@ class Runner:
         t0 = time.perf_counter()
         logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
         t1 = time.perf_counter()
-        if pick is not None:  # numpy arrays and torch tensors (on any device) index alike
-            logits = logits[np.arange(len(pick)), np.asarray(pick, dtype=np.int64)]
+        if pick is not None:
+            logits = self.backend._pick(logits, pick)
         logits = self.backend._head(logits, head)
+        # a device backend's head waits for its step, except "device-argmax" (to_host waits for it later)
         self.busy_seconds += (t1 if self.backend.host_logits else time.perf_counter()) - t0
         self.num_steps += 1
         return logits, new_kv
+
+    def to_host(self, tokens) -> np.ndarray:
+        """A "device-argmax" head's tokens (or anything computed from them where they lie) on the host: the one wait
+        for the steps that made them, counted as this runner's busy time as a device head's wait is."""
+        if isinstance(tokens, np.ndarray):
+            return tokens
+        t0 = time.perf_counter()
+        out = tokens.cpu().numpy()
+        self.busy_seconds += time.perf_counter() - t0
+        return out
 
     def new_cache(self, batch: int, bucket: int = 128) -> KVCache:
         return self.backend._new_cache(self._binding, batch, bucket)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
-from specrt.runtime.backends.base import Backend, torch_head
+from specrt.runtime.backends.base import Backend, torch_head, torch_input, torch_pick
 
 
 class TorchBackend(Backend):
@@ -37,12 +37,14 @@ class TorchBackend(Backend):
         for layer in range(e.num_layers):
             past += cache.layer_views(layer)
         with torch.inference_mode():
-            out = self.module(torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device),
-                              torch.from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)).to(self.device),
-                              torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)).to(self.device),
-                              *past)
+            out = self.module(torch_input(torch, input_ids, self.device),
+                              torch_input(torch, position_ids, self.device),
+                              torch_input(torch, attention_mask, self.device, np.bool_), *past)
             new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
         return out[0], new_kv
 
     _head = staticmethod(torch_head)  # the argmax on the device: [B, T] int64 crosses, not the logits
     host_logits = False
+
+    def _pick(self, logits, pick):
+        return torch_pick(self.torch, logits, pick)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from specrt.errors import InvalidRequestError
-from specrt.runtime.backends.base import Backend, torch_head
+from specrt.runtime.backends.base import Backend, torch_head, torch_pick
 
 
 class SlotPool:
@@ -61,6 +61,9 @@ class EngineBackend(Backend):
 
     _head = staticmethod(torch_head)  # the engines' logits stay on the device; the head reduces them there
     host_logits = False
+
+    def _pick(self, logits, pick):
+        return torch_pick(self.torch, logits, pick)
 
     def _new_binding(self):
         return self._slots.acquire()

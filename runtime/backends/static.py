@@ -23,6 +23,7 @@ import numpy as np
 from specrt.bundle.artifacts import EngineSet
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import InvalidRequestError
+from specrt.runtime.backends.base import copy_input
 from specrt.runtime.backends.slots import EngineBackend, SlotPool
 from specrt.runtime.kv_cache import KVCache
 
@@ -141,15 +142,19 @@ class StaticTorchBackend(EngineBackend):
             shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens))]
         ids = np.zeros((shape.batch, shape.tokens), dtype=np.int64)  # [Bb, Tp]; holes: token 0, position 0
         pos = np.zeros((shape.batch, shape.tokens), dtype=np.int64)
-        ids[:batch, :num_tokens] = input_ids
+        device_ids = not isinstance(input_ids, np.ndarray)  # a "device-argmax" head's tokens: copied where they lie
+        if not device_ids:
+            ids[:batch, :num_tokens] = input_ids
         pos[:batch, :num_tokens] = position_ids
         mask = np.zeros((shape.batch, shape.tokens, capacity + shape.tokens), dtype=bool)  # [Bb, Tp, C + Tp]
         mask[:batch, :num_tokens, :capacity] = attention_mask[:, :, :capacity]
         mask[:batch, :num_tokens, capacity:capacity + num_tokens] = attention_mask[:, :, capacity:]
         rows = np.arange(shape.tokens)
         mask[:, rows, capacity + rows] = True  # every row sees itself: real rows already do, holes see nothing else
-        shape.ids.copy_(torch.from_numpy(ids))
-        shape.pos.copy_(torch.from_numpy(pos))
-        shape.mask.copy_(torch.from_numpy(mask))
+        copy_input(torch, shape.ids, ids)  # queued behind the steps before it, not waiting for them (copy_input)
+        if device_ids:
+            copy_input(torch, shape.ids[:batch, :num_tokens], input_ids)
+        copy_input(torch, shape.pos, pos)
+        copy_input(torch, shape.mask, mask, np.bool_)
         logits, new_kv = shape.run()
         return logits[:batch, :num_tokens], new_kv[:, :, :batch, :, :num_tokens]

@@ -32,6 +32,7 @@ from specrt import contract
 from specrt.bundle.artifacts import TrtEngineSet
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
+from specrt.runtime.backends.base import copy_input
 from specrt.runtime.backends.slots import EngineBackend, SlotPool
 from specrt.runtime.kv_cache import CacheRows, KVCache
 
@@ -178,8 +179,8 @@ class TrtBackend(EngineBackend):
         ctx, shapes, addresses = slot.contexts[p], slot.shapes[p], slot.addresses[p]
         ids = _view(slot.ids, (batch, num_tokens))
         pos = _view(slot.pos, (batch, num_tokens))
-        ids.copy_(torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)))
-        pos.copy_(torch.from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)))
+        copy_input(torch, ids, input_ids)  # queued behind the steps before it (copy_input)
+        copy_input(torch, pos, position_ids)
         logits = _view(slot.logits, (batch, num_tokens, e.vocab_size))
         tensors = {contract.INPUT_IDS: ids, contract.POSITION_IDS: pos, contract.LOGITS: logits}
         if in_graph:
@@ -188,13 +189,13 @@ class TrtBackend(EngineBackend):
                 raise InvalidRequestError(f"context of {int(starts.max()) + num_tokens} tokens exceeds the engines' "
                                           f"static capacity of {capacity} (rebuild them with a larger --capacity)")
             mask = _view(slot.mask, (batch, num_tokens, capacity))
-            mask.copy_(torch.from_numpy(contract.in_graph_mask(attention_mask, starts, capacity)))
+            copy_input(torch, mask, contract.in_graph_mask(attention_mask, starts, capacity), np.bool_)
             write = _view(slot.write, (batch,))
-            write.copy_(torch.from_numpy(starts))
+            copy_input(torch, write, starts)
             tensors[contract.WRITE_INDICES] = write
         else:
             mask = _view(slot.mask, (batch, num_tokens, capacity + num_tokens))
-            mask.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.bool_)))
+            copy_input(torch, mask, attention_mask, np.bool_)
             new_kv = _view(slot.new_kv, (e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
         tensors[contract.ATTENTION_MASK] = mask
         for layer in range(e.num_layers):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.runtime.backends import Runner
+from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.base import ModelDrafter
 from specrt.runtime.sampling import sample, warp
 from specrt.runtime.tree import DraftTree, TreeSpec
@@ -53,14 +54,10 @@ class DraftModelDrafter(ModelDrafter):
         fit = [b for b in self._layouts if b <= batch]
         return self._layouts[fit[-1] if fit else next(iter(self._layouts))]
 
-    def _fill(self, parents: np.ndarray, rows: np.ndarray, tokens: np.ndarray, probs, params, rng) -> None:
-        """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token
-        logits rows [B, len(parents), V] (or their argmax [B, len(parents)], where each has one child of rank 0),
-        all parents of one level at once."""
+    def _fill(self, parents: np.ndarray, rows, tokens: np.ndarray, probs, params, rng) -> None:
+        """Set the tokens of the children of `parents` (node ids, -1 = root) from their next-token logits rows
+        [B, len(parents), V] (or, on a device, a TopK of their best tokens), all parents of one level at once."""
         kids = [self._layout.children[p + 1] for p in parents]
-        if rows.ndim == 2:  # the argmax head: every child is its parent's rank 0
-            tokens[:, np.concatenate(kids)] = rows[:, np.repeat(np.arange(len(parents)), [len(k) for k in kids])]
-            return
         if probs is not None:  # sampled chain: one child, drawn from q
             q = warp(rows[:, 0], params)
             for b in range(len(rows)):
@@ -70,6 +67,9 @@ class DraftModelDrafter(ModelDrafter):
         child = np.concatenate(kids)  # [M] children of this level's parents
         which = np.repeat(np.arange(len(parents)), [len(k) for k in kids])  # [M] their parent's row
         rank = self._layout.spec.ranks[child]  # [M]
+        if isinstance(rows, TopK):  # best first already
+            tokens[:, child] = rows.tokens[:, which, rank]
+            return
         k = int(rank.max()) + 1
         if k == 1:
             tokens[:, child] = rows.argmax(axis=-1)[:, which]
@@ -83,15 +83,17 @@ class DraftModelDrafter(ModelDrafter):
         batch = len(seqs)
         self._layout = self.layout_for(batch)
         spec = self._layout.spec
-        sampled = spec.is_chain and not params.greedy
-        # a greedy chain (or a tree of rank-0 children only) needs each row's argmax, not the draft's logits: on a GPU
-        # they stay there (Runner.step's head)
-        head = "argmax" if not sampled and not spec.ranks.any() else "logits"
+        self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
+        if params.greedy and spec.is_chain:
+            return self._greedy_chain(seqs)
+        sampled = spec.is_chain
+        # a tree of top-k children on a device reads each fed node's k best tokens, not its logits (Runner.step's head)
+        on_device = not sampled and not self.runner.backend.host_logits
+        head = TopLogProbs(int(spec.ranks.max()) + 1) if on_device else "logits"
         root = self._feed_pending(seqs, head)
         tokens = np.zeros((batch, len(spec)), dtype=np.int64)
         probs = np.zeros((batch, len(spec), root.shape[-1])) if sampled else None
         self._fill(np.array([-1]), root[:, None], tokens, probs, params, rng)
-        self._slots = np.full((batch, len(spec)), -1, dtype=np.int64)
         for expand, vis, block in self._layout.plan:
             logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
                                                   [spec.depths[expand]] * batch,
@@ -99,5 +101,21 @@ class DraftModelDrafter(ModelDrafter):
             self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
             self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
         if spec.is_chain:
-            return [DraftTree.chain(tokens[b], None if probs is None else probs[b]) for b in range(batch)]
+            return [DraftTree.chain(tokens[b], probs[b]) for b in range(batch)]
         return [DraftTree(tokens[b], spec.parents, None, spec=spec) for b in range(batch)]
+
+    def _greedy_chain(self, seqs) -> list[DraftTree]:
+        """A greedy chain: each draft step's argmax is the next step's input where it lies (Runner.step's
+        "device-argmax"). On a device the chain's steps queue one behind another and the host waits once, for all its
+        tokens, instead of once a step; on ONNX Runtime the argmax is a host array as before."""
+        batch = len(seqs)
+        last = self._feed_pending(seqs, "device-argmax")[:, None]  # [B, 1]
+        drafted = [last]
+        for expand, _, block in self._layout.plan:  # one node a level
+            last, first_slot = self._step_nodes(last, [self._layout.spec.depths[expand]] * batch, None, block,
+                                                "device-argmax")
+            self._slots[:, expand] = first_slot[:, None]
+            drafted.append(last)
+        tokens = self.runner.to_host(np.concatenate(drafted, axis=1) if isinstance(last, np.ndarray)
+                                     else self.runner.backend.torch.cat(drafted, dim=1))  # [B, N]
+        return [DraftTree.chain(tokens[b]) for b in range(batch)]

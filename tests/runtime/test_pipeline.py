@@ -1,5 +1,6 @@
-from collections import Counter
 """End-to-end greedy equality and API behaviour on the committed demo pair."""
+
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -229,12 +230,124 @@ def test_a_step_brings_to_the_host_only_what_its_head_keeps(pipelines, backend):
     assert np.allclose(top.values, np.take_along_axis(want, top.tokens, -1), atol=1e-9)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_device_argmax_head_feeds_the_next_step_where_it_lies(pipelines, backend):
+    """Runner.step's "device-argmax": each row's argmax left where the logits lie (a torch tensor on the torch
+    backend, numpy on ONNX Runtime's host), taken by a later step as its input_ids as they stand (pack_step passes
+    it through) and brought to the host once by Runner.to_host: the same logits as the host's tokens give."""
+    import torch
+
+    from specrt.runtime.step_inputs import pack_step
+
+    pipe = pipelines[backend]
+    rows = [np.array([5, 9, 3, 7]), np.array([11, 2, 8, 4])]
+    with pipe.draft.runner() as runner:
+        cache = runner.new_cache(2)
+        cache.reserve(5)
+        ids, pos, mask = pack_step(cache, rows, [np.arange(4)] * 2)
+        lazy = runner.step(ids, pos, mask, cache, "device-argmax", [3, 3])[0]  # [B]
+        assert isinstance(lazy, torch.Tensor if backend == "torch" else np.ndarray)
+        assert lazy.shape == (2,)
+        cache.append(runner.step(ids, pos, mask, cache, "discard")[1], [4, 4])
+        column = lazy[:, None]
+        ids, pos, mask = pack_step(cache, column, [np.full(1, 4)] * 2, [np.eye(1, dtype=bool)] * 2)
+        assert ids is column if backend == "torch" else (ids == column).all()
+        fed = runner.step(ids, pos, mask, cache, "logits")[0].copy()
+        host = runner.to_host(lazy)
+        assert isinstance(host, np.ndarray) and host.dtype == np.int64
+        ids, pos, mask = pack_step(cache, [host[:1], host[1:]], [np.full(1, 4)] * 2)
+        assert np.array_equal(runner.step(ids, pos, mask, cache, "logits")[0], fed)
+
+
+def test_a_greedy_draft_chain_brings_its_tokens_to_the_host_once_a_round(pipelines, humaneval, monkeypatch):
+    """A greedy chain (sd) on a backend whose logits lie on a device feeds each draft step's argmax to the next step
+    where it lies: one copy to the host per round, for all its tokens, not one per draft step; and each chain is the
+    draft model's own greedy continuation, as an independent rollout (one host argmax a step) computes it."""
+    import torch
+
+    from specrt.runtime.drafters.draft_model import DraftModelDrafter
+    from specrt.runtime.step_inputs import sequence_logits
+
+    pipe = pipelines["torch"]
+    copies, rounds = [], []  # copies: tensors brought to the host while each round drafts
+    real_cpu, real_propose = torch.Tensor.cpu, DraftModelDrafter._propose
+
+    def cpu(self, *args, **kw):
+        if copies and copies[-1] is not None:
+            copies[-1] += 1
+        return real_cpu(self, *args, **kw)
+
+    def propose(self, seqs, params, rng):
+        copies.append(0)
+        trees = real_propose(self, seqs, params, rng)
+        copies.append(None)  # the verification's own copy is not the drafter's
+        rounds.append(([s.tokens.copy() for s in seqs], [t.tokens.copy() for t in trees], self.num_calls))
+        return trees
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    monkeypatch.setattr(DraftModelDrafter, "_propose", propose)
+    out = pipe.generate(humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4)
+    monkeypatch.undo()
+    assert len(rounds) > 2 and copies == [1, None] * len(rounds)
+    assert max(n for *_, n in rounds) == 4  # draft steps a round: up to 4, one copy
+    with pipe.draft.runner() as runner:
+        for prefixes, chains, _ in rounds[:3]:
+            for prefix, chain in zip(prefixes, chains):
+                want = list(prefix)
+                for _ in range(len(chain)):
+                    want.append(int(sequence_logits(runner, np.asarray(want))[-1].argmax()))
+                assert chain.tolist() == want[len(prefix):]
+    ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=16, batch_size=2)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_greedy_draft_chain_waits_for_the_device_only_for_its_tokens(demo_bundle, humaneval, monkeypatch):
+    """On CUDA, drafting a greedy chain synchronises with the device once, in Runner.to_host: its step inputs are
+    copied from pinned memory without blocking (a blocking host-to-device copy synchronises the stream) and each step's
+    argmax feeds the next where it lies. PyTorch's sync debug mode raises at any other synchronising call."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from specrt.runtime.backends.base import Runner
+    from specrt.runtime.drafters.draft_model import DraftModelDrafter
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(demo_bundle, backend="torch", device="cuda")
+    real_to_host, real_propose = Runner.to_host, DraftModelDrafter._propose
+    waits = []
+
+    def to_host(self, tokens):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            waits.append(1)
+            return real_to_host(self, tokens)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def propose(self, seqs, params, rng):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_propose(self, seqs, params, rng)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(Runner, "to_host", to_host)
+    monkeypatch.setattr(DraftModelDrafter, "_propose", propose)
+    out = pipe.generate(humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4)
+    monkeypatch.undo()
+    assert waits and sum(g.stats.rounds for g in out) >= len(waits)
+    ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=16, batch_size=2)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+
+
 @pytest.mark.parametrize("method, options, want, draft", [
     # greedy verification reads each row's argmax only; a greedy chain drafts from the draft's argmax
-    ("sd", {}, "argmax", {"argmax"}),
+    ("sd", {}, "argmax", {"device-argmax"}),  # each draft step's argmax fed to the next where it lies
     ("dynamic", {}, "argmax", {"top-k"}),  # its beams' top-k log-probabilities, at the draft temperature
     ("dynamic", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # the warped q needs whole rows
-    ("tree", {}, "argmax", {"logits"}),  # children of rank > 0: the draft's top-k
+    ("tree", {}, "argmax", {"top-k"}),  # children of rank > 0: the draft's top-k tokens
     ("autoregressive", {}, "argmax", set()),
     ("sd", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # rejection sampling warps whole rows
     ("ppd", {}, "logits", set()),  # PPD's next guesses are the prompt tokens' rows
@@ -269,27 +382,34 @@ def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeyp
         assert [g.token_ids for g in out] == [g.token_ids for g in ar]
 
 
-@pytest.mark.parametrize("method", ["dynamic", "mtad"])
-def test_a_greedy_beam_search_over_the_top_k_head_drafts_what_whole_logits_draft(pipelines, humaneval, monkeypatch,
-                                                                                   method):
+@pytest.mark.parametrize("method", ["dynamic", "mtad", "tree"])
+def test_a_greedy_search_over_the_top_k_head_drafts_what_whole_logits_draft(pipelines, humaneval, monkeypatch,
+                                                                              method):
     """A greedy beam search over logits that lie on a device (the torch backend's, here on the CPU) reads only each
-    draft step's num_beams likeliest tokens (TopLogProbs): the best extensions of any beams lie among them, so every
-    round drafts and accepts exactly what it did over the whole logits. (ONNX Runtime's logits are host arrays:
-    its drafters read them whole, as before.)"""
-    from specrt.runtime.drafters.beam import BeamDrafter
-    from specrt.runtime.drafters.dynamic import DynamicTreeDrafter
+    draft step's num_beams likeliest tokens (TopLogProbs): the best extensions of any beams lie among them; a static
+    tree only the k best tokens its top-k children take. So every round drafts and accepts exactly what it did over
+    the whole logits. (ONNX Runtime's logits are host arrays: its drafters read them whole, as before.)"""
+    from specrt.runtime.backends.base import Runner, TopLogProbs
 
     pipe = pipelines["torch"]
     assert not pipe.draft.host_logits and pipelines["ort"].draft.host_logits
+    heads = []
+    real = Runner.step
+
+    def spy(self, *args, **kw):
+        heads.append(isinstance(args[4] if len(args) > 4 else kw.get("head"), TopLogProbs))
+        return real(self, *args, **kw)
 
     def run():
+        heads.clear()
         out = pipe.generate(humaneval[:3], method=method, max_new_tokens=24, batch_size=3)
         return [(g.token_ids, g.stats.accepted_hist, g.stats.drafted_hist, g.stats.accepted) for g in out]
 
+    monkeypatch.setattr(Runner, "step", spy)
     top = run()
-    for cls in (BeamDrafter, DynamicTreeDrafter):
-        monkeypatch.setattr(cls, "_head", lambda self, params, sampling: "logits")
-    assert run() == top
+    assert any(heads)
+    monkeypatch.setattr(pipe.draft, "host_logits", True)  # as if they were host arrays: whole rows
+    assert run() == top and not any(heads)
 
 
 @pytest.mark.parametrize("host_logits", [True, False])
