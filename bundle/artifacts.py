@@ -477,7 +477,7 @@ class EngineSet(Artifact):
     so the file records what was built and checked, and where. TensorRT engines will share the profile table."""
 
     FILE: ClassVar[str] = "engines.json"
-    FORMAT: ClassVar[int] = 2  # 2: quant
+    FORMAT: ClassVar[int] = 3  # 2: quant; 3: compile
     PER_VARIANT: ClassVar[bool] = True  # each scheme's engines (`specrt build --quant S`) at quant/S/engines.json
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle}"
 
@@ -497,6 +497,8 @@ class EngineSet(Artifact):
     # the plans were built from (`specrt quantize`); None: the weights as exported
     quant: str | None
     weight_bytes: dict[str, int]  # per model: the bytes of its weights as the engines hold them (the roofline's)
+    # graphs: the torch.compile mode of the decoder layers (contract.TORCH_COMPILE_MODES), None: eager; trt: None
+    compile: str | None
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
@@ -577,7 +579,7 @@ class TrtEngineSet(EngineSet):
     with the TensorRT version and on the GPU it was built for, unless built version- or hardware-compatible."""
 
     FILE: ClassVar[str] = "trt-engines.json"
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2  # 2: compile (None)
     PER_VARIANT: ClassVar[bool] = False  # one set of plans, built from the variant `quant` names
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle} --backend trt"
 

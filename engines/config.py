@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from specrt.bundle.artifacts import HARDWARE_COMPATIBILITY
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
-from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
+from specrt.contract import KV_UPDATES, TORCH_COMPILE_MODES, TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import ThreadOptions
 
@@ -52,6 +52,11 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                      "quantized variant's step graphs: int8-qdq or fp8-qdq (`specrt quantize --scheme S`), "
                                      "TensorRT's explicit INT8 / FP8 from symmetric Q/DQ (strongly typed: no precision "
                                      "flags; FP8: compute capability >= 8.9)")
+    compile: str | None = option(None, "graphs: run each decoder layer through torch.compile before the CUDA graphs are "
+                                       "captured, one compile per step shape serving every layer: default, or "
+                                       "max-autotune (inductor's kernel autotuning, without CUDA graphs of its own; "
+                                       "a longer build); checked against the eager step like every engine",
+                                 choices=TORCH_COMPILE_MODES)
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,6 +71,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
             raise InvalidRequestError(f"--quant {self.quant}: the graphs engines quantize their projections with "
                                       f"{' or '.join(TORCH_QUANT_SCHEMES)} (`specrt quantize`'s variants run on the ort "
                                       "backend, or in TensorRT plans with --backend trt)")
+        if self.backend == "trt" and self.compile is not None:
+            raise InvalidRequestError("--compile compiles the graphs engines' layers with torch.compile; TensorRT "
+                                      "compiles its plans itself (--backend trt takes no --compile)")
         if self.backend == "trt" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
                                                                   or self.kv_update == "graph"):
             raise InvalidRequestError("--quant with --backend trt builds TensorRT plans from a quantized variant's Q/DQ "

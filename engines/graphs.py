@@ -10,6 +10,10 @@ logit); and it records the
 table, the device, its compute capability and the library versions, so that the bundle refuses these
 engines on another GPU or library version.
 
+`--compile default|max-autotune` runs the decoder layers through torch.compile first (runtime/backends/static.py):
+compiled at build to check them against the eager step, and again wherever the bundle is loaded (a compiled graph,
+like a CUDA graph, is not stored; build_seconds says what a load will cost).
+
 `--quant int8-wo|fp8` builds engines whose projections are 8-bit (model/quant.py), checked against the eager step
 of the same quantized module, at quant/S/engines.json beside the float engines (load with --quant S).
 """
@@ -17,6 +21,7 @@ of the same quantized module, at quant/S/engines.json beside the float engines (
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -58,7 +63,8 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
             cache.lengths[:] = feeds[contract.ATTENTION_MASK][:, 0, :room].sum(axis=1)
             ids, pos, mask = (feeds[n] for n in (contract.INPUT_IDS, contract.POSITION_IDS, contract.ATTENTION_MASK))
             static_logits, _ = runner.step(ids, pos, mask, cache)
-            with torch.inference_mode():
+            # compiled layers (--compile) are checked against eager ones; `module` may be any function of the feeds
+            with torch.inference_mode(), module.eager() if hasattr(module, "eager") else nullcontext():
                 past = [torch.from_numpy(feeds[n]).to(backend.device) for n in contract.input_names(e.num_layers)[3:]]
                 eager = module(*(torch.from_numpy(a).to(backend.device) for a in (ids, pos, mask)), *past)[0]
             eager = eager.float().cpu().numpy()
@@ -109,7 +115,7 @@ def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="graphs", token_profiles=cfg.token_profiles,
                         batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, slots=cfg.slots, device=device,
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
-                        quant=cfg.quant, weight_bytes={})
+                        quant=cfg.quant, weight_bytes={}, compile=cfg.compile)
     rng = np.random.default_rng(0)
     seconds, parity, weight_bytes = {}, {}, {}
     for role in tqdm(("target", "draft"), desc="build", unit="model", disable=not progress):

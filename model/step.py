@@ -15,6 +15,8 @@ Invariants: a row whose mask is all False produces finite garbage (never NaN), a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -45,7 +47,9 @@ def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
 
 
 class StepModule(nn.Module):
-    """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer."""
+    """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer.
+
+    Each decoder layer runs as a StepLayer (`layer_steps`), the unit `compile_layers` hands to torch.compile."""
 
     def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None):
         super().__init__()
@@ -61,6 +65,34 @@ class StepModule(nn.Module):
         # PPD's prompt tokens: a parameter (trained by `specrt ppd train`, everything else frozen) or None
         self.prompt_embeddings = None if prompt_embeddings is None else nn.Parameter(
             prompt_embeddings.to(dtype=dtype, device=next(hf_model.parameters()).device), requires_grad=False)
+        # a plain list, not submodules: the layers' parameters keep their one name (hf.model.layers.N...), in
+        # state dicts and exported graphs alike
+        self.layer_steps = [StepLayer(layer, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+                            for layer in hf_model.model.layers]
+        self._layer_calls = list(self.layer_steps)  # what forward calls: the layers, or their compiled versions
+
+    def compile_layers(self, mode: str | None, **options) -> None:
+        """Run each decoder layer through torch.compile (`mode`: its mode; None: eagerly again). The layers share
+        one code object and, with their parameters as graph inputs (PyTorch >= 2.5's default), one compiled graph
+        per input shape: compiling one layer compiles them all (PyTorch's "regional compilation" recipe), so the
+        cost does not grow with depth. `options`: torch.compile's other arguments (dynamic, fullgraph)."""
+        if mode is None:
+            self._layer_calls = list(self.layer_steps)
+        else:
+            self._layer_calls = [torch.compile(layer, mode=mode, **options) for layer in self.layer_steps]
+
+    @property
+    def compiled(self) -> bool:
+        return self._layer_calls[0] is not self.layer_steps[0]
+
+    @contextmanager
+    def eager(self):
+        """Inside the block the layers run eagerly (a compiled step's reference; not for concurrent callers)."""
+        calls, self._layer_calls = self._layer_calls, list(self.layer_steps)
+        try:
+            yield self
+        finally:
+            self._layer_calls = calls
 
     def embed(self, input_ids):
         """[B, T, hidden] embeddings of token ids and (ids >= V) prompt tokens."""
@@ -76,16 +108,9 @@ class StepModule(nn.Module):
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
         new_kv = []
-        for layer_idx, layer in enumerate(self.hf.model.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        for layer_idx, layer in enumerate(self._layer_calls):
+            x, k, v = layer(x, cos, sin, bias, self.rotate_half, past[2 * layer_idx], past[2 * layer_idx + 1])
             new_kv += [k, v]
-            keys = torch.cat([past[2 * layer_idx], k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
-            values = torch.cat([past[2 * layer_idx + 1], v], dim=2).unsqueeze(2)
-            scaling = layer.self_attn.scaling
-            scores = torch.matmul(q, keys.transpose(3, 4)).float() * scaling + bias  # [B, Hkv, groups, T, S + T]
-            probs = torch.softmax(scores, dim=-1).to(q.dtype)
-            out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
-            x = self._end_layer(layer, x, out.permute(0, 3, 1, 2, 4))
         return (self._logits(x), *new_kv)
 
     def _begin(self, input_ids, position_ids):
@@ -94,29 +119,50 @@ class StepModule(nn.Module):
         cos, sin = self.hf.model.rotary_emb(x, position_ids)  # [B, T, D]
         return x, cos[:, None, None], sin[:, None, None]
 
-    def _qkv(self, layer, x, cos, sin):
-        """Rotated queries [B, Hkv, groups, T, D], keys and values [B, Hkv, T, D] of one layer.
+    def _logits(self, x):
+        return self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
+
+
+class StepLayer(nn.Module):
+    """One decoder layer of the step: forward(x, cos, sin, bias, rotate_half, past_key, past_value) -> (x, new key,
+    new value), attending to the past and the new tokens under the additive float32 `bias` [B, 1, 1, T, S + T]."""
+
+    def __init__(self, layer, num_kv_heads: int, groups: int, head_dim: int):
+        super().__init__()
+        self.layer = layer
+        self.num_kv_heads, self.groups, self.head_dim = num_kv_heads, groups, head_dim
+
+    def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
+        layer = self.layer
+        q, k, v = self.qkv(x, cos, sin, rotate_half)
+        keys = torch.cat([past_key, k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
+        values = torch.cat([past_value, v], dim=2).unsqueeze(2)
+        scores = torch.matmul(q, keys.transpose(3, 4)).float() * layer.self_attn.scaling + bias  # [B, Hkv, g, T, S+T]
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
+        return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
+
+    def qkv(self, x, cos, sin, rotate_half):
+        """Rotated queries [B, Hkv, groups, T, D], keys and values [B, Hkv, T, D] of the layer.
 
         Grouped-query attention without repeating K/V: the `groups` query heads that share a KV head are laid
         out next to each other (query head h reads KV head h // groups, as ONNX's Attention and Hugging Face's
         repeat_kv do), and attend to that head's keys."""
         batch, num_tokens = x.shape[:2]
-        attn, groups = layer.self_attn, self.num_heads // self.num_kv_heads
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(batch, num_tokens, self.num_kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
-        k = attn.k_proj(h).view(batch, num_tokens, self.num_kv_heads, 1, self.head_dim).permute(0, 2, 3, 1, 4)
-        v = attn.v_proj(h).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + torch.matmul(q, self.rotate_half) * sin  # [B, Hkv, groups, T, D]
-        k = (k * cos + torch.matmul(k, self.rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
+        attn, hkv, dim = self.layer.self_attn, self.num_kv_heads, self.head_dim
+        h = self.layer.input_layernorm(x)
+        q = attn.q_proj(h).view(batch, num_tokens, hkv, self.groups, dim).permute(0, 2, 3, 1, 4)
+        k = attn.k_proj(h).view(batch, num_tokens, hkv, 1, dim).permute(0, 2, 3, 1, 4)
+        v = attn.v_proj(h).view(batch, num_tokens, hkv, dim).transpose(1, 2)
+        q = q * cos + torch.matmul(q, rotate_half) * sin  # [B, Hkv, groups, T, D]
+        k = (k * cos + torch.matmul(k, rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
         return q, k, v
 
-    def _end_layer(self, layer, x, out):
-        """The rest of a decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
+    def end(self, x, out):
+        """The rest of the decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
+        layer = self.layer
         x = x + layer.self_attn.o_proj(out.reshape(*x.shape[:2], -1))
         return x + layer.mlp(layer.post_attention_layernorm(x))
-
-    def _logits(self, x):
-        return self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
 
 
 class InPlaceStepModule(StepModule):
@@ -141,14 +187,14 @@ class InPlaceStepModule(StepModule):
         x, cos, sin = self._begin(input_ids, position_ids)
         mask = attention_mask[:, None]  # [B, 1, T, C]
         present = []
-        for layer_idx, layer in enumerate(self.hf.model.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        for layer_idx, step in enumerate(self.layer_steps):
+            q, k, v = step.qkv(x, cos, sin, self.rotate_half)
             keys = _scatter(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
             values = _scatter(past[2 * layer_idx + 1], v, write_indices)
             present += [keys, values]
-            out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=layer.self_attn.scaling,
+            out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=step.layer.self_attn.scaling,
                                            softmax_precision=1)[0]  # [B, H, T, D]; 1: ONNX's FLOAT
-            x = self._end_layer(layer, x, out.transpose(1, 2))
+            x = step.end(x, out.transpose(1, 2))
         return (self._logits(x), *present)
 
 

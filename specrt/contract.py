@@ -71,6 +71,8 @@ def present_value(layer: int) -> str:
 KV_UPDATES = ("runtime", "graph")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
 # 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
+# torch.compile modes of the graphs engines' decoder layers (`specrt build --compile`; runtime/backends/static.py)
+TORCH_COMPILE_MODES = ("default", "max-autotune")
 # max |logit| (and new K/V) difference between two correct computations of one step, per dtype: an exported graph
 # against its module (graphs.parity), or a step of another shape (batched, padded, a tree: another summation order)
 # whose greedy token differs only at a tie within it (bench.quality.divergence); bfloat16 keeps 3 fewer mantissa

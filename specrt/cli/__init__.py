@@ -98,7 +98,8 @@ def cmd_build(args) -> None:
             print(f"{role}: {e.plans[role]} ({e.plan_bytes[role] / 2**20:.1f} MiB) built and checked in "
                   f"{e.build_seconds[role]:.1f} s; TensorRT vs eager step: max |logit err| {e.parity[role]:.2e}")
     else:
-        what = "CUDA graphs" if e.cuda_graphs else "static steps run eagerly: no CUDA graphs on the CPU"
+        what = "CUDA graphs" if e.cuda_graphs else "static steps, no CUDA graphs on the CPU"
+        what += f"; decoder layers torch.compile'd ({e.compile})" if e.compile else ""
         print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
               f"{e.device_name or e.device}: {table}")
         for role in e.build_seconds:

@@ -69,6 +69,49 @@ def test_lossless_methods_equal_autoregressive_on_static_steps(graphs, pipelines
     assert got[0].stats.target_calls - got[0].stats.rounds >= 2  # chunked prefill took several steps
 
 
+def test_compiled_layers_give_the_eager_steps_tokens_with_one_graph_per_shape(demo_bundle, tmp_path, pipelines,
+                                                                             humaneval, monkeypatch):
+    """`specrt build --compile default`: each decoder layer goes through torch.compile (inductor's C++ on the CPU),
+    one graph per step shape serving every layer of a model (not one per layer), all compiled when the backend
+    loads; checked against the eager step at build; decoding is token-identical to AR; a layer torch.compile cannot
+    compile whole is one clear line."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from specrt.engines.build import BuildConfig, build
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    table = dict(token_profiles=(1, 32), batch_buckets=(1, 2), capacity=256)
+    with pytest.raises(InvalidRequestError, match="--backend trt takes no --compile"):
+        BuildConfig(bundle=b, backend="trt", compile="default")
+    torch._dynamo.reset()
+    graphs0 = counters["stats"]["unique_graphs"]
+    e = build(BuildConfig(bundle=b, device="cpu", threads=2, compile="default", **table), progress=False)
+    assert e.compile == "default" and all(err <= 1e-4 for err in e.parity.values())
+    assert artifacts.load(b, EngineSet).compile == "default"
+    # 4 shapes (batch 1 and 2, 1 and 32 tokens) per model, the admission cache's among them; each model has >= 2 layers
+    assert counters["stats"]["unique_graphs"] - graphs0 == 2 * 4
+    pipe = Pipeline.load(b, backend="graphs", threads=2)
+    assert all(backend.module.compiled for backend in (pipe.target, pipe.draft))
+    prompts = humaneval[:3]
+    ar = [o.token_ids for o in pipelines["torch"].generate(prompts, method="autoregressive", max_new_tokens=16)]
+    for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="tree")):
+        assert [o.token_ids for o in pipe.generate(prompts, max_new_tokens=16, batch_size=2, **kw)] == ar, kw
+    # loading them compiled nothing more: dynamo's graphs guard on shapes, not on which module's parameters they take
+    assert counters["stats"]["unique_graphs"] - graphs0 == 2 * 4
+    from specrt.errors import SpecrtError
+    from specrt.model.step import StepLayer
+
+    torch._dynamo.reset()
+    end = StepLayer.end
+    monkeypatch.setattr(StepLayer, "end", lambda self, x, out: (torch._dynamo.graph_break(), end(self, x, out))[1])
+    with pytest.raises(SpecrtError, match="torch.compile could not compile the target's decoder layers .*: rebuild the "
+                                          "engines without --compile"):
+        Pipeline.load(b, backend="graphs", threads=2)
+    torch._dynamo.reset()
+
+
 def test_a_request_joining_a_running_batch_is_prefilled_alone(graphs, humaneval, monkeypatch):
     """Continuous batching on the engines: a joining request's prompt is prefilled in the slot's admission cache,
     one sequence wide, never beside the running sequences as empty rows (a step as wide as the batch)."""
@@ -150,7 +193,8 @@ def test_build_options_are_checked():
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
+@pytest.mark.parametrize("compile_mode", [None, "default"])
+def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval, compile_mode):
     import torch
 
     if not torch.cuda.is_available():
@@ -159,8 +203,9 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval):
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
-    e = build(BuildConfig(bundle=b, device="cuda", **TABLE), progress=False)
+    e = build(BuildConfig(bundle=b, device="cuda", compile=compile_mode, **TABLE), progress=False)
     assert e.cuda_graphs and e.device_name and all(err <= 1e-4 for err in e.parity.values())
+    assert e.compile == compile_mode
     graphs = Pipeline.load(b, backend="graphs")
     ar = [o.token_ids for o in graphs.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
     for kw in LOSSLESS:
