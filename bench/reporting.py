@@ -480,7 +480,11 @@ def machine_section(facts: dict) -> list[str]:
             lines += ["", f"Engines (`{name}`, {e['kind']} on {e['device']}"
                           f"{' ' + e['device_name'] if e.get('device_name') else ''}): token-count profiles "
                           f"{', '.join(map(str, e['token_profiles']))}; batch buckets {', '.join(map(str, e['batch_buckets']))}; "
-                          f"capacity {e['capacity']}; {e['slots']} slot(s); built with "
+                          f"capacity {e['capacity']}"
+                          + (f" (attention spans {', '.join(map(str, e['spans']))})"
+                             if len(e.get("spans", ())) > 1 else "")
+                          + (f"; decoder layers torch.compile'd ({e['compile']})" if e.get("compile") else "")
+                          + f"; {e['slots']} slot(s); built with "
                           + ", ".join(f"{k} {v}" for k, v in e["versions"].items())]
     return lines + [""]
 

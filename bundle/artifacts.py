@@ -477,7 +477,7 @@ class EngineSet(Artifact):
     so the file records what was built and checked, and where. TensorRT engines will share the profile table."""
 
     FILE: ClassVar[str] = "engines.json"
-    FORMAT: ClassVar[int] = 3  # 2: quant; 3: compile
+    FORMAT: ClassVar[int] = 3  # 2: quant; 3: compile, spans
     PER_VARIANT: ClassVar[bool] = True  # each scheme's engines (`specrt build --quant S`) at quant/S/engines.json
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle}"
 
@@ -485,6 +485,9 @@ class EngineSet(Artifact):
     token_profiles: tuple[int, ...]  # the largest new-token count of each profile, ascending
     batch_buckets: tuple[int, ...]  # the largest batch of each bucket, ascending
     capacity: int  # static KV cache capacity (positions per sequence)
+    # attention spans, ascending, the last the capacity: a step whose sequences' cached contexts fit span s attends
+    # over the static cache's first s slots only (graphs; trt: (capacity,), its profiles range over the cache size)
+    spans: tuple[int, ...]
     slots: int  # calls served at once (each holds a static cache per model)
     device: str  # "cpu" or "cuda:N"
     device_name: str | None  # the GPU's name
@@ -512,6 +515,13 @@ class EngineSet(Artifact):
                 return t
         raise InvalidRequestError(f"a step of {num_tokens} new tokens exceeds the engines' largest profile "
                           f"({self.token_profiles[-1]}): rebuild with a larger --token-profiles entry")
+
+    def for_context(self, length: int) -> int:
+        """The attention span a step over cached contexts of at most `length` rows runs at."""
+        for s in self.spans:
+            if length <= s:
+                return s
+        raise InvalidRequestError(f"a context of {length} cached rows exceeds the engines' capacity ({self.capacity})")
 
     def for_batch(self, batch: int) -> int:
         """The batch bucket a step of `batch` sequences runs at."""
@@ -579,7 +589,7 @@ class TrtEngineSet(EngineSet):
     with the TensorRT version and on the GPU it was built for, unless built version- or hardware-compatible."""
 
     FILE: ClassVar[str] = "trt-engines.json"
-    FORMAT: ClassVar[int] = 2  # 2: compile (None)
+    FORMAT: ClassVar[int] = 2  # 2: compile (None), spans ((capacity,))
     PER_VARIANT: ClassVar[bool] = False  # one set of plans, built from the variant `quant` names
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle} --backend trt"
 

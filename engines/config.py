@@ -33,6 +33,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
     batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
                                                        "batch 1 to the largest)")
     capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
+    spans: tuple[int, ...] = option((), "graphs: attention spans below the capacity, ascending (e.g. 256,512,1024): a "
+                                        "step whose sequences' cached contexts fit one attends over that many slots "
+                                        "of the static cache, not all of them, so attention costs what the context "
+                                        "needs; each span adds a set of shapes to capture (and compile)")
     slots: int = option(1, "calls served at once: each holds a static cache (graphs) or execution contexts (trt) per "
                            "model (a model drafting for itself needs 2)", ge=1)
     hardware_compatibility: str = option("none", "trt: GPUs the plans may run on besides this one's model: "
@@ -60,10 +64,16 @@ class BuildConfig(BundleOptions, ThreadOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("token_profiles", "batch_buckets"):
+        for name in ("token_profiles", "batch_buckets", "spans"):
             values = getattr(self, name)
-            if not values or min(values) < 1 or list(values) != sorted(set(values)):
+            if (not values and name != "spans") or min(values, default=1) < 1 or list(values) != sorted(set(values)):
                 raise InvalidRequestError(f"{name} must be distinct integers >= 1 in ascending order, got {values!r}")
+        if self.spans and self.spans[-1] >= self.capacity:
+            raise InvalidRequestError(f"spans must lie below the capacity ({self.capacity}), which is the last span, "
+                                      f"got {self.spans!r}")
+        if self.spans and self.backend == "trt":
+            raise InvalidRequestError("--spans sets the graphs engines' attention spans; TensorRT's profiles range "
+                                      "over the cache size already (--backend trt takes no --spans)")
         if self.kv_update == "graph" and self.backend != "trt":
             raise InvalidRequestError("--kv-update graph builds TensorRT engines (--backend trt); the ort backend runs "
                                       "the in-graph step graphs without a build (`specrt inplace`, then --kv-update graph)")

@@ -37,8 +37,8 @@ from specrt.runtime.backends import resolve_device
 
 def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) -> tuple[float, float]:
     """(max |logit| difference between an engine backend's step and the eager step module, max |logit| of the
-    eager step) over random feeds of the given (batch, new tokens) shapes at the engines' capacity (random
-    ragged cache lengths, random token trees: graphs.parity's feeds). `module`: the eager StepModule on the
+    eager step) over random feeds of the given (batch, new tokens) shapes at each of the engines' attention spans
+    (random ragged cache lengths up to it, random token trees: graphs.parity's feeds). `module`: the eager StepModule on the
     backend's device (default: the backend's own, which the graphs backend has)."""
     import torch
 
@@ -49,10 +49,12 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
     module = backend.module if module is None else module
     worst = scale = 0.0
     in_graph = getattr(backend.engines, "kv_update", "runtime") == "graph"
+    # contexts up to each attention span (random lengths up to it: the shorter spans are exercised too)
+    cases = [(b, t, s) for b, t in shapes for s in backend.engines.spans]
     with backend.runner() as runner:
-        for batch, num_tokens in shapes:
+        for batch, num_tokens, span in cases:
             # an in-graph engine writes the step's rows into the cache: room for them past the longest sequence
-            room = capacity - num_tokens if in_graph else capacity
+            room = capacity - num_tokens if in_graph else span
             feeds = random_feeds(rng, e.num_layers, e.num_kv_heads, e.head_dim, e.vocab_size, batch, num_tokens,
                                  room, np.dtype(e.dtype))
             cache = runner.new_cache(batch)
@@ -62,7 +64,11 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
                     cache.buffer[layer, k, :, :, :room] = torch.from_numpy(feeds[name]).to(backend.device)
             cache.lengths[:] = feeds[contract.ATTENTION_MASK][:, 0, :room].sum(axis=1)
             ids, pos, mask = (feeds[n] for n in (contract.INPUT_IDS, contract.POSITION_IDS, contract.ATTENTION_MASK))
-            static_logits, _ = runner.step(ids, pos, mask, cache)
+            step_mask = mask
+            if not in_graph and room < capacity:  # the step's mask spans the whole cache, unseen past the room
+                step_mask = np.zeros((batch, num_tokens, capacity + num_tokens), dtype=bool)
+                step_mask[:, :, :room], step_mask[:, :, capacity:] = mask[:, :, :room], mask[:, :, room:]
+            static_logits, _ = runner.step(ids, pos, step_mask, cache)
             # compiled layers (--compile) are checked against eager ones; `module` may be any function of the feeds
             with torch.inference_mode(), module.eager() if hasattr(module, "eager") else nullcontext():
                 past = [torch.from_numpy(feeds[n]).to(backend.device) for n in contract.input_names(e.num_layers)[3:]]
@@ -113,7 +119,8 @@ def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     threads = resolve_threads(cfg.threads)
     manifest = load_manifest(cfg.bundle)
     engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="graphs", token_profiles=cfg.token_profiles,
-                        batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, slots=cfg.slots, device=device,
+                        batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=(*cfg.spans, cfg.capacity),
+                        slots=cfg.slots, device=device,
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
                         quant=cfg.quant, weight_bytes={}, compile=cfg.compile)
     rng = np.random.default_rng(0)

@@ -4,10 +4,13 @@ The bundle's engines.json (EngineSet, made by `specrt build`) fixes a table of t
 1, 8, 16, 32, 64, 128), of batch buckets (e.g. 1, 2, 4) and one static KV capacity C. A step of B
 sequences and T new tokens runs at the smallest bucket >= B and the smallest profile >= T: rows past T
 and sequences past B are holes (token 0, position 0, seeing only themselves), whose outputs nobody reads
-or commits, so padding changes no real row (tested). Every mask is [Bb, Tp, C + Tp] and every input,
-cache and output lives at a fixed address, which is what a CUDA graph replays: on CUDA each (bucket,
-profile) is warmed up and captured once when the backend loads; on the CPU the same static steps run
-eagerly (no graphs), which is how the padding and the static cache are tested without a GPU.
+or commits, so padding changes no real row (tested). Attention spans (`build --spans`, e.g. 256, 512, then
+C) bound what a step reads of the cache: a step whose sequences' cached contexts all fit span s attends over
+the cache's first s slots only (the rows any mask may show lie below each sequence's length), so attention
+costs what the context needs, not C. Every mask is [Bb, Tp, s + Tp] and every input, cache view and output
+lives at a fixed address, which is what a CUDA graph replays: on CUDA each (bucket, profile, span) is warmed
+up and captured once when the backend loads; on the CPU the same static steps run eagerly (no graphs), which
+is how the padding, the spans and the static cache are tested without a GPU.
 
 With `specrt build --compile MODE` (EngineSet.compile) each decoder layer runs through torch.compile first, one
 compiled graph per shape serving every layer (PyTorch's regional compilation), compiled when the backend loads
@@ -43,7 +46,7 @@ def _compile_layers(torch, module, engines: EngineSet) -> None:
     leaves out inductor's own CUDA graphs: the backend captures the whole step itself."""
     import torch._dynamo
 
-    shapes = len(engines.batch_buckets) * len(engines.token_profiles) + len(engines.token_profiles)  # + admission
+    shapes = (len(engines.batch_buckets) + 1) * len(engines.token_profiles) * len(engines.spans)  # + admission
     for name in ("recompile_limit", "cache_size_limit"):
         # past this many shapes of one code object dynamo stops compiling it and runs it eagerly, silently
         if hasattr(torch._dynamo.config, name):
@@ -69,16 +72,18 @@ def _compiling(torch, engines: EngineSet, role: str):
 
 
 class _Shape:
-    """Static inputs, cache views and (on CUDA) the captured graph of one (batch bucket, token profile)."""
+    """Static inputs, cache views and (on CUDA) the captured graph of one (batch bucket, token profile, attention
+    span): the step attends over the first `span` slots of the static cache (views of it, at fixed addresses)."""
 
-    def __init__(self, backend: "StaticTorchBackend", kv, batch: int, tokens: int):
+    def __init__(self, backend: "StaticTorchBackend", kv, batch: int, tokens: int, span: int):
         torch = backend.torch
-        e, capacity = backend.entry, backend.engines.capacity
-        self.backend, self.batch, self.tokens = backend, batch, tokens
+        e = backend.entry
+        self.backend, self.batch, self.tokens, self.span = backend, batch, tokens, span
         self.ids = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
         self.pos = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
-        self.mask = torch.zeros((batch, tokens, capacity + tokens), dtype=torch.bool, device=backend.device)
-        self.past = [kv[layer, k, :batch] for layer in range(e.num_layers) for k in (0, 1)]  # [Bb, Hkv, C, D] each
+        self.mask = torch.zeros((batch, tokens, span + tokens), dtype=torch.bool, device=backend.device)
+        # [Bb, Hkv, span, D] each: the cache's first span slots
+        self.past = [kv[layer, k, :batch, :, :span] for layer in range(e.num_layers) for k in (0, 1)]
         self.graph = None
         self.out = None  # (logits [Bb, Tp, V], new_kv [L, 2, Bb, Hkv, Tp, D]) of the captured graph
 
@@ -116,9 +121,11 @@ class _Slot:
     def __init__(self, backend: "StaticTorchBackend"):
         e, eng = backend.entry, backend.engines
         self.kv = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, eng.capacity, e.head_dim))
-        self.shapes = {(b, t): _Shape(backend, self.kv, b, t) for b in eng.batch_buckets for t in eng.token_profiles}
+        self.shapes = {(b, t, s): _Shape(backend, self.kv, b, t, s)
+                       for b in eng.batch_buckets for t in eng.token_profiles for s in eng.spans}
         self.admission = backend.allocate((e.num_layers, 2, 1, e.num_kv_heads, eng.capacity, e.head_dim))
-        self.admission_shapes = {t: _Shape(backend, self.admission, 1, t) for t in eng.token_profiles}
+        self.admission_shapes = {(t, s): _Shape(backend, self.admission, 1, t, s)
+                                 for t in eng.token_profiles for s in eng.spans}
 
     def all_shapes(self):
         return [*self.shapes.values(), *self.admission_shapes.values()]
@@ -183,21 +190,23 @@ class StaticTorchBackend(EngineBackend):
         capacity = self.engines.capacity
         if cache.capacity != capacity:
             raise ValueError(f"a static step needs the engine's static cache (capacity {capacity}), got {cache.capacity}")
+        # the cached rows every sequence's mask may show lie below its length (pack_step): the span holds them all
+        span = self.engines.for_context(int(cache.lengths.max(initial=0)))
         if cache.store is slot.admission:  # one sequence joining a running batch (step_inputs.admit)
-            shape = slot.admission_shapes[self.engines.for_tokens(num_tokens)]
+            shape = slot.admission_shapes[(self.engines.for_tokens(num_tokens), span)]
         else:
-            shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens))]
+            shape = slot.shapes[(self.engines.for_batch(batch), self.engines.for_tokens(num_tokens), span)]
         ids = np.zeros((shape.batch, shape.tokens), dtype=np.int64)  # [Bb, Tp]; holes: token 0, position 0
         pos = np.zeros((shape.batch, shape.tokens), dtype=np.int64)
         device_ids = not isinstance(input_ids, np.ndarray)  # a "device-argmax" head's tokens: copied where they lie
         if not device_ids:
             ids[:batch, :num_tokens] = input_ids
         pos[:batch, :num_tokens] = position_ids
-        mask = np.zeros((shape.batch, shape.tokens, capacity + shape.tokens), dtype=bool)  # [Bb, Tp, C + Tp]
-        mask[:batch, :num_tokens, :capacity] = attention_mask[:, :, :capacity]
-        mask[:batch, :num_tokens, capacity:capacity + num_tokens] = attention_mask[:, :, capacity:]
+        mask = np.zeros((shape.batch, shape.tokens, span + shape.tokens), dtype=bool)  # [Bb, Tp, span + Tp]
+        mask[:batch, :num_tokens, :span] = attention_mask[:, :, :span]
+        mask[:batch, :num_tokens, span:span + num_tokens] = attention_mask[:, :, capacity:]
         rows = np.arange(shape.tokens)
-        mask[:, rows, capacity + rows] = True  # every row sees itself: real rows already do, holes see nothing else
+        mask[:, rows, span + rows] = True  # every row sees itself: real rows already do, holes see nothing else
         copy_input(torch, shape.ids, ids)  # queued behind the steps before it, not waiting for them (copy_input)
         if device_ids:
             copy_input(torch, shape.ids[:batch, :num_tokens], input_ids)

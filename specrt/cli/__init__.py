@@ -100,8 +100,9 @@ def cmd_build(args) -> None:
     else:
         what = "CUDA graphs" if e.cuda_graphs else "static steps, no CUDA graphs on the CPU"
         what += f"; decoder layers torch.compile'd ({e.compile})" if e.compile else ""
-        print(f"{len(e.token_profiles) * len(e.batch_buckets)} shapes per model and slot ({what}) on "
-              f"{e.device_name or e.device}: {table}")
+        spans = f"; attention spans {', '.join(map(str, e.spans))}" if len(e.spans) > 1 else ""
+        print(f"{len(e.token_profiles) * len(e.batch_buckets) * len(e.spans)} shapes per model and slot ({what}) on "
+              f"{e.device_name or e.device}: {table}{spans}")
         for role in e.build_seconds:
             print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; {e.weight_bytes[role] / 2**20:.1f} MiB "
                   f"of weights{' (' + e.quant + ')' if e.quant else ''}; static vs eager step: max |logit err| "

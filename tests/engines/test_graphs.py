@@ -14,7 +14,7 @@ from specrt.bundle.artifacts import EngineSet
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.pipeline import Pipeline
 
-TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity=256)
+TABLE = dict(token_profiles=(1, 4, 8, 16, 32), batch_buckets=(1, 2, 4), capacity=256, spans=(64, 128))
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,9 @@ def graphs(engine_bundle):
 
 def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
     e = artifacts.load(engine_bundle, EngineSet)
-    assert (e.kind, e.token_profiles, e.batch_buckets, e.capacity, e.device, e.cuda_graphs) == (
-        "graphs", (1, 4, 8, 16, 32), (1, 2, 4), 256, "cpu", False)
+    assert (e.kind, e.token_profiles, e.batch_buckets, e.capacity, e.spans, e.device, e.cuda_graphs) == (
+        "graphs", (1, 4, 8, 16, 32), (1, 2, 4), 256, (64, 128, 256), "cpu", False)
+    assert [e.for_context(n) for n in (0, 64, 65, 128, 200, 256)] == [64, 64, 128, 128, 256, 256]
     assert [e.for_tokens(n) for n in (1, 2, 4, 5, 17, 32)] == [1, 4, 4, 8, 32, 32]
     assert [e.for_batch(b) for b in (1, 2, 3, 4)] == [1, 2, 4, 4]
     with pytest.raises(InvalidRequestError, match="33 new tokens exceeds the engines' largest profile \\(32\\)"):
@@ -138,6 +139,36 @@ def test_a_request_joining_a_running_batch_is_prefilled_alone(graphs, humaneval,
             assert len(alone) == sum(-(-(len(graphs.encode(p)) - 1) // 32) for p in prompts[2:]), role
             wide = [s for s in steps if s[0] == role and not s[3] and s[2] > 8]  # prefill-sized steps in the batch
             assert len(wide) == -(-max(len(graphs.encode(p)) - 1 for p in prompts[:2]) // 32), role  # the first two
+
+
+def test_a_step_attends_over_the_span_its_contexts_need(graphs, pipelines, humaneval, monkeypatch, engine_bundle):
+    """Attention spans: a step reads the static cache's first 64, 128 or 256 slots, the smallest that holds every
+    sequence's cached rows, so its cost follows the context as it grows (prefill chunks, then decoding past 128);
+    ragged batches take their longest sequence's span; the tokens are AR's. Spans are checked at build (the padded
+    rows test covers them too: its random contexts reach each) and refused where they make no sense."""
+    from specrt.engines.config import BuildConfig
+    from specrt.runtime.backends.static import _Shape
+
+    used = []  # (role, span, longest cached context of the step)
+    run = _Shape.run
+
+    def spy(self):
+        used.append((self.backend.entry.role, self.span))
+        return run(self)
+
+    monkeypatch.setattr(_Shape, "run", spy)
+    prompts = [p for p in humaneval if 100 < len(graphs.encode(p)) < 120][:2]
+    ar = [o.token_ids for o in pipelines["torch"].generate(prompts, method="autoregressive", max_new_tokens=40)]
+    assert len(prompts) == 2
+    for kw in (dict(method="autoregressive"), dict(method="sd"), dict(method="tree")):
+        used.clear()
+        assert [o.token_ids for o in graphs.generate(prompts, max_new_tokens=40, batch_size=2, **kw)] == ar, kw
+        spans = [s for role, s in used if role == "target"]
+        assert spans[0] == spans[1] == 64 and spans[-1] == 256 and set(spans) == {64, 128, 256}, kw  # as it grows
+    for bad, why in ((dict(spans=(128, 64)), "ascending"), (dict(spans=(256,)), "below the capacity"),
+                     (dict(spans=(64,), backend="trt"), "takes no --spans")):
+        with pytest.raises(InvalidRequestError, match=why):
+            BuildConfig(bundle=engine_bundle, **{**TABLE, **bad})
 
 
 def test_contexts_beyond_the_static_capacity_are_refused_up_front(graphs):
