@@ -167,10 +167,10 @@ class Scheduler:
         if self.drafter is not None:
             self.drafter.start(live)
         self._prefilled(live, steps, t0)
-        # what of the target's logits crosses to the host each round: each row's argmax where greedy verification is
-        # all that reads them (on a GPU they stay there), else whole rows
+        # what of the target's logits crosses to the host each round: what the verifier reads (each row's argmax for
+        # greedy verification: on a GPU the logits stay there); a drafter that reads them takes them where they lie
         reads = self.drafter is not None and self.drafter.reads_target_logits
-        head = "logits" if reads else self.verifier.head
+        head = self.verifier.head
         while live:
             t_round = time.perf_counter()
             if self.padded:
@@ -199,7 +199,7 @@ class Scheduler:
                     cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
             if self.drafter is not None:
                 if reads:
-                    self.drafter.target_logits(logits)
+                    self.drafter.target_logits(self.target.last_logits)
                 self.drafter.commit(live, verdicts)
             appended, starts = [], [len(s.new_tokens) for s in live]
             for s, t, v in zip(live, trees, verdicts):

@@ -4,8 +4,10 @@ Protocol (the Scheduler calls these, in order, on the live sequences `seqs`):
     start(seqs)                      once, after the prompts are known
     admit(new)                       sequences `new` joined the batch after the live ones (continuous batching)
     propose(seqs, params, rng)       -> one DraftTree per sequence
-    target_logits(logits)            the target step's logits [B, rows, V] (drafters that draft from the target's
-                                     own outputs read them here: PPD's prompt tokens)
+    target_logits(logits, rows)      the target step's logits [B, T, V] as its runner holds them (on a device
+                                     backend, a tensor there) and each sequence's step row of every node of the
+                                     drafter's tree (root first; None: row i + 1 for node i): drafters that draft
+                                     from the target's own outputs read them here (PPD's prompt tokens)
     commit(seqs, verdicts)           after verification, before the emitted tokens are appended
     keep(rows)                       sequences at other rows finished and left the batch
 
@@ -64,12 +66,14 @@ class Drafter(ABC):
     def _propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
         ...
 
-    def target_logits(self, logits) -> None:
-        """The target's logits of the round's step [B, T, V] (drafters that read them: reads_target_logits)."""
+    def target_logits(self, logits, rows=None) -> None:
+        """The target's logits of the round's step [B, T, V] where they lie, valid until its next step, and the step
+        rows of this drafter's nodes (module docstring; drafters that read them: reads_target_logits)."""
 
     @property
     def reads_target_logits(self) -> bool:
-        """Whether target_logits reads them: the scheduler then brings the step's logits whole to the host."""
+        """Whether target_logits reads them (the scheduler hands them over; what crosses to the host is the
+        drafter's to choose)."""
         return type(self).target_logits is not Drafter.target_logits
 
     def commit(self, seqs, verdicts) -> None:

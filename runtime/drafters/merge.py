@@ -77,11 +77,13 @@ class MergedDrafter(Drafter):
     def reads_target_logits(self) -> bool:
         return any(d.reads_target_logits for d in self.drafters)
 
-    def target_logits(self, logits) -> None:
-        """Each drafter the rows of the root and of its own nodes, in its own node order."""
+    def target_logits(self, logits, rows=None) -> None:
+        """Each drafter the step rows of the root and of its own nodes, in its own node order (nothing is copied)."""
+        if rows is not None:
+            raise ValueError("merged drafters are not merged again")
         for k, d in enumerate(self.drafters):
-            if d.reads_target_logits:  # only those that read them: rows are copied
-                d.target_logits([logits[b, np.concatenate(([0], self._maps[b][k] + 1))] for b in range(len(self._maps))])
+            if d.reads_target_logits:
+                d.target_logits(logits, [np.concatenate(([0], self._maps[b][k] + 1)) for b in range(len(self._maps))])
 
     def commit(self, seqs, verdicts) -> None:
         for k, d in enumerate(self.drafters):

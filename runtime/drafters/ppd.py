@@ -95,6 +95,27 @@ def choose_tree(tokens, latency, batch_size: int, measured: dict | None = None):
     return max(fits, key=lambda f: (f[1] + 1) / sum(round_cost_ms(latency, batch, f[0], f[2])))[0]
 
 
+def ranked_guesses(logits, wanted, vocab: int, top: int) -> np.ndarray:
+    """[sum m_b, top] best-first tokens of each wanted (b, rows [m_b, e]) prompt token: its rows' logits (of the step's
+    [B, T, V]) averaged over its EPTs, ranked over the first `vocab` tokens. All sequences at once, where the logits
+    lie: on a device only these tokens cross to the host (one copy), not the step's logits."""
+    b_idx = np.concatenate([np.full(r.shape, b) for b, r in wanted])  # [M, e]
+    r_idx = np.concatenate([r for _, r in wanted])  # [M, e]
+    if not isinstance(logits, np.ndarray):  # a torch tensor on the target's device
+        import torch
+
+        from specrt.runtime.backends.base import torch_input
+
+        index = [torch_input(torch, i, logits.device) for i in (b_idx, r_idx)]
+        guess = logits[index[0], index[1]].float().mean(dim=1)[:, :vocab]  # [M, vocab]
+        return guess.topk(min(top, vocab), dim=-1).indices.cpu().numpy()
+    guess = logits[b_idx, r_idx].mean(axis=1)[:, :vocab]
+    top = min(top, guess.shape[-1])
+    ranked = np.argpartition(-guess, top - 1, axis=-1)[:, :top]
+    order = np.take_along_axis(guess, ranked, axis=-1).argsort(axis=-1)[:, ::-1]
+    return np.take_along_axis(ranked, order, axis=-1)
+
+
 class PromptTokenDrafter(Drafter):
     def __init__(self, paths, prompts, vocab: int, num_prompt_tokens: int, num_ensemble: int):
         self.vocab = vocab
@@ -102,7 +123,7 @@ class PromptTokenDrafter(Drafter):
         self.top = 1 + max((p[-1] for p in paths), default=0)  # ranks a depth's candidates use
         self._state: list[int] = []
         self._guesses: list[np.ndarray | None] = []  # per sequence: [state, top] ranked guesses by depth
-        self._logits = None
+        self._logits = self._rows = None
         self._layout_of: list[Layout] = []
 
     def _start(self, seqs) -> None:
@@ -129,10 +150,11 @@ class PromptTokenDrafter(Drafter):
             trees.append(DraftTree(tokens, layout.spec.parents, is_chain=False, spec=layout.spec))
         return trees
 
-    def target_logits(self, logits) -> None:
-        self._logits = logits
+    def target_logits(self, logits, rows=None) -> None:
+        self._logits, self._rows = logits, rows
 
     def commit(self, seqs, verdicts) -> None:
+        wanted = []  # (sequence, step rows [m, e] of the prompt tokens its next guesses come from)
         for b, verdict in enumerate(verdicts):
             layout = self._layout_of[b]
             owner = verdict.path[-1] if verdict.path else -1
@@ -144,13 +166,12 @@ class PromptTokenDrafter(Drafter):
             if chain is None or not len(chain):  # no prompt token left to guess with: no guesses next round
                 self._state[b], self._guesses[b] = 0, None
                 continue
-            rows = self._logits[b][chain + 1]  # [m, e, V]: node i is step row i + 1
-            guess = rows.mean(axis=1)[:, : self.vocab]
-            top = min(self.top, guess.shape[-1])
-            ranked = np.argpartition(-guess, top - 1, axis=-1)[:, :top]
-            order = np.take_along_axis(guess, ranked, axis=-1).argsort(axis=-1)[:, ::-1]
-            self._guesses[b] = np.take_along_axis(ranked, order, axis=-1)
+            wanted.append((b, chain + 1 if self._rows is None else self._rows[b][chain + 1]))  # node i: row i + 1
             self._state[b] = len(chain)
+        if wanted:
+            ranked = ranked_guesses(self._logits, wanted, self.vocab, self.top)
+            for (b, rows), guesses in zip(wanted, np.split(ranked, np.cumsum([len(r) for _, r in wanted])[:-1])):
+                self._guesses[b] = guesses
 
     def keep(self, rows) -> None:
         self._state = [self._state[r] for r in rows]

@@ -67,14 +67,15 @@ def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
     seen = []
 
     class Reading(_Fixed):
-        def target_logits(self, logits):
-            seen.append(logits)
+        def target_logits(self, logits, rows=None):
+            seen.append((logits, rows))
 
     drafter = MergedDrafter([Reading(model.tree), Reading(ngram.tree), _Fixed(ngram.tree)])  # the last reads none
     drafter.propose([None], None, None)
     logits = np.arange(5)[None, :, None] * np.ones((1, 5, 2))  # [B, root + 4 merged nodes, V]: row r holds r
-    drafter.target_logits(logits)  # each drafter: the root's row, then its own nodes' rows in its own order
-    assert [x[0][:, 0].tolist() for x in seen] == [[0, 1, 2, 3], [0, 1, 3, 4]]
+    drafter.target_logits(logits)  # each drafter: the rows of the root, then of its own nodes in its own order
+    assert all(x is logits for x, _ in seen)  # the step's logits where they lie, not a copy of rows
+    assert [rows[0].tolist() for _, rows in seen] == [[0, 1, 2, 3], [0, 1, 3, 4]]
     with pytest.raises(ValueError, match="at least two"):
         MergedDrafter([model])
 

@@ -350,8 +350,8 @@ def test_on_cuda_a_greedy_draft_chain_waits_for_the_device_only_for_its_tokens(d
     ("tree", {}, "argmax", {"top-k"}),  # children of rank > 0: the draft's top-k tokens
     ("autoregressive", {}, "argmax", set()),
     ("sd", {"temperature": 0.8, "seed": 1}, "logits", {"logits"}),  # rejection sampling warps whole rows
-    ("ppd", {}, "logits", set()),  # PPD's next guesses are the prompt tokens' rows
-    ("ppd", {"ngram_tokens": 3}, "logits", set()),  # ... merged with n-gram drafts too
+    ("ppd", {}, "argmax", set()),  # PPD ranks its next guesses where the logits lie
+    ("ppd", {"ngram_tokens": 3}, "argmax", set()),  # ... merged with n-gram drafts too
 ])
 def test_decoding_asks_each_step_for_what_it_reads(pipelines, humaneval, monkeypatch, request, method, options, want,
                                                    draft):

@@ -71,6 +71,39 @@ def test_ppd_with_merged_ngram_drafts_is_token_identical_to_autoregressive(ppd_b
         pipe.generate(prompts[0], method="ppd", ngram_tokens=4, ppd_acceptance="typical", temperature=0.7)
 
 
+def test_on_a_device_backend_guesses_are_ranked_where_the_logits_lie(ppd_bundle, humaneval, monkeypatch):
+    """Greedy PPD on the torch backend: verification reads each row's argmax and the next guesses are ranked from
+    the prompt tokens' rows where the logits lie (on a GPU, only [rows, top] tokens cross, never [B, T, V] logits);
+    every round drafts and accepts what ranking host copies of the same logits gives, alone and merged with n-grams,
+    in a ragged batch."""
+    import torch
+
+    from specrt.runtime.drafters import ppd
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(ppd_bundle, backend="torch", threads=2)
+    prompts = humaneval[:4]
+    vocab = pipe.target.entry.vocab_size
+    copies, real_cpu, real_rank = [], torch.Tensor.cpu, ppd.ranked_guesses
+
+    def cpu(self, *args, **kw):
+        copies.append(tuple(self.shape))
+        return real_cpu(self, *args, **kw)
+
+    def run(**kw):
+        copies.clear()
+        out = pipe.generate(prompts, method="ppd", max_new_tokens=24, batch_size=4, ppd_budget=16, **kw)
+        return [(g.token_ids, g.stats.accepted_hist, g.stats.target_calls) for g in out]
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    for kw in ({}, {"ngram_tokens": 5}):
+        device = run(**kw)
+        assert copies and not any(len(c) and c[-1] >= vocab for c in copies), kw  # no row of logits crossed
+        monkeypatch.setattr(ppd, "ranked_guesses", lambda logits, *a: real_rank(real_cpu(logits).numpy(), *a))
+        assert run(**kw) == device, kw
+        monkeypatch.setattr(ppd, "ranked_guesses", real_rank)
+
+
 def test_guesses_shift_by_the_tokens_accepted_past_their_owner():
     """A round that accepted `beyond` tokens past PPD's own path (in a merged tree) leaves the owner's guesses of
     distance d + 1 + beyond as the next round's distance d + 1, and none once beyond reaches its prompt tokens."""
