@@ -204,7 +204,7 @@ gpu-bench: $(GPU_B)/manifest.json
 		specrt build --bundle $(GPU_OUT)/compiled --device $(GPU_DEVICE) --batch-buckets 1 --spans 512 --compile default \
 		&& $(PY) \
 		-m specrt bench e2e --bundle $(GPU_OUT)/compiled --backend graphs --label gpu-7b-graphs-compiled --num-prompts \
-		5 --runs 2 --methods autoregressive,sd,anpd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
+		5 --runs 2 --methods autoregressive,sd,anpd,dynamic-ngram --baselines hf,hf-compile --out $(GPU_RESULTS) \
 		&& $(GPU_DONE)e2e-compiled; }
 	$(GPU_ONCE)batch || { $(PY) -m specrt bench batch --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-batch \
 		--runs 2 --batch-sizes 1,8 --methods autoregressive,sd,auto --padded sd --out $(GPU_RESULTS) \
