@@ -33,10 +33,12 @@ class BuildConfig(BundleOptions, ThreadOptions):
     batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
                                                        "batch 1 to the largest)")
     capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
-    spans: tuple[int, ...] = option((), "graphs: attention spans below the capacity, ascending (e.g. 256,512,1024): a "
-                                        "step whose sequences' cached contexts fit one attends over that many slots "
-                                        "of the static cache, not all of them, so attention costs what the context "
-                                        "needs; each span adds a set of shapes to capture (and compile)")
+    spans: tuple[int, ...] | None = option(None, "graphs: attention spans below the capacity, ascending (e.g. "
+                                                 "256,512,1024): a step whose sequences' cached contexts fit one "
+                                                 "attends over that many slots of the static cache, not all of them, "
+                                                 "so attention costs what the context needs; each span adds a set of "
+                                                 "shapes to capture (and compile). Default: 512, 1024, ... below the "
+                                                 "capacity; '' for none")
     slots: int = option(1, "calls served at once: each holds a static cache (graphs) or execution contexts (trt) per "
                            "model (a model drafting for itself needs 2)", ge=1)
     hardware_compatibility: str = option("none", "trt: GPUs the plans may run on besides this one's model: "
@@ -66,6 +68,8 @@ class BuildConfig(BundleOptions, ThreadOptions):
         super().__post_init__()
         for name in ("token_profiles", "batch_buckets", "spans"):
             values = getattr(self, name)
+            if values is None and name == "spans":
+                continue
             if (not values and name != "spans") or min(values, default=1) < 1 or list(values) != sorted(set(values)):
                 raise InvalidRequestError(f"{name} must be distinct integers >= 1 in ascending order, got {values!r}")
         if self.spans and self.spans[-1] >= self.capacity:
@@ -92,3 +96,12 @@ class BuildConfig(BundleOptions, ThreadOptions):
         if self.kv_update == "graph" and self.token_profiles[-1] > self.capacity:
             raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
                                       f"({self.capacity}): an in-graph step writes all its rows into the cache")
+
+    def attention_spans(self) -> tuple[int, ...]:
+        """The engines' attention spans, ascending, the capacity last (`spans`; default: powers of two from 512 below
+        the capacity; TensorRT: the capacity alone)."""
+        if self.spans is not None:
+            return (*self.spans, self.capacity)
+        if self.backend == "trt":
+            return (self.capacity,)
+        return (*(s for s in (512 << i for i in range(32)) if s < self.capacity), self.capacity)

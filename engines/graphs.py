@@ -119,7 +119,7 @@ def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     threads = resolve_threads(cfg.threads)
     manifest = load_manifest(cfg.bundle)
     engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="graphs", token_profiles=cfg.token_profiles,
-                        batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=(*cfg.spans, cfg.capacity),
+                        batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=cfg.attention_spans(),
                         slots=cfg.slots, device=device,
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
                         quant=cfg.quant, weight_bytes={}, compile=cfg.compile)

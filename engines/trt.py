@@ -261,7 +261,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         seconds[role] = round(time.perf_counter() - t0, 3)
     engines = TrtEngineSet(
         stamp=Stamp.make(bundle), kind="trt", token_profiles=cfg.token_profiles, batch_buckets=cfg.batch_buckets,
-        capacity=cfg.capacity, spans=(cfg.capacity,), slots=cfg.slots, device=device,
+        capacity=cfg.capacity, spans=cfg.attention_spans(), slots=cfg.slots, device=device,
         **environment(device, tensorrt=True),
         cuda_graphs=False, build_seconds=seconds, parity={}, plans=plans, plan_bytes=sizes, plan_sha256=digests,
         profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},

@@ -169,6 +169,12 @@ def test_a_step_attends_over_the_span_its_contexts_need(graphs, pipelines, human
         assert [o.token_ids for o in graphs.generate(prompts, max_new_tokens=40, batch_size=2, **kw)] == ar, kw
         spans = [s for role, s in used if role == "target"]
         assert spans[0] == spans[1] == 64 and spans[-1] == 256 and set(spans) == {64, 128, 256}, kw  # as it grows
+    # by default powers of two from 512 below the capacity; '' none; TensorRT's profiles span the cache anyway
+    assert BuildConfig(capacity=2048).attention_spans() == (512, 1024, 2048)
+    assert BuildConfig(capacity=4096, spans=(256,)).attention_spans() == (256, 4096)
+    assert BuildConfig(capacity=2048, spans=()).attention_spans() == (2048,)
+    assert BuildConfig(capacity=512).attention_spans() == (512,)
+    assert BuildConfig(capacity=2048, backend="trt").attention_spans() == (2048,)
     for bad, why in ((dict(spans=(128, 64)), "ascending"), (dict(spans=(256,)), "below the capacity"),
                      (dict(spans=(64,), backend="trt"), "takes no --spans")):
         with pytest.raises(InvalidRequestError, match=why):
