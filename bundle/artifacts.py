@@ -298,6 +298,9 @@ class LatencyProfile(Artifact):
     # slots the profiled KV caches grew by (capacity: a multiple of it; a static cache's: its whole capacity): what
     # at_context prices a context by (None: profiled before it was recorded)
     cache_bucket: int | None = None
+    # a static cache's attention spans (the graphs engines' EngineSet.spans): a step over c cached tokens attends over
+    # the smallest span >= c, which at_context prices it by instead (None: no spans, or profiled before them)
+    cache_spans: tuple[int, ...] | None = None
     # role -> batch -> tokens per sequence -> ms of one prefill step of that many prompt tokens per sequence into an
     # empty cache (a prompt's tokens cost more there than in a decode-shaped step of as many rows: attention over the
     # step's own tokens grows with them); prefill_chunk: the tokens per sequence per step the pipeline prefilled in
@@ -317,8 +320,12 @@ class LatencyProfile(Artifact):
         its longest sequence's). A step attends over the cache's capacity, which grows by `cache_bucket` slots: each
         point is the profiled one at the same capacity, linear between profiled capacities, the smallest's below
         them, along the line through the two largest (never falling) above them; without a recorded bucket, linear
-        in the context the same way. Without it, step_ms averages over the profiled contexts."""
-        def capacity(tokens: float) -> float:
+        in the context the same way. Engines with attention spans (cache_spans) attend over the span the cached
+        context fits, which stands for the capacity. Without it, step_ms averages over the profiled contexts."""
+        def capacity(cached: float, new: int) -> float:
+            if self.cache_spans:
+                return next((s for s in self.cache_spans if cached <= s), self.cache_spans[-1])
+            tokens = cached + new
             return -(-tokens // self.cache_bucket) * self.cache_bucket if self.cache_bucket else tokens
 
         models = {}
@@ -330,10 +337,10 @@ class LatencyProfile(Artifact):
                 for n in ns:
                     at: dict[float, list[float]] = {}  # capacity -> the profiled points there
                     for c, points in per_context.items():
-                        at.setdefault(capacity(c + n), []).append(points[n])
+                        at.setdefault(capacity(c, n), []).append(points[n])
                     xs = sorted(at)
                     ys = [float(np.mean(at[x])) for x in xs]
-                    x = capacity(context + n)
+                    x = capacity(context, n)
                     if x > xs[-1] and len(xs) > 1:
                         curve[n] = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (x - xs[-1])
                     else:

@@ -206,6 +206,9 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
                     bar.update()
         probes = {q: runners[q, "target"].new_cache(1, p.bucket) for q, p in pipes.items()}
         buckets = {q: c.capacity if c.is_static else c.bucket for q, c in probes.items()}  # a static cache: one bucket
+        # and the engines' attention spans, where a static step's cost steps as the context crosses them
+        spans = {q: tuple(getattr(getattr(pipes[q].target, "engines", None), "spans", ())) for q in probes}
+        spans = {q: s if probes[q].is_static and len(s) > 1 else None for q, s in spans.items()}
     models: dict = {q: {"target": {}, "draft": {}} for q in quants}
     prefills: dict = {q: {} for q in quants}
     for (q, kind, *point), times in samples.items():
@@ -226,7 +229,7 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
             table[n] = ms
         data = LatencyProfile(stamp=Stamp.make(cfg.bundle, pipe.machine), config=config_dict(cfg), models=models[q],
                               host_ms=host_ms, copy_bandwidth=bandwidth, host_batch=host_batch,
-                              packed_rows=pipe.target.packs_rows, cache_bucket=buckets[q],
+                              packed_rows=pipe.target.packs_rows, cache_bucket=buckets[q], cache_spans=spans[q],
                               prefill=prefills[q] or None, prefill_chunk=chunk if prefills[q] else None)
         path = artifacts.save(cfg.bundle, data, quant=q)
         plot_latency(data, path.with_suffix(".png"))

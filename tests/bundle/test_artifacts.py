@@ -67,6 +67,11 @@ def test_a_profile_at_a_context_is_linear_between_the_profiled_ones(bundle):
     bucketed = replace(lat, cache_bucket=128)
     assert bucketed.at_context(200).step_ms("target", 2, 1) == pytest.approx(4.0)  # 256 slots, as 128 cached
     assert bucketed.at_context(320).step_ms("target", 2, 1) == pytest.approx(4.0 + 4.0 / 3)  # 384: a third of the way
+    # engines attending over spans of 256, 1024, 2048 slots: 128 and 512 cached run at 256 and 1024; 200 as 128
+    spans = replace(lat, cache_bucket=2048, cache_spans=(256, 1024, 2048))
+    assert spans.at_context(200).step_ms("target", 2, 1) == pytest.approx(4.0)
+    assert spans.at_context(700).step_ms("target", 2, 1) == pytest.approx(8.0)  # as 512 cached: span 1024
+    assert spans.at_context(300).step_ms("target", 2, 1) == pytest.approx(8.0)  # past 256: the next span's cost
     static = replace(lat, cache_bucket=1024)  # one capacity whatever the context: the profiled points averaged
     assert static.at_context(40).step_ms("target", 2, 1) == pytest.approx(6.0) == static.at_context(900).step_ms("target", 2, 1)
 

@@ -275,6 +275,7 @@ def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
                                 num_tokens=(1, 2, 4, 8), repeats=1, warmup=0, passes=1), progress=False)[None]
     assert lat.stamp.machine.backend == "graphs" and set(lat.host_ms) == {"tree", "dynamic", "merged", "ngram"}
     assert lat.cache_bucket == artifacts.load(b, EngineSet).capacity  # a static cache: one bucket, its capacity
+    assert lat.cache_spans == (64, 128, 256)  # whose attention spans price a context
     plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     pipe = Pipeline.load(b, backend="graphs", threads=2)
     assert pipe.plan() == plan  # stamped with the graphs backend's machine, so it loads here
