@@ -203,7 +203,8 @@ class Runner:
         self.busy_seconds = 0.0  # wall time of the model inside step() since creation (a host-side head is not)
         self.num_steps = 0
         # the last step's logits [B, T, V] as the backend holds them (a tensor on its device, or numpy), whatever its
-        # head brought to the host: valid until the next step (a drafter reads rows of them where they lie)
+        # head brought to the host (None after a "discard" step): valid until the next step (a drafter reads rows of
+        # them where they lie)
         self.last_logits = None
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
@@ -216,7 +217,7 @@ class Runner:
         t0 = time.perf_counter()
         logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
         t1 = time.perf_counter()
-        self.last_logits = logits
+        self.last_logits = None if head == "discard" else logits  # a prefill's are not kept alive past its step
         if pick is not None:
             logits = self.backend._pick(logits, pick)
         logits = self.backend._head(logits, head)
