@@ -416,7 +416,7 @@ def test_a_greedy_search_over_the_top_k_head_drafts_what_whole_logits_draft(pipe
 def test_a_host_side_head_is_host_work_and_a_device_side_one_the_models(host_logits):
     """Runner.busy_seconds (the model's time, which decode rounds tell host work by): a backend whose logits are host
     arrays does its head on the host, outside it; one whose logits lie on a device waits for its step in the head's
-    copy, inside it."""
+    copy, inside it, and Runner.to_host's wait for a device-argmax head's tokens is inside it too."""
     import time
 
     from specrt.runtime.backends.base import Backend
@@ -438,3 +438,15 @@ def test_a_host_side_head_is_host_work_and_a_device_side_one_the_models(host_log
     runner = Slow(None).runner()
     assert runner.step(None, None, None, None, "argmax")[0].tolist() == [[0]]
     assert (runner.busy_seconds < 0.04) == host_logits
+
+    class Lazy:  # a "device-argmax" head's tokens: bringing them over waits for the steps that made them
+        def cpu(self):
+            time.sleep(0.05)
+            return self
+
+        def numpy(self):
+            return np.zeros(2, np.int64)
+
+    busy = runner.busy_seconds
+    assert runner.to_host(Lazy()).tolist() == [0, 0] and runner.busy_seconds - busy >= 0.04  # the model's time
+    assert runner.to_host(np.ones(2, np.int64)).tolist() == [1, 1]  # host arrays: nothing to wait for
