@@ -58,8 +58,8 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                      "quantized variant's step graphs: int8-qdq or fp8-qdq (`specrt quantize --scheme S`), "
                                      "TensorRT's explicit INT8 / FP8 from symmetric Q/DQ (strongly typed: no precision "
                                      "flags; FP8: compute capability >= 8.9)")
-    compile: str | None = option(None, "graphs: run each decoder layer through torch.compile before the CUDA graphs are "
-                                       "captured, one compile per step shape serving every layer: default, or "
+    compile: str | None = option(None, "graphs: run each decoder layer through torch.compile before the CUDA graphs "
+                                       "are captured, one compile per step shape serving every layer: default, or "
                                        "max-autotune (inductor's kernel autotuning, without CUDA graphs of its own; "
                                        "a longer build); checked against the eager step like every engine",
                                  choices=TORCH_COMPILE_MODES)

@@ -11,8 +11,9 @@ table, the device, its compute capability and the library versions, so that the 
 engines on another GPU or library version.
 
 `--compile default|max-autotune` runs the decoder layers through torch.compile first (runtime/backends/static.py):
-compiled at build to check them against the eager step, and again wherever the bundle is loaded (a compiled graph,
-like a CUDA graph, is not stored; build_seconds says what a load will cost).
+compiled at build to check them against the eager step, and again wherever the bundle is loaded in a new process
+(a compiled graph, like a CUDA graph, is not stored; build_seconds, which includes the build's compiles, bounds it
+roughly: inductor's disk cache makes a later compile on the same machine cheaper).
 
 `--quant int8-wo|fp8` builds engines whose projections are 8-bit (model/quant.py), checked against the eager step
 of the same quantized module, at quant/S/engines.json beside the float engines (load with --quant S).
@@ -38,8 +39,8 @@ from specrt.runtime.backends import resolve_device
 def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) -> tuple[float, float]:
     """(max |logit| difference between an engine backend's step and the eager step module, max |logit| of the
     eager step) over random feeds of the given (batch, new tokens) shapes at each of the engines' attention spans
-    (random ragged cache lengths up to it, random token trees: graphs.parity's feeds). `module`: the eager StepModule on the
-    backend's device (default: the backend's own, which the graphs backend has)."""
+    (random ragged cache lengths up to it, random token trees: graphs.parity's feeds). `module`: the eager
+    StepModule on the backend's device (default: the backend's own, which the graphs backend has)."""
     import torch
 
     from specrt import contract

@@ -138,7 +138,8 @@ class ModelDrafter(Drafter):
         """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,
         each seeing the scratch rows marked in vis[b] [n_b, scratch rows so far] (None: all of them) and,
         among the new tokens, what blocks[b] [n_b, n_b] says (one array: the same for every sequence).
-        Returns (logits [B, max n_b, V], or their argmax [B, max n_b] with head "argmax", first slot [B])."""
+        `rows` may also be one [B, n] array of a "device-argmax" head's tokens (pack_step). Returns (logits [B, max
+        n_b, V], or what `head` keeps of them (Runner.step: e.g. their argmax [B, max n_b]), first slot [B])."""
         cache, batch = self.cache, len(rows)
         first_slot = cache.lengths.copy()
         cache.reserve(int(max(first_slot + np.asarray([len(r) for r in rows]))))
