@@ -99,7 +99,13 @@ class StepModule(nn.Module):
         table = self.hf.model.embed_tokens
         if self.prompt_embeddings is None:
             return table(input_ids)
-        return nn.functional.embedding(input_ids, torch.cat([table.weight, self.prompt_embeddings]))
+        # two lookups and a select, not one lookup in the two tables concatenated: that would copy the whole
+        # vocabulary's embeddings every step
+        vocab = table.weight.shape[0]
+        prompt = input_ids >= vocab
+        words = table(torch.where(prompt, 0, input_ids))
+        prompts = nn.functional.embedding(torch.where(prompt, input_ids - vocab, 0), self.prompt_embeddings)
+        return torch.where(prompt[..., None], prompts, words)
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool

@@ -435,6 +435,40 @@ def test_a_prompt_token_graph_that_changes_ordinary_logits_is_refused(demo_bundl
     assert not (b / "target-ppd.onnx").exists() and not (b / PromptTokens.FILE).exists()
 
 
+def test_the_step_looks_prompt_tokens_up_without_copying_the_embedding_table():
+    """Ids >= V are prompt tokens: their rows, and the ordinary rows of every other id, as one table [V + P, hidden]
+    would give them; but no step copies the vocabulary's embeddings into such a table (on a 7B-class target in
+    float16 that would be ~0.25 GB moved each step)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+
+    hf = load_checkpoint(DEMO_DIR / "target", "float32", "cpu")
+    table = hf.model.embed_tokens.weight.detach().clone()
+    vocab, hidden = table.shape
+    prompts = torch.randn(3, hidden)
+    module = StepModule(hf, prompts).eval()
+    ids = torch.tensor([[5, vocab, 7, vocab + 2], [vocab + 1, 0, vocab - 1, 9]])
+
+    class Sizes(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Sizes.largest = max(Sizes.largest, t.numel())
+            return out
+
+    with torch.no_grad(), Sizes():
+        got = module.embed(ids)
+    assert torch.equal(got, torch.cat([table, prompts])[ids])
+    assert Sizes.largest < table.numel()  # fails when the step concatenates the tables: checked
+
+
 def test_guess_accuracy_is_scored_against_the_targets_own_greedy_continuation():
     """PPD's guesses are verified against the target's argmax after its own tokens, so the accuracy tables (and the
     trees built from them) score guesses on greedy continuations of held-out windows, not on the text."""
