@@ -158,6 +158,19 @@ def greedy_windows(module, windows: list[list[int]], text: int, batch: int = 8) 
     return out
 
 
+def distillation_loss(module, windows: np.ndarray, points: np.ndarray, k: int, e: int, vocab: int, weights):
+    """The prompt tokens' loss over windows [B, W] with insertion points [B, M]: KL(target's distribution at i + d ||
+    prompt token d's, averaged over EPTs), per distance d weighted by `weights` [k] (on the module's device)."""
+    import torch
+
+    window_logits, prompt = _forward(module, windows, points, k, e, vocab)
+    idx = torch.from_numpy(points[:, :, None] + np.arange(1, k + 1)).to(weights.device)  # [B, M, k]: teacher row i + d
+    teacher = torch.stack([window_logits[b, idx[b]] for b in range(len(windows))]).detach()
+    log_t, log_s = torch.log_softmax(teacher, -1), torch.log_softmax(prompt, -1)
+    kl = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, M, k]
+    return (kl.mean(dim=(0, 1)) * weights).sum() / weights.sum()
+
+
 def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress: bool = True) -> dict:
     """Train module.prompt_embeddings in place; returns the training record (loss per step)."""
     import torch
@@ -168,8 +181,7 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
         p.requires_grad_(False)
     module.prompt_embeddings.requires_grad_(True)
     opt = torch.optim.Adam([module.prompt_embeddings], lr=cfg.lr)
-    dev = module.rotate_half.device
-    weights = torch.tensor([cfg.decay ** d for d in range(k)], device=dev)
+    weights = torch.tensor([cfg.decay ** d for d in range(k)], device=module.rotate_half.device)
     rng = np.random.default_rng(cfg.seed + 1)
     data = np.array(windows, dtype=np.int64)
     losses, t0 = [], time.perf_counter()
@@ -177,12 +189,7 @@ def train(module, windows: list[list[int]], cfg: PpdConfig, vocab: int, progress
         for _ in bar:
             batch = data[rng.choice(len(data), cfg.batch_size, replace=len(data) < cfg.batch_size)]
             points = _points(rng, cfg.batch_size, data.shape[1], k, cfg.insertions)
-            window_logits, prompt = _forward(module, batch, points, k, e, vocab)
-            idx = torch.from_numpy(points[:, :, None] + np.arange(1, k + 1)).to(dev)  # [B, M, k]: teacher row i + d
-            teacher = torch.stack([window_logits[b, idx[b]] for b in range(len(batch))]).detach()
-            log_t, log_s = torch.log_softmax(teacher, -1), torch.log_softmax(prompt, -1)
-            kl = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, M, k]
-            loss = (kl.mean(dim=(0, 1)) * weights).sum() / weights.sum()
+            loss = distillation_loss(module, batch, points, k, e, vocab, weights)
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -105,6 +105,25 @@ def module_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
+def _refusal(linear: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why this PyTorch build cannot run a quantized linear on its device, in one line, or None."""
+    x = torch.zeros((2, linear.weight.shape[1]), dtype=dtype, device=linear.weight.device)
+    try:
+        with torch.inference_mode():
+            linear(x)
+    except (RuntimeError, NotImplementedError) as e:
+        scheme = "int8-wo" if isinstance(linear, Int8WeightLinear) else "fp8"
+        return f"PyTorch {torch.__version__} cannot run {scheme} linears on {x.device} ({str(e).splitlines()[0]})"
+    return None
+
+
+def kernel_refusal(scheme: str, device: str = "cpu", dtype: str = "float32") -> str | None:
+    """Why this PyTorch build cannot run `scheme`'s linears on `device` (e.g. torch 2.11 takes only per-tensor FP8
+    scales on the CPU), or None: what a caller checks before quantizing, and tests skip on."""
+    cls = Int8WeightLinear if scheme == "int8-wo" else Fp8Linear
+    return _refusal(cls(nn.Linear(32, 32, device=device, dtype=getattr(torch, dtype))), getattr(torch, dtype))
+
+
 def quantize_step(step_module: nn.Module, scheme: str) -> QuantReport:
     """Swap the projections of step_module's decoder layers (a StepModule's `hf.model.layers`) for `scheme`'s
     quantized linears, in place, and check one on the module's device (a PyTorch build without the kernel is
@@ -130,14 +149,9 @@ def quantize_step(step_module: nn.Module, scheme: str) -> QuantReport:
                 if probe is None:
                     probe = swapped
     if probe is not None:
-        x = torch.zeros((2, probe.weight.shape[1]), dtype=next(step_module.hf.parameters()).dtype,
-                        device=probe.weight.device)
-        try:
-            with torch.inference_mode():
-                probe(x)
-        except (RuntimeError, NotImplementedError) as e:
-            raise SpecrtError(f"PyTorch {torch.__version__} cannot run {scheme} linears on {x.device} "
-                              f"({str(e).splitlines()[0]})") from None
+        why = _refusal(probe, next(step_module.hf.parameters()).dtype)
+        if why:
+            raise SpecrtError(why)
     return QuantReport(scheme, quantized, kept, before, module_bytes(step_module), round(time.perf_counter() - t0, 3))
 
 

@@ -60,11 +60,13 @@ class StepModule(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dtype = next(hf_model.parameters()).dtype
-        self.register_buffer("rotate_half", _rotate_half_matrix(self.head_dim).to(dtype), persistent=False)
+        weight = next(hf_model.parameters())
+        # on the weights' device: a CUDA step multiplying by a host matrix fails at its first op
+        self.register_buffer("rotate_half", _rotate_half_matrix(self.head_dim).to(weight.device, weight.dtype),
+                             persistent=False)
         # PPD's prompt tokens: a parameter (trained by `specrt ppd train`, everything else frozen) or None
         self.prompt_embeddings = None if prompt_embeddings is None else nn.Parameter(
-            prompt_embeddings.to(dtype=dtype, device=next(hf_model.parameters()).device), requires_grad=False)
+            prompt_embeddings.to(weight.device, weight.dtype), requires_grad=False)
         # a plain list, not submodules: the layers' parameters keep their one name (hf.model.layers.N...), in
         # state dicts and exported graphs alike
         self.layer_steps = [StepLayer(layer, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)

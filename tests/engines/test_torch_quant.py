@@ -13,12 +13,13 @@ from torch import nn
 from specrt.contract import TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.pipeline import Pipeline
+from tests.kernels import needs_kernel, quant_schemes
 
 TABLE = dict(token_profiles=(1, 8, 32), batch_buckets=(1, 4), capacity=256)
 LOSSLESS = [dict(method="sd"), dict(method="tree"), dict(method="dynamic", num_draft_tokens=6), dict(method="anpd")]
 
 
-@pytest.mark.parametrize("scheme", TORCH_QUANT_SCHEMES)
+@pytest.mark.parametrize("scheme", quant_schemes())
 def test_a_quantized_linear_is_close_and_computes_each_row_on_its_own(scheme):
     from specrt.model.quant import Fp8Linear, Int8WeightLinear
 
@@ -37,7 +38,7 @@ def test_a_quantized_linear_is_close_and_computes_each_row_on_its_own(scheme):
         assert torch.isfinite(q(torch.zeros(2, 64))).all()  # an all-zero row: zeros and the bias, not NaN
 
 
-@pytest.mark.parametrize("scheme", TORCH_QUANT_SCHEMES)
+@pytest.mark.parametrize("scheme", quant_schemes())
 def test_quantize_step_swaps_every_projection_and_shrinks_the_weights(demo_bundle, scheme):
     from specrt.bundle.manifest import load_manifest, model_entry
     from specrt.model.quant import Fp8Linear, Int8WeightLinear, load_step_module
@@ -53,7 +54,7 @@ def test_quantize_step_swaps_every_projection_and_shrinks_the_weights(demo_bundl
         load_step_module(demo_bundle / entry.hf_dir, "float32", "cpu", quant="int4")
 
 
-@pytest.mark.parametrize("scheme", TORCH_QUANT_SCHEMES)
+@pytest.mark.parametrize("scheme", quant_schemes())
 def test_lossless_methods_on_quantized_projections_equal_their_autoregressive(demo_bundle, pipelines, humaneval,
                                                                                scheme):
     pipe = Pipeline.load(demo_bundle, backend="torch", device="cpu", threads=2, quant=scheme)
@@ -75,6 +76,7 @@ def test_lossless_methods_on_quantized_projections_equal_their_autoregressive(de
 def quant_engines(demo_bundle, tmp_path_factory):
     from specrt.engines.build import BuildConfig, build
 
+    needs_kernel("fp8")
     b = tmp_path_factory.mktemp("quant-engines") / "b"
     shutil.copytree(demo_bundle, b)
     build(BuildConfig(bundle=b, device="cpu", threads=2, **TABLE), progress=False)
@@ -124,6 +126,8 @@ def test_quantized_projections_are_refused_where_they_cannot_run(quant_engines):
 def test_bench_quant_measures_the_torch_schemes(demo_bundle, tmp_path):
     from specrt.bench.quant import QuantBenchConfig, markdown, run_quant
 
+    for scheme in TORCH_QUANT_SCHEMES:
+        needs_kernel(scheme)
     cfg = QuantBenchConfig(bundle=demo_bundle, backend="torch", device="cpu", out=tmp_path, label="t", num_prompts=1,
                            max_new_tokens=12, runs=1, quality_prompts=2, quality_tokens=12, threads=2,
                            methods=("autoregressive", "sd"))
@@ -142,8 +146,7 @@ def test_bench_quant_measures_the_torch_schemes(demo_bundle, tmp_path):
 def test_quantized_engines_capture_as_cuda_graphs(demo_bundle, tmp_path, humaneval, scheme):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: CUDA graphs need one")
-    if scheme == "fp8" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 matrix products need compute capability >= 8.9")
+    needs_kernel(scheme, "cuda")  # FP8: compute capability >= 8.9; INT8: a CUDA _weight_int8pack_mm
     from specrt.engines.build import BuildConfig, build
 
     b = tmp_path / "b"
