@@ -12,6 +12,7 @@ import platform
 from dataclasses import dataclass
 
 from specrt.contract import TORCH_QUANT_SCHEMES
+from specrt.errors import InvalidRequestError
 
 
 def cpu_model() -> str:
@@ -52,9 +53,21 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# Past a few threads per core intra-op threads only wait on each other; thousands of them make ONNX Runtime's session
+# creation hang rather than fail
+MAX_THREADS_PER_CORE = 4
+
+
 def resolve_threads(threads: int | None) -> int:
-    """The intra-op thread count a backend uses: the given one, else every available core."""
-    return available_cores() if threads is None else threads
+    """The intra-op thread count a backend uses: the given one, else every available core; more than
+    MAX_THREADS_PER_CORE per available core is refused."""
+    if threads is None:
+        return available_cores()
+    cores = available_cores()
+    if threads > MAX_THREADS_PER_CORE * cores:
+        raise InvalidRequestError(f"threads={threads} is more than {MAX_THREADS_PER_CORE} per core of the {cores} this "
+                                  f"process may use (at most {MAX_THREADS_PER_CORE * cores})")
+    return threads
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,12 @@ DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), 
                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0))
 
 
+# The most tokens a round may feed a model beyond the text: a draft's nodes, its scratch rows and the root. A round's
+# masks grow with its square, so a request asking for a hundred thousand drafted tokens is refused here, at once, not
+# by a MemoryError minutes into building them
+MAX_ROUND_TOKENS = 1024
+
+
 @dataclass(frozen=True)
 class Built:
     drafter: Drafter | None
@@ -55,9 +61,21 @@ class Method(Config):
     def __post_init__(self):
         super().__post_init__()
         self._validate()
+        tokens = self.round_tokens()
+        if tokens is not None and tokens > MAX_ROUND_TOKENS:
+            given = [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) != f.default]
+            given = ", ".join(f"{k}={v}" if isinstance(v, (int, float)) else f"a {k} of {len(v)} nodes"
+                              for k, v in given if isinstance(v, (int, float, list, tuple, TreeSpec)))
+            raise InvalidRequestError(f"{self.name} with {given} feeds {tokens} tokens a round, more than the "
+                                      f"{MAX_ROUND_TOKENS} a round may hold")
 
     def _validate(self) -> None:
         """Checks across options (bounds of single options are declared with them)."""
+
+    def round_tokens(self) -> int | None:
+        """The context slots a round needs beyond the text (Built.slack), from the options alone; None where only the
+        bundle knows (a tuned tree)."""
+        return None
 
     def build(self, pipe, params: SamplingParams, batch_size: int) -> Built:
         raise NotImplementedError
@@ -97,8 +115,11 @@ class Autoregressive(Method):
     name: ClassVar[str] = "autoregressive"
     summary: ClassVar[str] = "no drafting: one target step per token (the reference)"
 
+    def round_tokens(self):
+        return 1
+
     def build(self, pipe, params, batch_size):
-        return Built(None, make_verifier(params), 1)
+        return Built(None, make_verifier(params), self.round_tokens())
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,14 @@ class MergeOptions(NgramOptions):
                 raise InvalidRequestError(f"{', '.join(given)} apply to merged n-gram drafts: give ngram_tokens > 0 "
                                           f"with method {self.name!r}")
 
+    def round_tokens(self):
+        own = self._own_round_tokens()
+        return None if own is None else own + self.ngram_tokens
+
+    def _own_round_tokens(self) -> int | None:
+        """round_tokens without the merged n-gram drafts."""
+        return None
+
     def _merge(self, built: Built, params: SamplingParams) -> Built:
         if not self.ngram_tokens:
             return built
@@ -147,6 +176,9 @@ class Sd(MergeOptions):
     summary: ClassVar[str] = "the draft model drafts a chain; exact match or lossless rejection sampling"
 
     num_draft_tokens: int = option(4, "drafted chain length (gamma)", ge=1)
+
+    def _own_round_tokens(self):
+        return self.num_draft_tokens + 1
 
     def build(self, pipe, params, batch_size):
         if self.ngram_tokens and not params.greedy:
@@ -171,6 +203,11 @@ class Tree(MergeOptions):
                 TreeSpec.from_paths(self.tree)
             except (ValueError, TypeError) as e:
                 raise InvalidRequestError(f"invalid tree: {e}") from None
+
+    def _own_round_tokens(self):
+        if self.tree is None:
+            return None
+        return (len(self.tree) if isinstance(self.tree, TreeSpec) else len(self.tree)) + 1
 
     def spec(self, pipe, batch_size: int) -> TreeSpec:
         if isinstance(self.tree, TreeSpec):
@@ -204,12 +241,15 @@ class Dynamic(MergeOptions):
         nodes = self.num_draft_tokens
         return self.num_beams or max(4, nodes // 4), self.tree_depth or min(nodes, 8)
 
+    def _own_round_tokens(self):
+        width, depth = self.shape  # the verified nodes and root; the draft cache holds every fed beam node
+        return max(self.num_draft_tokens + 1, width * (depth - 1) + 2)
+
     def build(self, pipe, params, batch_size):
-        nodes = self.num_draft_tokens
         width, depth = self.shape
         temperature = self.draft_temperature or pipe.draft_temperature()
-        drafter = DynamicTreeDrafter(pipe.draft.runner(), nodes, width, depth, pipe.bucket, temperature)
-        return self._merge(Built(drafter, make_verifier(params), max(nodes + 1, width * (depth - 1) + 2)), params)
+        drafter = DynamicTreeDrafter(pipe.draft.runner(), self.num_draft_tokens, width, depth, pipe.bucket, temperature)
+        return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), params)
 
 
 @register
@@ -223,11 +263,14 @@ class Anpd(NgramOptions):
     ngram_hardware_aware: bool = option(False, "per round, verify the best-first drafts that pay off under the "
                                                "bundle's latency profile (latency.json)")
 
+    def round_tokens(self):
+        return self.num_draft_tokens + 1
+
     def build(self, pipe, params, batch_size):
         k = self.num_draft_tokens
         costs = pipe.round_costs(k, batch_size) if self.ngram_hardware_aware else None
         drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob, costs)
-        return Built(drafter, make_verifier(params), k + 1)
+        return Built(drafter, make_verifier(params), self.round_tokens())
 
 
 @register
@@ -247,13 +290,14 @@ class Mtad(Method):
             raise InvalidRequestError(f"verify_beams must be an integer in [1, num_beams={self.num_beams}], "
                                       f"got {self.verify_beams}")
 
-    def build(self, pipe, params, batch_size):
+    def round_tokens(self):
+        # the target step holds root + the verified beams' nodes; the draft cache every beam node of every fed depth
         gamma, beams = self.num_draft_tokens, self.num_beams
-        drafter = BeamDrafter(pipe.draft.runner(), beams, gamma, pipe.bucket, self.verify_beams)
-        # the target step holds root + the verified beams' nodes; the draft cache every beam node of
-        # every fed depth during a round
-        slack = max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
-        return Built(drafter, JointLikelihoodVerifier(self.tau), slack)
+        return max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
+
+    def build(self, pipe, params, batch_size):
+        drafter = BeamDrafter(pipe.draft.runner(), self.num_beams, self.num_draft_tokens, pipe.bucket, self.verify_beams)
+        return Built(drafter, JointLikelihoodVerifier(self.tau), self.round_tokens())
 
 
 @register
@@ -301,6 +345,9 @@ class Ppd(MergeOptions):
         if (not isinstance(prompts, (list, tuple)) or len(prompts) != len(tree["paths"]) + 1
                 or not all(isinstance(m, int) and m >= 0 for m in prompts) or prompts[0] < 1):
             raise InvalidRequestError("ppd_tree prompts must be one count >= 0 per candidate after the root's (>= 1)")
+
+    def _own_round_tokens(self):
+        return None if self.ppd_budget is None else self.ppd_budget + 1
 
     def build(self, pipe, params, batch_size):
         tokens = pipe.prompt_tokens

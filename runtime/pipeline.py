@@ -237,6 +237,11 @@ class Pipeline:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of one prompt: a string, or a sequence of token ids in [0, vocab)."""
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would raise a bare TypeError
+                raise InvalidRequestError(f"the prompt is not valid Unicode text: {e.reason} at character {e.start} "
+                                          f"({prompt[e.start:e.end]!r})") from None
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         elif _is_token_ids(prompt):
             ids = [int(t) for t in prompt]

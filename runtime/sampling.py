@@ -62,6 +62,12 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs
 
 
+def rng_of(rng, b: int) -> np.random.Generator:
+    """Sequence b's generator, where `rng` is one Generator for a whole batch or a list of one per sequence (a
+    server's requests, each with its own seed: its draws do not depend on what else shares its batch)."""
+    return rng[b] if isinstance(rng, list) else rng
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from a probability vector [V]."""
     cdf = np.cumsum(probs)

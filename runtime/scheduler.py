@@ -24,13 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
-from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.sampling import SamplingParams, rng_of
 from specrt.runtime.stats import POSITION_BUCKET, Stats
 from specrt.runtime.step_inputs import admit, pack_step, prefill
 from specrt.runtime.tree import DraftTree
@@ -51,6 +51,7 @@ class SeqState:
         self.finish_reason = None  # "eos", "length" or "cancelled"
         self.cancelled = False  # set from any thread: the sequence leaves the batch at the end of the round
         self.started = None  # time.perf_counter() its request began (Server), else the run's
+        self.rng = None  # its own np.random.Generator (a Server request's seed), else the run's
 
     @property
     def tokens(self) -> np.ndarray:
@@ -144,14 +145,16 @@ class Scheduler:
             self.drafter.close()
 
     def run(self, seqs: "list[SeqState] | Waiting", params: SamplingParams, rng: np.random.Generator,
-            max_batch: int | None = None, started: float | None = None) -> Iterator[tuple[SeqState, list[int]]]:
+            max_batch: int | None = None, started: float | None = None,
+            on_round: Callable[[int], None] | None = None) -> Iterator[tuple[SeqState, list[int]]]:
         """Decode the sequences, at most `max_batch` at once (default: all of a list): whenever the batch has
         room, the next waiting ones take their places at once (continuous batching: prefilled and admitted
         between rounds). `seqs`: a list, or a Waiting that requests arrive in while this runs (Server); the run
         ends when no sequence is live and none waits. Yields (sequence, tokens appended this round) as they come;
         a sequence whose `cancelled` is set leaves the batch at the end of the round with finish_reason
         "cancelled". `started`: when the caller's request began (time.perf_counter(); default now), what each
-        sequence's `seconds.finished` counts from, unless the sequence has its own `started`."""
+        sequence's `seconds.finished` counts from, unless the sequence has its own `started`. `on_round(n)`: called
+        after each decode round with the number of sequences it held."""
         t_start = time.perf_counter()
         started = t_start if started is None else started
         waiting = seqs if isinstance(seqs, Waiting) else Waiting(seqs)
@@ -176,8 +179,10 @@ class Scheduler:
             if self.padded:
                 for s, n in zip(live, cache.pad_to(int(cache.lengths.max()))):
                     s.stats.padded += int(n)
+            # each sequence draws from its own generator where it has one: its tokens then do not depend on the batch
+            rngs = rng if all(s.rng is None for s in live) else [rng if s.rng is None else s.rng for s in live]
             if self.drafter is not None:
-                trees = self.drafter.propose(live, params, rng)
+                trees = self.drafter.propose(live, params, rngs)
                 t_draft, draft_calls = self.drafter.seconds, self.drafter.num_calls
                 t_draft_model = self.drafter.backend_seconds
             else:
@@ -191,7 +196,8 @@ class Scheduler:
             t1 = time.perf_counter()
             logits, new_kv = self.target.step(ids, pos, mask, cache, head)
             t_target = time.perf_counter() - t1
-            verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng) for b, t in enumerate(trees)]
+            verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng_of(rngs, b))
+                        for b, t in enumerate(trees)]
             if all(t.is_chain for t in trees):  # accepted rows are a prefix: one slice copy each
                 cache.append(new_kv, [len(v.path) + 1 for v in verdicts])
             else:
@@ -210,6 +216,8 @@ class Scheduler:
                 if s.finished:
                     s.stats.seconds.finished = time.perf_counter() - (started if s.started is None else s.started)
             t_total = time.perf_counter() - t_round
+            if on_round is not None:
+                on_round(len(live))
             for s, t, v, start in zip(live, trees, verdicts, starts):
                 st = s.stats
                 st.target_calls += 1

@@ -7,9 +7,12 @@
         b.result().stats                                           # a Generation (blocks until done)
         await asyncio.wrap_future(b.future)                        # the same, from asyncio
         b.cancel()                                                 # leaves the batch at the end of its round
+        server.stats()                                             # rounds by batch size, tokens, queue: ServerStats
 
 One method, its options and the sampling parameters are the server's (one Drafter + Verifier pair decodes the
-batch); the prompt and max_new_tokens are each request's. A request is checked when it is submitted, in the
+batch); the prompt, max_new_tokens and seed are each request's. A request with a seed draws from a generator of its
+own, so what it samples does not depend on what else shares its batch (the same tokens as `Pipeline.generate` of
+that prompt alone with that seed); without one it draws from the server's. A request is checked when it is submitted, in the
 caller's thread (a bad prompt raises there and never reaches the batch). Requests join the running batch
 between rounds, first come first served, while it has fewer than `max_batch` sequences; each keeps its own
 Stats, whose `seconds.finished` counts from its submission. A request that is cancelled, or whose round fails
@@ -24,12 +27,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import numpy as np
 
 from specrt.errors import InvalidRequestError
+from specrt.runtime.pipeline import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState, Waiting
 
@@ -127,6 +133,25 @@ class _Queue(Waiting):
         self._server._retire(self._server._requests[seq.index])
 
 
+@dataclass(frozen=True)
+class ServerStats:
+    """What a server has done since it started (Server.stats())."""
+
+    rounds_by_batch: dict[int, int]  # decode rounds by the number of sequences they held
+    submitted: int  # requests
+    finished: int  # of those, ended with their tokens ("eos", "length" or "cancelled")
+    failed: int  # ended by an error in their round
+    waiting: int  # queued, not yet in the batch
+    running: int  # in the batch now
+    generated_tokens: int  # new tokens of the ended requests
+    target_calls: int  # target steps the ended requests took part in (prefill included)
+    accepted_tokens: int  # drafted tokens the ended requests accepted
+
+    @property
+    def rounds(self) -> int:
+        return sum(self.rounds_by_batch.values())
+
+
 class Server:
     def __init__(self, pipe, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, **options):
@@ -143,14 +168,20 @@ class Server:
         self._wakeup = threading.Condition(self._lock)
         self._closing = False
         self._submitted = 0
+        self._rounds: Counter = Counter()  # sequences in a round -> rounds (changed under _lock)
+        self._ended = Counter()  # finished, failed, generated_tokens, target_calls, accepted_tokens
         self._thread = threading.Thread(target=self._loop, name="specrt-server", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128) -> Request:
-        """Queue one request (a string or token ids); returns at once. Raises InvalidRequestError for a bad
-        prompt or limit, in this thread, and after close()."""
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, seed: int | None = None) -> Request:
+        """Queue one request (a string or token ids); returns at once. `seed`: the request's own sampler seed
+        (None: it draws from the server's). Raises InvalidRequestError for a bad prompt, limit or seed, in this
+        thread, and after close()."""
         started = time.perf_counter()
+        if seed is not None:
+            DecodeOptions(seed=seed)  # checked as generate checks it
         (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
+        seq.rng = None if seed is None else np.random.default_rng(seed)
         with self._lock:
             if self._closing:
                 raise InvalidRequestError("this server is closed: submit to a new one")
@@ -162,6 +193,12 @@ class Server:
             self._waiting.put(seq)
             self._wakeup.notify()
         return request
+
+    def stats(self) -> ServerStats:
+        with self._lock:
+            e = self._ended
+            return ServerStats(dict(self._rounds), self._submitted, e["finished"], e["failed"], self._waiting.pending(),
+                               len(self._running), e["generated_tokens"], e["target_calls"], e["accepted_tokens"])
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop taking requests; finish the submitted ones (cancel them first with `cancel=True`), then stop
@@ -185,6 +222,12 @@ class Server:
         with self._lock:
             self._requests.pop(request.index, None)
             self._running.discard(request.index)
+            s = request._seq.stats
+            if error is not None:
+                self._ended["failed"] += 1
+            else:
+                self._ended.update(finished=1, generated_tokens=len(request._seq.new_tokens),
+                                   target_calls=s.target_calls, accepted_tokens=s.accepted)
         request._finish(error)
 
     def _loop(self) -> None:
@@ -199,11 +242,16 @@ class Server:
         finally:
             self._scheduler.close()
 
+    def _round(self, num_seqs: int) -> None:
+        with self._lock:
+            self._rounds[num_seqs] += 1
+
     def _run(self) -> None:
         """One scheduler run: until no request is live and none waits. A failed round fails the requests in the
         batch; the server goes on with the next ones."""
         try:
-            for seq, appended in self._scheduler.run(self._waiting, self.params, self._rng, self.max_batch):
+            for seq, appended in self._scheduler.run(self._waiting, self.params, self._rng, self.max_batch,
+                                                     on_round=self._round):
                 request = self._requests[seq.index]
                 request._emit(appended)
                 if seq.finished:

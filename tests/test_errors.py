@@ -120,6 +120,14 @@ def test_prompt_longer_than_context(pipelines):
     (dict(method="dynamic", ngram_tokens=-1), "ngram_tokens must be an integer >= 0"),
     (dict(method="anpd", ngram_tokens=4), "ngram_tokens do not apply to method 'anpd'"),
     (dict(method="dynamic", ngram_tokens=4, ngram_hardware_aware=True), "ngram_hardware_aware do not apply to method 'dynamic'"),
+    # refused before a drafter or a tree is built (a chain of 100000 built its O(n^2) mask for minutes, then died)
+    (dict(method="sd", num_draft_tokens=100000), "sd with num_draft_tokens=100000 feeds 100001 tokens a round, more "
+                                                 "than the 1024 a round may hold"),
+    (dict(method="mtad", num_draft_tokens=100, num_beams=100), "mtad with num_draft_tokens=100, num_beams=100 feeds "
+                                                               "9902 tokens"),
+    (dict(method="dynamic", num_draft_tokens=8, num_beams=400), "dynamic with num_beams=400 feeds 2802 tokens"),
+    (dict(method="tree", tree=[[0]] * 2000), "tree with a tree of 2000 nodes feeds 2001 tokens"),
+    (dict(method="sd", ngram_tokens=1100), "sd with ngram_tokens=1100 feeds 1105 tokens"),
 ])
 def test_invalid_parameters(pipelines, kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):
@@ -140,6 +148,7 @@ def test_invalid_parameters(pipelines, kwargs, match):
     ([[True, 2]], "holding True"),
     ([None], "got NoneType"),
     ([b"x"], "got bytes"),
+    (["a\ud800b"], "the prompt is not valid Unicode text: surrogates not allowed at character 1 \\('\\\\ud800'\\)"),
 ])
 def test_invalid_prompts(pipelines, prompts, match):
     with pytest.raises(InvalidRequestError, match=match):
@@ -168,6 +177,7 @@ def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pip
 @pytest.mark.parametrize("kwargs,match", [
     (dict(threads=0), "threads must be an integer >= 1"),
     (dict(threads=1.5), "threads must be an integer >= 1"),
+    (dict(threads=10000), "threads=10000 is more than 4 per core of the .* this process may use"),  # it hung
     (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, graphs, trt\\)"),
     (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
     (dict(backend="torch", device="gpu"), "device 'gpu' is not a device PyTorch knows"),
@@ -203,6 +213,7 @@ def _cli(*args, timeout=300):
 @pytest.mark.parametrize("args,match", [
     (["generate", "--prompt", "x", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
     (["generate", "--prompt", "x", "--threads", "0"], "threads must be an integer >= 1"),
+    (["generate", "--prompt", "x", "--threads", "10000"], "threads=10000 is more than 4 per core"),
     (["generate", "--prompt", "x", "--method", "sd", "--tau", "0.2"], "tau do not apply to method 'sd'"),
     (["generate", "--prompt", "x", "--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
     (["generate", "--prompt", "x", "--method", "tree", "--tree", "[[0], [1"], "argument --tree: invalid JSON"),

@@ -50,7 +50,8 @@ class Drafter(ABC):
         with self._timed():
             self._admit(new)
 
-    def propose(self, seqs, params: SamplingParams, rng: np.random.Generator) -> list[DraftTree]:
+    def propose(self, seqs, params: SamplingParams, rng) -> list[DraftTree]:
+        """One DraftTree per sequence; `rng`: one Generator for the batch, or a list of one per sequence (rng_of)."""
         with self._timed():
             trees = self._propose(seqs, params, rng)
         return trees

@@ -7,7 +7,7 @@ import numpy as np
 from specrt.runtime.backends import Runner
 from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.base import ModelDrafter
-from specrt.runtime.sampling import sample, warp
+from specrt.runtime.sampling import rng_of, sample, warp
 from specrt.runtime.tree import DraftTree, TreeSpec
 
 
@@ -61,7 +61,7 @@ class DraftModelDrafter(ModelDrafter):
         if probs is not None:  # sampled chain: one child, drawn from q
             q = warp(rows[:, 0], params)
             for b in range(len(rows)):
-                tokens[b, kids[0][0]] = sample(q[b], rng)
+                tokens[b, kids[0][0]] = sample(q[b], rng_of(rng, b))
                 probs[b, kids[0][0]] = q[b]
             return
         child = np.concatenate(kids)  # [M] children of this level's parents

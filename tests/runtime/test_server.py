@@ -142,3 +142,35 @@ def test_futures_serve_asyncio_and_close_cancels_on_request(fake):
     server.close()  # idempotent
     with pytest.raises(InvalidRequestError, match="do not apply to method 'sd'"):
         fake.server(method="sd", tree=[[0]])
+
+
+@pytest.mark.parametrize("kw", [dict(method="sd", num_draft_tokens=3), dict(method="mtad"),
+                                dict(method="autoregressive")], ids=lambda kw: kw["method"])
+def test_a_seeded_request_samples_what_it_samples_alone(fake, kw):
+    """Each request draws from a generator of its own seed: its tokens do not depend on the batch it shares."""
+    ps = prompts(6, seed=4)
+    ref = [fake.generate([p], max_new_tokens=20, temperature=0.9, seed=10 + i, **kw)[0].token_ids
+           for i, p in enumerate(ps)]
+    with fake.server(max_batch=3, temperature=0.9, **kw) as server:
+        requests = [server.submit(p, max_new_tokens=20, seed=10 + i) for i, p in enumerate(ps)]
+        outs = [r.result(timeout=30).token_ids for r in requests]
+        other = server.submit(ps[0], max_new_tokens=20, seed=11).result(timeout=30).token_ids
+    assert outs == ref
+    assert other != ref[0]  # the seed is what makes them: another gives other tokens
+    with pytest.raises(InvalidRequestError, match="seed must be an integer >= 0, got -1"):
+        fake.server().submit(ps[0], seed=-1)
+
+
+def test_stats_count_rounds_by_batch_size_and_what_ended(fake):
+    ps = prompts(7, seed=5)
+    with fake.server(method="sd", max_batch=3) as server:
+        outs = [r.result(timeout=30) for r in [server.submit(p, max_new_tokens=12) for p in ps]]
+        with pytest.raises(InvalidRequestError):
+            server.submit([], max_new_tokens=4)  # refused: not counted
+        st = server.stats()
+    assert (st.submitted, st.finished, st.failed, st.waiting, st.running) == (7, 7, 0, 0, 0)
+    assert st.generated_tokens == sum(len(o.token_ids) for o in outs) == 7 * 12
+    assert st.target_calls == sum(o.stats.target_calls for o in outs)
+    assert st.accepted_tokens == sum(o.stats.accepted for o in outs) > 0
+    assert max(st.rounds_by_batch) == 3  # rounds held several sequences
+    assert sum(n * r for n, r in st.rounds_by_batch.items()) == sum(o.stats.rounds for o in outs)
