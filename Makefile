@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton
+# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton | serve
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton gpu-bench gpu-bench-quant gpu-export gpu-test gpu-pack calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-bench gpu-bench-quant gpu-export gpu-test gpu-pack calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,12 @@ inplace: $(STAMP)
 # a Triton Inference Server model repository for the bundle (build/triton)
 triton: $(STAMP)
 	$(BIN)/specrt triton --bundle $(OUT) --out build/triton
+
+# the bundle (OUT=...) behind a real Triton Inference Server on 127.0.0.1:8000 (HTTP), 8001 (gRPC), 8002 (metrics),
+# the server's files installed into build/tritonserver on first use; Ctrl-C stops it
+serve: $(STAMP)
+	test -f $(OUT)/manifest.json || $(MAKE) export
+	$(BIN)/specrt serve --bundle $(OUT)
 
 # Hardware-aware tree selection for a bundle (OUT=...): acceptance, latency, plan.
 calibrate: $(STAMP)

@@ -33,33 +33,17 @@ from specrt.bundle.artifacts import (ENGINE_SETS, Acceptance, InPlaceGraphs, Lat
                                     variant_words)
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import load_manifest, model_entry, verify_files
-from specrt.config import Config, option
 from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend, load_backend, resolve_device
 from specrt.runtime.methods import Method, make_method
+from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
 from specrt.runtime.stats import Stats
 
 if TYPE_CHECKING:
     from specrt.runtime.server import Server
-
-
-@dataclass(frozen=True)
-class DecodeOptions(Config):
-    """What every generate call takes besides the method and sampling parameters."""
-
-    max_new_tokens: int = option(128, "new tokens per prompt, at most", ge=1)
-    seed: int = option(0, "seed of the sampler (and of MTAD's beam sampling)", ge=0)
-    batch_size: int = option(1, "prompts decoded together in one ragged batch (no KV padding)", ge=1)
-    batching: str = option("continuous", "continuous: a finished sequence's place goes to the next prompt at once; "
-                                         "static: batches of batch_size prompts, each run until its last sequence "
-                                         "ends (the baseline continuous batching is measured against)",
-                           choices=("continuous", "static"))
-    padded: bool = option(False, "benchmarking only: vanilla batched speculation, every sequence's KV cache padded "
-                                 "with masked slots to the batch's longest after prefill and after every round "
-                                 "(EMS-SD's baseline; same tokens, more work)")
 
 
 @dataclass

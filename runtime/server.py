@@ -35,11 +35,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.errors import InvalidRequestError
-from specrt.runtime.pipeline import DecodeOptions
+from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.scheduler import Scheduler, SeqState, Waiting
+from specrt.runtime.scheduler import SeqState, Waiting
 
 _DONE = object()  # ends a request's stream of token deltas
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A request's text and tokens since its last piece."""
+
+    text: str
+    token_ids: list[int]
 
 
 class Request:
@@ -82,11 +90,19 @@ class Request:
     def stream(self, timeout: float | None = None) -> Iterator[str]:
         """Text pieces of its continuation as rounds are accepted (one consumer per request). `timeout`: seconds
         to wait for each piece before raising TimeoutError."""
+        for piece in self.pieces(timeout):
+            if piece.text:
+                yield piece.text
+
+    def pieces(self, timeout: float | None = None) -> Iterator[Piece]:
+        """Its continuation as rounds are accepted: Pieces whose texts, and whose token ids, add up to the whole (the
+        last may have no text: it carries the last tokens). One consumer per request, stream or pieces; `timeout`:
+        seconds to wait for each round's tokens before raising TimeoutError."""
         if self._streamed:
             raise InvalidRequestError("a request's stream can be read once")
         self._streamed = True
         ids: list[int] = []
-        shown = ""
+        shown, sent = "", 0  # text and tokens handed out so far
         while True:
             try:
                 delta = self._deltas.get(timeout=timeout)
@@ -97,12 +113,12 @@ class Request:
             ids += delta
             text = self._server.pipe.decode(ids)
             if not text.endswith("\ufffd") and len(text) > len(shown):  # a split multi-byte character waits
-                yield text[len(shown):]
-                shown = text
+                yield Piece(text[len(shown):], ids[sent:])
+                shown, sent = text, len(ids)
         self.future.result()  # a failed round raises here too
         text = self._server.pipe.decode(ids)
-        if len(text) > len(shown):
-            yield text[len(shown):]
+        if len(text) > len(shown) or len(ids) > sent:
+            yield Piece(text[len(shown):], ids[sent:])
 
     def _emit(self, tokens: list[int]) -> None:
         if tokens:

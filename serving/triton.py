@@ -5,11 +5,14 @@
     REPO/specrt_target_trt/config.pbtxt, 1/model.plan  where the bundle has TensorRT engines: tensorrt_plan
     REPO/specrt_draft_trt/...                          models, one instance group per slot with its profiles
     REPO/specrt/config.pbtxt, 1/model.py               specrt's decode loop (serving/triton_model.py), a
-                                                       decoupled Python-backend model streaming text
+                                                       decoupled Python-backend model batching requests
+                                                       continuously and streaming text
 
-The layout and configuration fields follow Triton's model repository and model configuration documentation.
-Triton itself does not install on these machines: the configs are checked by parsing them with
-tritonclient's model_config protobuf (tests), not by a running server.
+The layout and configuration fields follow Triton's model repository and model configuration documentation. The
+decode-loop model is what `specrt serve` runs on a real tritonserver (serving/tritonserver.py: the nvidia-pytriton
+wheel's, which has the Python backend only); the step-graph and TensorRT models load on a full Triton, whose ONNX
+Runtime and TensorRT backends serve them to clients of their own (ensembles, BLS), and are checked here by parsing
+their configs with tritonclient's model_config protobuf.
 
 The repository is written next to REPO and swapped into place (bundle.files.replace_dir); a directory that is
 neither empty nor a repository specrt wrote is never replaced. Model files are hard links to the bundle's where
@@ -37,6 +40,9 @@ from specrt.runtime.backends import BACKENDS
 
 MARKER = "specrt-triton.json"  # a file at the repository's top level (Triton looks only at directories there)
 DECODE_MODEL = "specrt"
+# the decode-loop model's optional inputs (serving/triton_model.py) -> Triton data type
+DECODE_INPUTS = {"MAX_NEW_TOKENS": "INT32", "METHOD": "STRING", "TEMPERATURE": "FP32", "TOP_K": "INT32", "TOP_P": "FP32",
+                 "SEED": "INT64", "STREAM": "BOOL"}
 TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 
 
@@ -47,7 +53,10 @@ class TritonConfig(BundleOptions):
     device: str | None = option(None, "the decode-loop model's device, e.g. cuda:0 (default: the backend's)")
     threads: int | None = option(None, "the decode-loop model's intra-op threads (default: every core)", ge=1)
     method: str = option("sd", "the method a request that names none gets")
-    instances: int = option(1, "decode-loop model instances (requests served at once)", ge=1)
+    max_batch: int = option(8, "sequences one continuously batched loop decodes at once (more requests wait for a "
+                               "place)", ge=1)
+    instances: int = option(1, "decode-loop model instances: processes, each loading the bundle and batching the "
+                               "requests Triton gives it", ge=1)
     step_kind: str = option("cpu", "where Triton runs the ONNX step-graph models (onnxruntime_onnx)",
                             choices=("cpu", "gpu"))
 
@@ -134,15 +143,15 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
     (repo / DECODE_MODEL / "1").mkdir(parents=True)
     shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
     params = {"bundle": str(bundle.resolve()), "backend": cfg.backend, "device": cfg.device or "",
-              "threads": str(cfg.threads or ""), "method": cfg.method}
+              "threads": str(cfg.threads or ""), "method": cfg.method, "max_batch": str(cfg.max_batch)}
     config = {
         "name": DECODE_MODEL, "backend": "python", "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": True},
         "input": [{"name": "PROMPT", "data_type": "=TYPE_STRING", "dims": [1]}] + [
-            {"name": n, "data_type": t, "dims": [1], "optional": True}
-            for n, t in (("MAX_NEW_TOKENS", "=TYPE_INT32"), ("METHOD", "=TYPE_STRING"), ("TEMPERATURE", "=TYPE_FP32"),
-                         ("SEED", "=TYPE_INT64"))],
-        "output": [{"name": "TEXT", "data_type": "=TYPE_STRING", "dims": [1]}],
+            {"name": n, "data_type": "=TYPE_" + t, "dims": [1], "optional": True} for n, t in DECODE_INPUTS.items()],
+        "output": [{"name": "TEXT", "data_type": "=TYPE_STRING", "dims": [1]},
+                   {"name": "TOKEN_IDS", "data_type": "=TYPE_INT64", "dims": [-1]},
+                   {"name": "FINISH_REASON", "data_type": "=TYPE_STRING", "dims": [1]}],
         # the ort backend runs on host cores; the others place themselves on the device they are given
         "instance_group": [{"kind": "=KIND_CPU" if cfg.backend == "ort" else "=KIND_MODEL", "count": cfg.instances}],
         "parameters": [{"key": k, "value": {"string_value": v}} for k, v in params.items() if v],
@@ -152,7 +161,8 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
 
 
 def write_repository(cfg: TritonConfig) -> dict:
-    """Write the repository; returns what it holds (also its MARKER file)."""
+    """Write the repository; returns what it holds (also its MARKER file): the bundle, its manifest's sha256, the
+    models, and the backend each needs."""
     from specrt.runtime.methods import METHODS
 
     if cfg.method not in METHODS:
@@ -171,11 +181,13 @@ def write_repository(cfg: TritonConfig) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     os.chmod(tmp, 0o777 & ~UMASK)
     try:
-        models = [_step_model(tmp, bundle, e, cfg.step_kind) for e in entries]
+        # model -> the Triton backend that runs it (a server loads those it has)
+        backends = {_step_model(tmp, bundle, e, cfg.step_kind): "onnxruntime" for e in entries}
         if engines is not None:
-            models += [_trt_model(tmp, bundle, e, engines) for e in entries]
-        models.append(_decode_model(tmp, bundle, cfg))
-        info = {"bundle": str(bundle.resolve()), "manifest_sha256": manifest_sha256(bundle), "models": models}
+            backends.update({_trt_model(tmp, bundle, e, engines): "tensorrt" for e in entries})
+        backends[_decode_model(tmp, bundle, cfg)] = "python"
+        info = {"bundle": str(bundle.resolve()), "manifest_sha256": manifest_sha256(bundle), "models": list(backends),
+                "backends": backends}
         write_atomic(tmp / MARKER, json.dumps(info, indent=1) + "\n")
         replace_dir(tmp, out)
     finally:

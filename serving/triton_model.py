@@ -1,71 +1,220 @@
 """specrt's decode loop as a Triton Inference Server Python-backend model (`specrt triton` copies this file to
-<repo>/specrt/1/model.py).
+<repo>/specrt/1/model.py; the Python that Triton runs it in must have specrt installed: `specrt serve` sees to it).
 
-Decoupled: a request gets one response per text piece as rounds are accepted, then an empty final flag.
+Decoupled: every request is answered on its own response sender, from a thread of its own, while execute() has
+already returned; requests of the same method and sampling parameters decode together in one continuously batched
+loop (serving/pool.py: a request joins the running batch between rounds).
 
-    inputs   PROMPT (string, [1]); optional MAX_NEW_TOKENS (int32), METHOD (string), TEMPERATURE (fp32),
-             SEED (int64), each [1]
-    outputs  TEXT (string, [1]): the next piece of the continuation
+    inputs    PROMPT          string [1]  the prompt text
+              MAX_NEW_TOKENS  int32  [1]  optional, default 128
+              METHOD          string [1]  optional, default the model's `method` parameter
+              TEMPERATURE     fp32   [1]  optional, default 0 (greedy)
+              TOP_K, TOP_P    int32, fp32 [1]  optional: sampling's top-k (0: off) and nucleus (1: off)
+              SEED            int64  [1]  optional: the request's own sampler seed (else the loop's)
+              STREAM          bool   [1]  optional, default false: one response per accepted piece of text, then a
+                                          last one with FINISH_REASON; else one response with the whole continuation
+                                          (what the HTTP `generate` endpoint takes)
+    outputs   TEXT            string [1]  the continuation, or the piece of it
+              TOKEN_IDS       int64  [-1] its token ids (a piece's: the tokens since the previous piece)
+              FINISH_REASON   string [1]  "eos", "length" or "cancelled" on the last response, else ""
 
-The model's parameters (config.pbtxt) say which bundle to load, with which backend, device and threads, and
-the method a request that names none gets. The Python environment Triton runs this in must have specrt
-installed (pip, or the Python backend's EXECUTION_ENV_PATH). Each instance serves its requests one after
-another; `instance_group.count` serves several at once.
+A request with bad input gets an error response naming the input, and nothing else happens. A client that cancels
+or disconnects (the response sender says so) leaves its batch at the end of the round. The model's counters go to
+Triton's metrics endpoint (custom metrics of the Python backend), per method: specrt_generated_tokens_total,
+specrt_target_calls_total, specrt_accepted_tokens_total, specrt_rounds_total{sequences="n"} (decode rounds by the
+sequences they held), and the gauges specrt_tokens_per_target_call, specrt_queue_requests and
+specrt_running_sequences.
+
+The model's parameters (config.pbtxt) say which bundle to load, with which backend, device and threads, the method a
+request that names none gets, and the sequences one batch holds (max_batch).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-INPUTS = {"MAX_NEW_TOKENS": ("max_new_tokens", int), "METHOD": ("method", str), "TEMPERATURE": ("temperature", float),
-          "SEED": ("seed", int)}
+# input -> (keyword of ServerPool.submit, Python type)
+OPTIONAL = {"MAX_NEW_TOKENS": ("max_new_tokens", int), "METHOD": ("method", str), "TEMPERATURE": ("temperature", float),
+            "TOP_K": ("top_k", int), "TOP_P": ("top_p", float), "SEED": ("seed", int), "STREAM": ("stream", bool)}
+NAMES = {"prompt": "PROMPT", **{key: name for name, (key, _) in OPTIONAL.items()}}  # keyword -> input
+POLL_SECONDS = 0.1  # how often cancellations are looked for and metrics refreshed
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class BadInput(Exception):
+    """A request's fault, said to its client (its message names the input)."""
 
 
 def _value(request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
-    value = tensor.as_numpy().reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+    array = tensor.as_numpy()
+    if array.size != 1:
+        raise BadInput(f"{name} must hold one value, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return value.item()
+
+
+def parse(request) -> tuple[str, dict]:
+    """(prompt, ServerPool.submit's keywords and "stream") of a request; raises BadInput naming the input."""
+    from specrt.errors import InvalidRequestError
+    from specrt.runtime.options import DecodeOptions
+    from specrt.runtime.sampling import SamplingParams
+
+    prompt = _value(request, "PROMPT")
+    if prompt is None:
+        raise BadInput("the request has no PROMPT")
+    kwargs = {}
+    for name, (key, kind) in OPTIONAL.items():
+        value = _value(request, name)
+        if value is None:
+            continue
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise BadInput(f"{name} must be {kind.__name__}, got {value!r}")
+        try:  # each checked alone, so that its error is its own
+            if key in ("max_new_tokens", "seed"):
+                DecodeOptions(**{key: value})
+            elif key in ("temperature", "top_k", "top_p"):
+                SamplingParams(**{key: value})
+        except InvalidRequestError as e:
+            raise BadInput(f"{name}: {e}") from None
+        kwargs[key] = value
+    return prompt, kwargs
 
 
 class TritonPythonModel:
     def initialize(self, args):
         from specrt.runtime.pipeline import Pipeline
+        from specrt.serving.pool import ServerPool
 
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.method = params.get("method") or "sd"
         threads = int(params["threads"]) if params.get("threads") else None
         self.pipe = Pipeline.load(params["bundle"], backend=params.get("backend") or "ort", threads=threads,
                                   device=params.get("device") or None)
+        self.pool = ServerPool(self.pipe, int(params.get("max_batch") or 8), params.get("method") or "sd")
+        self.live: dict[int, tuple] = {}  # id -> (runtime Request, response sender)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.metrics = _Metrics()
+        self.watcher = threading.Thread(target=self._watch, name="specrt-watch", daemon=True)
+        self.watcher.start()
 
     def execute(self, requests):
-        from specrt.errors import SpecrtError
+        from specrt.serving.pool import Refused
 
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt = _value(request, "PROMPT")
-                if prompt is None:
-                    raise SpecrtError("the request has no PROMPT")
-                kwargs = {"method": self.method}
-                for name, (key, kind) in INPUTS.items():
-                    value = _value(request, name)
-                    if value is not None:
-                        kwargs[key] = kind(value)
-                for piece in self.pipe.stream(prompt, **kwargs):
-                    text = np.array([piece.encode("utf-8")], dtype=np.object_)
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("TEXT", text)]))
-            except (SpecrtError, ValueError, TypeError) as e:  # the request's fault: say so to its client
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                prompt, kwargs = parse(request)
+                stream = kwargs.pop("stream", False)
+                try:
+                    handle = self.pool.submit(prompt, **kwargs)
+                except Refused as e:
+                    raise BadInput(f"{', '.join(NAMES[k] for k in e.inputs) or 'request'}: {e}") from None
+            except BadInput as e:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            with self.lock:
+                self.live[id(handle)] = (handle, sender)
+            threading.Thread(target=self._respond, args=(handle, sender, stream), daemon=True).start()
         return None
 
+    def _respond(self, handle, sender, stream: bool) -> None:
+        """Send a request's responses as its rounds are accepted; the last carries the final flag."""
+        try:
+            text, ids = [], []
+            for piece in handle.pieces():
+                if stream and not sender.is_cancelled():
+                    sender.send(_response(piece.text, piece.token_ids, ""))
+                text.append(piece.text)
+                ids += piece.token_ids
+            reason = handle.result().finish_reason
+            last = _response("", [], reason) if stream else _response("".join(text), ids, reason)
+        except Exception as e:  # a failed round: the request's error, the others go on
+            last = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decoding failed: {e}"))
+        # a sender is not asked anything once its final response is sent (Triton frees what it asks about: asking then
+        # crashes the server): the final send and the watcher's questions take turns under the lock
+        with self.lock:
+            self.live.pop(id(handle), None)
+            if not sender.is_cancelled():
+                sender.send(last, flags=FINAL)
+
+    def _watch(self) -> None:
+        """Cancel the requests whose clients went away; refresh the metrics."""
+        while not self.stop.wait(POLL_SECONDS):
+            with self.lock:
+                gone = [handle for handle, sender in self.live.values() if sender.is_cancelled()]
+            for handle in gone:
+                handle.cancel()
+            self.metrics.update(self.pool.stats())
+
     def finalize(self):
-        self.pipe = None
+        self.stop.set()
+        self.watcher.join()
+        self.pool.close(cancel=True)
+
+
+def _response(text: str, token_ids: list[int], finish_reason: str):
+    return pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor("TEXT", np.array([text.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("TOKEN_IDS", np.asarray(token_ids, dtype=np.int64)),
+        pb_utils.Tensor("FINISH_REASON", np.array([finish_reason.encode()], dtype=np.object_))])
+
+
+class _Metrics:
+    """specrt's counters in Triton's metrics endpoint (the Python backend's custom metrics), per method."""
+
+    COUNTERS = {"generated_tokens": "new tokens of the requests that ended",
+                "target_calls": "target steps the ended requests took part in (prefill included)",
+                "accepted_tokens": "drafted tokens the ended requests accepted"}
+
+    def __init__(self):
+        family = pb_utils.MetricFamily
+        self.counters = {k: family(f"specrt_{k}_total", help, family.COUNTER) for k, help in self.COUNTERS.items()}
+        self.rounds = family("specrt_rounds_total", "decode rounds, by the sequences they held", family.COUNTER)
+        self.gauges = {"tokens_per_target_call": family("specrt_tokens_per_target_call", "new tokens per target step "
+                                                        "of the requests that ended", family.GAUGE),
+                       "waiting": family("specrt_queue_requests", "requests waiting for a place in a batch",
+                                         family.GAUGE),
+                       "running": family("specrt_running_sequences", "sequences in a batch now", family.GAUGE)}
+        self.metrics: dict[tuple, object] = {}
+        self.sent: dict[tuple, float] = {}  # what each counter has been incremented by
+
+    def _metric(self, family, labels: dict):
+        key = (id(family), *sorted(labels.items()))
+        if key not in self.metrics:
+            self.metrics[key] = family.Metric(labels=labels)
+        return key, self.metrics[key]
+
+    def _count(self, family, labels: dict, total: float) -> None:
+        key, metric = self._metric(family, labels)
+        delta = total - self.sent.get(key, 0)
+        if delta > 0:
+            metric.increment(delta)
+            self.sent[key] = total
+
+    def update(self, stats: dict) -> None:
+        """Push one snapshot of the pool's stats: gauges first, so that a scrape that sees a request's tokens counted
+        also sees it gone from the batch (each value is a message of its own to the server)."""
+        for method, st in stats.items():
+            labels = {"method": method}
+            per_call = st.generated_tokens / st.target_calls if st.target_calls else 0.0
+            for k, value in (("tokens_per_target_call", per_call), ("waiting", st.waiting), ("running", st.running)):
+                self._metric(self.gauges[k], labels)[1].set(float(value))
+            for k, family in self.counters.items():
+                self._count(family, labels, getattr(st, k))
+            for n, rounds in st.rounds_by_batch.items():
+                self._count(self.rounds, {**labels, "sequences": str(n)}, rounds)

@@ -11,6 +11,7 @@
     specrt ppd train                   PPD's prompt tokens, their target graph and sparse trees -> ppd.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
+    specrt serve                       the bundle behind a real Triton Inference Server (HTTP, gRPC, metrics)
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
     specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|docs   benchmarks and the results page
 
@@ -143,8 +144,14 @@ def cmd_triton(args) -> None:
     cfg = config_from(TritonConfig, args)
     info = write_repository(cfg)
     print(f"wrote the Triton model repository {cfg.out}: {', '.join(info['models'])}")
-    print(f"serve it with `tritonserver --model-repository {Path(cfg.out).resolve()}` (Triton's Python backend needs "
-          "specrt installed in its environment)")
+    print(f"serve it with `specrt serve --bundle {cfg.bundle}`, or a Triton of your own: `tritonserver "
+          f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
+
+
+def cmd_serve(args) -> None:
+    from specrt.serving.serve import ServeConfig, serve
+
+    serve(config_from(ServeConfig, args))
 
 
 def cmd_generate(args) -> None:
@@ -300,6 +307,7 @@ def build_parser() -> ArgumentParser:
     from specrt.runtime.sampling import SamplingParams
     from specrt.export.inplace import InPlaceConfig
     from specrt.engines.quantize import QuantizeConfig
+    from specrt.serving.serve import ServeConfig
     from specrt.serving.triton import TritonConfig
 
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
@@ -345,7 +353,9 @@ def build_parser() -> ArgumentParser:
             ("report", ReportConfig, cmd_report, "one page (HTML and Markdown) tying a bundle's latency profile, "
                                                  "acceptance, plan, engines and bench runs together; --vs compares two"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
-                                                 "TensorRT plans) and specrt's decode loop, streaming")):
+                                                 "TensorRT plans) and specrt's decode loop, streaming"),
+            ("serve", ServeConfig, cmd_serve, "serve a bundle with a real Triton Inference Server (installed on first "
+                                              "use): continuous batching, streaming, HTTP generate, gRPC, metrics")):
         p = sub.add_parser(verb, help=help_text)
         add_config(p, config)
         p.set_defaults(func=func)

@@ -174,3 +174,13 @@ def test_stats_count_rounds_by_batch_size_and_what_ended(fake):
     assert st.accepted_tokens == sum(o.stats.accepted for o in outs) > 0
     assert max(st.rounds_by_batch) == 3  # rounds held several sequences
     assert sum(n * r for n, r in st.rounds_by_batch.items()) == sum(o.stats.rounds for o in outs)
+
+
+def test_pieces_add_up_to_the_text_and_the_tokens(pipelines, humaneval):
+    pipe = pipelines["ort"]
+    want = pipe.generate(humaneval[4], method="sd", max_new_tokens=40)
+    with pipe.server(method="sd") as server:
+        pieces = list(server.submit(humaneval[4], max_new_tokens=40).pieces(timeout=60))
+    assert len(pieces) > 1 and all(p.token_ids for p in pieces)
+    assert "".join(p.text for p in pieces) == want.text
+    assert [t for p in pieces for t in p.token_ids] == want.token_ids

@@ -1,0 +1,120 @@
+"""Clients of a served bundle (`specrt serve`): HTTP `generate` with a JSON body, and gRPC streaming.
+
+    from specrt.serving.client import GrpcStream, http_generate
+    http_generate("http://127.0.0.1:8000", "def f():", MAX_NEW_TOKENS=32)   # {"TEXT", "TOKEN_IDS", "FINISH_REASON"}
+    with GrpcStream("127.0.0.1:8001") as s:
+        for piece in s.generate("def f():", MAX_NEW_TOKENS=32):           # one dict per response, as they come
+            print(piece["TEXT"], end="")
+
+Inputs are the decode-loop model's (serving/triton_model.py), by name. A refusal or a failed request raises
+ServedError with the server's message. gRPC needs tritonclient[grpc]; HTTP needs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.serving.triton import DECODE_INPUTS, DECODE_MODEL
+
+NUMPY = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "BOOL": np.bool_}
+
+
+class ServedError(SpecrtError):
+    """What the server answered instead of a result."""
+
+
+def http_generate(url: str, prompt: str, timeout: float = 300, model: str = DECODE_MODEL, **inputs) -> dict:
+    """One request to the `generate` endpoint; returns the response's outputs."""
+    body = json.dumps({"PROMPT": prompt, **inputs}).encode()
+    req = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise ServedError(json.loads(e.read() or b"{}").get("error", str(e))) from None
+    ids = out.get("TOKEN_IDS", [])
+    out["TOKEN_IDS"] = [ids] if isinstance(ids, int) else ids  # JSON gives a one-element tensor as its element
+    return out
+
+
+class GrpcStream:
+    """One gRPC bidirectional stream to the server, one request at a time on it (tritonclient routes a stream's errors
+    to no request in particular)."""
+
+    def __init__(self, url: str, model: str = DECODE_MODEL):
+        import tritonclient.grpc as grpcclient
+
+        self.grpc, self.model = grpcclient, model
+        self.client = grpcclient.InferenceServerClient(url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+        self._count = 0
+
+    def send(self, prompt: str, **inputs) -> str:
+        """Send one request (its inputs by name; wrong types are sent as given); returns its id."""
+        tensors = [self._tensor("PROMPT", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES")]
+        for name, value in inputs.items():
+            if isinstance(value, np.ndarray):  # as the caller made it (a test of a wrong dtype)
+                kind = {np.dtype(v): k for k, v in NUMPY.items()}.get(value.dtype, "BYTES")
+                tensors.append(self._tensor(name, value, kind))
+            elif DECODE_INPUTS.get(name) == "STRING":
+                tensors.append(self._tensor(name, np.array([str(value).encode()], dtype=np.object_), "BYTES"))
+            else:
+                kind = DECODE_INPUTS[name]
+                tensors.append(self._tensor(name, np.array([value], dtype=NUMPY[kind]), kind))
+        self._count += 1
+        rid = str(self._count)
+        self.client.async_stream_infer(self.model, tensors, request_id=rid, enable_empty_final_response=True)
+        return rid
+
+    def _tensor(self, name, array, kind):
+        t = self.grpc.InferInput(name, list(array.shape), kind)
+        t.set_data_from_numpy(array)
+        return t
+
+    def receive(self, timeout: float = 300) -> Iterator[dict]:
+        """The responses of the request in flight, as they come: dicts of TEXT, TOKEN_IDS, FINISH_REASON; the last
+        has "final" True."""
+        while True:
+            result, error = self.responses.get(timeout=timeout)
+            if error is not None:
+                raise ServedError(error.message() if hasattr(error, "message") else str(error))
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            out = {"final": final}
+            if result.as_numpy("TEXT") is not None:
+                out.update(TEXT=result.as_numpy("TEXT")[0].decode("utf-8"),
+                           TOKEN_IDS=[int(t) for t in result.as_numpy("TOKEN_IDS")],
+                           FINISH_REASON=result.as_numpy("FINISH_REASON")[0].decode())
+            yield out
+            if final:
+                return
+
+    def generate(self, prompt: str, timeout: float = 300, **inputs) -> Iterator[dict]:
+        self.send(prompt, **inputs)
+        return self.receive(timeout)
+
+    def close(self, cancel: bool = False) -> None:
+        """End the stream; `cancel`: cancel its request in flight (what a client that goes away does)."""
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+    def __enter__(self) -> "GrpcStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def joined(responses) -> dict:
+    """A streamed request's responses as one: the whole TEXT and TOKEN_IDS, and the FINISH_REASON."""
+    parts = [r for r in responses if "TEXT" in r]
+    return {"TEXT": "".join(r["TEXT"] for r in parts), "TOKEN_IDS": [t for r in parts for t in r["TOKEN_IDS"]],
+            "FINISH_REASON": parts[-1]["FINISH_REASON"] if parts else ""}
