@@ -39,7 +39,8 @@ VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: me
          "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
          "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
          "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted"),
-         "load": ("LoadBenchConfig", "Start-up: fresh process to first token")}
+         "load": ("LoadBenchConfig", "Start-up: fresh process to first token"),
+         "serve": ("ServeBenchConfig", "Serving: a real Triton server against the same load in process")}
 SHOWN_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)  # L(n) columns of the latency table, where profiled
 
 
@@ -196,6 +197,16 @@ def headline(verb: str, data: dict) -> str:
         text = f"{name(first)}: **{first['total_s']:.2f} s** to the first token (`Pipeline.load` {first['load_s']:.2f} s)"
         return "; ".join([text] + [f"{name(r)} {r['total_s']:.2f} s (load {r['load_vs_first']:.2f}x)"
                                    for r in data["rows"][1:]])
+    if verb == "serve":
+        most = max(r["clients"] for r in data["rows"])
+        served = next(r for r in data["rows"] if r["way"] == "served" and r["clients"] == most)
+        text = (f"{most} clients over Triton: **{served['tokens_per_s']:.1f} tok/s**, {served['vs_in_process']:.2f}x "
+                f"in-process")
+        if "vs_one_at_a_time" in served:
+            text += f", {served['vs_one_at_a_time']:.2f}x served one request at a time"
+        bad = sum(r["failed"] + r["wrong"] for r in data["rows"])
+        return text + f", TTFT p50 {served['ttft_ms_p50']} ms; " + ("every answer right" if not bad else
+                                                                    f"{bad} FAILED OR WRONG ANSWERS")
     if verb == "quant":
         parts = []
         for r in data["rows"][1:]:  # the first row is the exported pair, the baseline

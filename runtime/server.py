@@ -24,7 +24,6 @@ what has not finished first.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import Counter
@@ -39,9 +38,6 @@ from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import SeqState, Waiting
 
-_DONE = object()  # ends a request's stream of token deltas
-
-
 @dataclass(frozen=True)
 class Piece:
     """A request's text and tokens since its last piece."""
@@ -51,13 +47,24 @@ class Piece:
 
 
 class Request:
-    """A submitted request: its future Generation, its tokens as they come, and a way to cancel it."""
+    """A submitted request: its future Generation, its tokens as they come, and a way to cancel it.
+
+    Its tokens reach the consumer as Pieces: `pieces()` (blocking, one per round or per the rounds a slow consumer
+    missed), or `poll()` (never blocking) from a consumer told of news by `listen(callback)`: one thread can serve
+    many requests that way."""
 
     def __init__(self, server: "Server", seq: SeqState):
         self._server = server
         self._seq = seq
         self.future: Future = Future()  # -> Generation (asyncio: asyncio.wrap_future(request.future))
-        self._deltas: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending: list[int] = []  # tokens emitted, not yet taken by the consumer (under _lock)
+        self._ended = False  # no more tokens will come (under _lock)
+        self._news = threading.Event()  # set when tokens or the end came since the consumer last took them
+        self._listener = None
+        # the consumer's side: every token taken, the text and tokens handed out so far, and whether the last piece was
+        self._ids: list[int] = []
+        self._shown, self._sent, self._exhausted = "", 0, False
         self._streamed = False
 
     @property
@@ -96,33 +103,63 @@ class Request:
 
     def pieces(self, timeout: float | None = None) -> Iterator[Piece]:
         """Its continuation as rounds are accepted: Pieces whose texts, and whose token ids, add up to the whole (the
-        last may have no text: it carries the last tokens). One consumer per request, stream or pieces; `timeout`:
-        seconds to wait for each round's tokens before raising TimeoutError."""
+        last may have no text: it carries the last tokens). A consumer slower than the rounds gets the rounds it
+        missed as one piece, not a backlog of them. One consumer per request (stream, pieces or poll); `timeout`:
+        seconds to wait for each round's tokens before raising TimeoutError; a failed round raises at the end."""
         if self._streamed:
             raise InvalidRequestError("a request's stream can be read once")
         self._streamed = True
-        ids: list[int] = []
-        shown, sent = "", 0  # text and tokens handed out so far
-        while True:
-            try:
-                delta = self._deltas.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no tokens of request {self.index} in {timeout} s") from None
-            if delta is _DONE:
-                break
-            ids += delta
-            text = self._server.pipe.decode(ids)
-            if not text.endswith("\ufffd") and len(text) > len(shown):  # a split multi-byte character waits
-                yield Piece(text[len(shown):], ids[sent:])
-                shown, sent = text, len(ids)
-        self.future.result()  # a failed round raises here too
-        text = self._server.pipe.decode(ids)
-        if len(text) > len(shown) or len(ids) > sent:
-            yield Piece(text[len(shown):], ids[sent:])
+        while not self._exhausted:
+            if not self._news.wait(timeout):
+                raise TimeoutError(f"no tokens of request {self.index} in {timeout} s")
+            piece = self.poll()
+            if piece is not None:
+                yield piece
+        self.future.result()  # a failed round raises here
+
+    def poll(self) -> Piece | None:
+        """The text and tokens accepted since the last piece, without waiting: None while nothing new reads as text
+        (a multi-byte character split across rounds waits for its rest); after the end, the last piece once."""
+        with self._lock:
+            new, self._pending = self._pending, []
+            ended = self._ended
+            self._news.clear()  # with the take, so that no news is lost (_emit sets it after appending)
+        if self._exhausted:
+            return None
+        self._ids += new
+        text = self._server.pipe.decode(self._ids) if (new or ended) else self._shown
+        if ended:
+            self._exhausted = True
+        elif text.endswith("\ufffd") or len(text) <= len(self._shown):
+            return None
+        if len(text) <= len(self._shown) and len(self._ids) <= self._sent:
+            return None
+        piece = Piece(text[len(self._shown):], self._ids[self._sent:])
+        self._shown, self._sent = text, len(self._ids)
+        return piece
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the consumer has taken the last piece (poll returns None from now on)."""
+        return self._exhausted
+
+    def listen(self, callback) -> None:
+        """Call `callback(request)` whenever tokens or the end arrive (from the server's thread: keep it short, e.g. a
+        queue put); at once if some are already waiting."""
+        self._listener = callback
+        if self._news.is_set():
+            callback(self)
 
     def _emit(self, tokens: list[int]) -> None:
         if tokens:
-            self._deltas.put(tokens)
+            with self._lock:
+                self._pending += tokens
+            self._told()
+
+    def _told(self) -> None:
+        self._news.set()
+        if self._listener is not None:
+            self._listener(self)
 
     def _finish(self, error: BaseException | None = None) -> None:
         if self.future.done():
@@ -131,7 +168,9 @@ class Request:
             self.future.set_result(self._server.pipe._result(self._seq))
         else:
             self.future.set_exception(error)
-        self._deltas.put(_DONE)
+        with self._lock:
+            self._ended = True
+        self._told()
 
 
 class _Queue(Waiting):

@@ -1,7 +1,9 @@
 """Clients of a served bundle (`specrt serve`): HTTP `generate` with a JSON body, and gRPC streaming.
 
-    from specrt.serving.client import GrpcStream, http_generate
+    from specrt.serving.client import GrpcStream, HttpClient, http_generate
     http_generate("http://127.0.0.1:8000", "def f():", MAX_NEW_TOKENS=32)   # {"TEXT", "TOKEN_IDS", "FINISH_REASON"}
+    with HttpClient("http://127.0.0.1:8000") as c:                       # one kept-alive connection
+        for piece in c.stream("def f():", MAX_NEW_TOKENS=32): ...        # generate_stream's events
     with GrpcStream("127.0.0.1:8001") as s:
         for piece in s.generate("def f():", MAX_NEW_TOKENS=32):           # one dict per response, as they come
             print(piece["TEXT"], end="")
@@ -14,8 +16,6 @@ from __future__ import annotations
 
 import json
 import queue
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -30,19 +30,82 @@ class ServedError(SpecrtError):
     """What the server answered instead of a result."""
 
 
-def http_generate(url: str, prompt: str, timeout: float = 300, model: str = DECODE_MODEL, **inputs) -> dict:
-    """One request to the `generate` endpoint; returns the response's outputs."""
-    body = json.dumps({"PROMPT": prompt, **inputs}).encode()
-    req = urllib.request.Request(f"{url}/v2/models/{model}/generate", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            out = json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise ServedError(json.loads(e.read() or b"{}").get("error", str(e))) from None
+class HttpClient:
+    """Requests over one keep-alive HTTP connection (made again if the server closed it): `generate` (one response)
+    and `stream` (`generate_stream`'s server-sent events, STREAM on); a light client, as curl is (no gRPC stack)."""
+
+    def __init__(self, url: str, timeout: float = 300, model: str = DECODE_MODEL):
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.host, self.port, self.timeout, self.model = u.hostname, u.port, timeout, model
+        self.conn = None
+
+    def _post(self, endpoint: str, body: dict):
+        import http.client
+
+        data = json.dumps(body)
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", f"/v2/models/{self.model}/{endpoint}", data,
+                                  {"Content-Type": "application/json"})
+                r = self.conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()  # a kept-alive connection the server had closed: once more on a new one
+                if attempt:
+                    raise
+                continue
+            if r.status != 200:
+                raise ServedError(json.loads(r.read() or b"{}").get("error", f"HTTP {r.status}"))
+            return r
+
+    def generate(self, prompt: str, **inputs) -> dict:
+        """One request to the `generate` endpoint; returns the response's outputs."""
+        return _outputs(json.loads(self._post("generate", {"PROMPT": prompt, **inputs}).read()))
+
+    def stream(self, prompt: str, **inputs) -> Iterator[dict]:
+        """One request to `generate_stream`: its responses as they come."""
+        r = self._post("generate_stream", {"PROMPT": prompt, "STREAM": True, **inputs})
+        try:
+            for line in r:
+                if line.startswith(b"data: "):
+                    yield _outputs(json.loads(line[6:]))
+        except BaseException:
+            self.close()  # a stream read partly leaves the connection unusable
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self) -> "HttpClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _outputs(out: dict) -> dict:
+    if "error" in out:
+        raise ServedError(out["error"])
     ids = out.get("TOKEN_IDS", [])
     out["TOKEN_IDS"] = [ids] if isinstance(ids, int) else ids  # JSON gives a one-element tensor as its element
     return out
+
+
+def http_generate(url: str, prompt: str, timeout: float = 300, **inputs) -> dict:
+    """One request to the `generate` endpoint on a connection of its own."""
+    with HttpClient(url, timeout) as c:
+        return c.generate(prompt, **inputs)
+
+
+def http_stream(url: str, prompt: str, timeout: float = 300, **inputs) -> Iterator[dict]:
+    """One streamed request on a connection of its own."""
+    with HttpClient(url, timeout) as c:
+        yield from c.stream(prompt, **inputs)
 
 
 class GrpcStream:

@@ -55,6 +55,10 @@ class TritonConfig(BundleOptions):
     method: str = option("sd", "the method a request that names none gets")
     max_batch: int = option(8, "sequences one continuously batched loop decodes at once (more requests wait for a "
                                "place)", ge=1)
+    stream_interval_ms: float = option(20.0, "a streamed request gets at most one response per this many ms (the "
+                                             "rounds accepted meanwhile come as one piece; the first goes out at once): "
+                                             "every response is a round trip from the Python backend to the server "
+                                             "(0: one per round)", ge=0)
     instances: int = option(1, "decode-loop model instances: processes, each loading the bundle and batching the "
                                "requests Triton gives it", ge=1)
     step_kind: str = option("cpu", "where Triton runs the ONNX step-graph models (onnxruntime_onnx)",
@@ -143,7 +147,8 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
     (repo / DECODE_MODEL / "1").mkdir(parents=True)
     shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
     params = {"bundle": str(bundle.resolve()), "backend": cfg.backend, "device": cfg.device or "",
-              "threads": str(cfg.threads or ""), "method": cfg.method, "max_batch": str(cfg.max_batch)}
+              "threads": str(cfg.threads or ""), "method": cfg.method, "max_batch": str(cfg.max_batch),
+              "stream_interval_ms": f"{cfg.stream_interval_ms:g}"}
     config = {
         "name": DECODE_MODEL, "backend": "python", "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": True},

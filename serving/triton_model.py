@@ -11,28 +11,33 @@ loop (serving/pool.py: a request joins the running batch between rounds).
               TEMPERATURE     fp32   [1]  optional, default 0 (greedy)
               TOP_K, TOP_P    int32, fp32 [1]  optional: sampling's top-k (0: off) and nucleus (1: off)
               SEED            int64  [1]  optional: the request's own sampler seed (else the loop's)
-              STREAM          bool   [1]  optional, default false: one response per accepted piece of text, then a
-                                          last one with FINISH_REASON; else one response with the whole continuation
-                                          (what the HTTP `generate` endpoint takes)
+              STREAM          bool   [1]  optional, default false: responses as rounds are accepted (at most one per
+                                          `stream_interval_ms`: the rounds accepted meanwhile come as one piece),
+                                          then a last one with FINISH_REASON; else one response with the whole
+                                          continuation (what the HTTP `generate` endpoint takes)
     outputs   TEXT            string [1]  the continuation, or the piece of it
               TOKEN_IDS       int64  [-1] its token ids (a piece's: the tokens since the previous piece)
               FINISH_REASON   string [1]  "eos", "length" or "cancelled" on the last response, else ""
 
 A request with bad input gets an error response naming the input, and nothing else happens. A client that cancels
 or disconnects (the response sender says so) leaves its batch at the end of the round. The model's counters go to
-Triton's metrics endpoint (custom metrics of the Python backend), per method: specrt_generated_tokens_total,
-specrt_target_calls_total, specrt_accepted_tokens_total, specrt_rounds_total{sequences="n"} (decode rounds by the
-sequences they held), and the gauges specrt_tokens_per_target_call, specrt_queue_requests and
-specrt_running_sequences.
+Triton's metrics endpoint (the Python backend's custom metrics, refreshed every POLL_SECONDS), per method:
+specrt_generated_tokens_total, specrt_target_calls_total, specrt_accepted_tokens_total,
+specrt_rounds_total{sequences="n"} (decode rounds by the sequences they held), and the gauges
+specrt_tokens_per_target_call, specrt_queue_requests and specrt_running_sequences.
 
 The model's parameters (config.pbtxt) say which bundle to load, with which backend, device and threads, the method a
-request that names none gets, and the sequences one batch holds (max_batch).
+request that names none gets, the sequences one batch holds (max_batch) and the stream interval.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+import queue
 import threading
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -41,7 +46,7 @@ import triton_python_backend_utils as pb_utils
 OPTIONAL = {"MAX_NEW_TOKENS": ("max_new_tokens", int), "METHOD": ("method", str), "TEMPERATURE": ("temperature", float),
             "TOP_K": ("top_k", int), "TOP_P": ("top_p", float), "SEED": ("seed", int), "STREAM": ("stream", bool)}
 NAMES = {"prompt": "PROMPT", **{key: name for name, (key, _) in OPTIONAL.items()}}  # keyword -> input
-POLL_SECONDS = 0.1  # how often cancellations are looked for and metrics refreshed
+POLL_SECONDS = 0.2  # how often cancellations are looked for (a round trip to the server each) and metrics refreshed
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -94,6 +99,17 @@ def parse(request) -> tuple[str, dict]:
     return prompt, kwargs
 
 
+@dataclass
+class _Live:
+    """A request being answered."""
+
+    handle: object  # the runtime Request
+    sender: object  # its response sender
+    stream: bool
+    next_send: float = 0.0  # no streamed response before this time.perf_counter()
+    held: bool = False  # waiting out its interval (in the dispatcher's heap, once)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from specrt.runtime.pipeline import Pipeline
@@ -105,12 +121,16 @@ class TritonPythonModel:
         self.pipe = Pipeline.load(params["bundle"], backend=params.get("backend") or "ort", threads=threads,
                                   device=params.get("device") or None)
         self.pool = ServerPool(self.pipe, int(params.get("max_batch") or 8), params.get("method") or "sd")
-        self.live: dict[int, tuple] = {}  # id -> (runtime Request, response sender)
-        self.lock = threading.Lock()
+        self.stream_interval = float(params.get("stream_interval_ms") or 0) / 1000
+        self.live: dict[int, _Live] = {}  # id of the runtime Request -> what answering it needs
+        self.lock = threading.Lock()  # over `live`, the final sends and the watcher's questions
+        self.news: queue.SimpleQueue = queue.SimpleQueue()  # runtime Requests with tokens or their end
         self.stop = threading.Event()
         self.metrics = _Metrics()
-        self.watcher = threading.Thread(target=self._watch, name="specrt-watch", daemon=True)
-        self.watcher.start()
+        self.threads = [threading.Thread(target=f, name=f"specrt-{f.__name__.strip('_')}", daemon=True)
+                        for f in (self._dispatch, self._watch)]
+        for t in self.threads:
+            t.start()
 
     def execute(self, requests):
         from specrt.serving.pool import Refused
@@ -128,27 +148,65 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue
             with self.lock:
-                self.live[id(handle)] = (handle, sender)
-            threading.Thread(target=self._respond, args=(handle, sender, stream), daemon=True).start()
+                self.live[id(handle)] = _Live(handle, sender, stream)
+            handle.listen(self.news.put)  # called from the decode loop's thread: a put, nothing more
         return None
 
-    def _respond(self, handle, sender, stream: bool) -> None:
-        """Send a request's responses as its rounds are accepted; the last carries the final flag."""
+    def _dispatch(self) -> None:
+        """Answer every request from this one thread: as their rounds are accepted, each streamed one gets a response
+        (at most one per stream interval: the rounds accepted meanwhile go out as one piece), each at its end its last
+        one, with the final flag. Every send is a round trip to the server, made here, not on the decode loop."""
+        held: list[tuple[float, int]] = []  # (when, id) of streamed requests waiting out their interval
+        while not self.stop.is_set():
+            wait = max(0.0, held[0][0] - time.perf_counter()) if held else POLL_SECONDS
+            ready = set()
+            try:
+                ready.add(id(self.news.get(timeout=wait)))
+                while True:
+                    ready.add(id(self.news.get_nowait()))
+            except queue.Empty:
+                pass
+            while held and held[0][0] <= time.perf_counter():
+                key = heapq.heappop(held)[1]
+                if key in self.live:
+                    self.live[key].held = False
+                ready.add(key)
+            for key in ready:
+                live = self.live.get(key)
+                if live is None or live.held:
+                    continue
+                if live.stream and live.next_send > time.perf_counter() and not live.handle.done():
+                    heapq.heappush(held, (live.next_send, key))
+                    live.held = True
+                    continue
+                self._answer(key, live)
+
+    def _answer(self, key: int, live: "_Live") -> None:
+        handle, sender = live.handle, live.sender
         try:
-            text, ids = [], []
-            for piece in handle.pieces():
-                if stream and not sender.is_cancelled():
-                    sender.send(_response(piece.text, piece.token_ids, ""))
-                text.append(piece.text)
-                ids += piece.token_ids
-            reason = handle.result().finish_reason
-            last = _response("", [], reason) if stream else _response("".join(text), ids, reason)
-        except Exception as e:  # a failed round: the request's error, the others go on
+            if live.stream:
+                piece = handle.poll()
+                if not handle.exhausted:
+                    if piece is not None:
+                        # no question first (a cancelled request's responses are dropped; the watcher takes it out
+                        # of its batch)
+                        sender.send(_response(piece.text, piece.token_ids, ""))
+                        live.next_send = time.perf_counter() + self.stream_interval
+                    return
+                done = handle.result()
+                last = _response(piece.text if piece else "", piece.token_ids if piece else [], done.finish_reason)
+            elif not handle.done():
+                return
+            else:
+                done = handle.result()
+                last = _response(done.text, done.token_ids, done.finish_reason)
+        except Exception as e:  # a failed round (or send): the request's error, the others go on
+            handle.cancel()
             last = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decoding failed: {e}"))
         # a sender is not asked anything once its final response is sent (Triton frees what it asks about: asking then
         # crashes the server): the final send and the watcher's questions take turns under the lock
         with self.lock:
-            self.live.pop(id(handle), None)
+            self.live.pop(key, None)
             if not sender.is_cancelled():
                 sender.send(last, flags=FINAL)
 
@@ -156,15 +214,16 @@ class TritonPythonModel:
         """Cancel the requests whose clients went away; refresh the metrics."""
         while not self.stop.wait(POLL_SECONDS):
             with self.lock:
-                gone = [handle for handle, sender in self.live.values() if sender.is_cancelled()]
+                gone = [live.handle for live in self.live.values() if live.sender.is_cancelled()]
             for handle in gone:
                 handle.cancel()
             self.metrics.update(self.pool.stats())
 
     def finalize(self):
-        self.stop.set()
-        self.watcher.join()
         self.pool.close(cancel=True)
+        self.stop.set()
+        for t in self.threads:
+            t.join()
 
 
 def _response(text: str, token_ids: list[int], finish_reason: str):
@@ -191,7 +250,7 @@ class _Metrics:
                                          family.GAUGE),
                        "running": family("specrt_running_sequences", "sequences in a batch now", family.GAUGE)}
         self.metrics: dict[tuple, object] = {}
-        self.sent: dict[tuple, float] = {}  # what each counter has been incremented by
+        self.sent: dict[tuple, float] = {}  # each metric's value as the server has it (a message to it per change)
 
     def _metric(self, family, labels: dict):
         key = (id(family), *sorted(labels.items()))
@@ -206,6 +265,12 @@ class _Metrics:
             metric.increment(delta)
             self.sent[key] = total
 
+    def _set(self, family, labels: dict, value: float) -> None:
+        key, metric = self._metric(family, labels)
+        if self.sent.get(key) != value:
+            metric.set(value)
+            self.sent[key] = value
+
     def update(self, stats: dict) -> None:
         """Push one snapshot of the pool's stats: gauges first, so that a scrape that sees a request's tokens counted
         also sees it gone from the batch (each value is a message of its own to the server)."""
@@ -213,7 +278,7 @@ class _Metrics:
             labels = {"method": method}
             per_call = st.generated_tokens / st.target_calls if st.target_calls else 0.0
             for k, value in (("tokens_per_target_call", per_call), ("waiting", st.waiting), ("running", st.running)):
-                self._metric(self.gauges[k], labels)[1].set(float(value))
+                self._set(self.gauges[k], labels, float(value))
             for k, family in self.counters.items():
                 self._count(family, labels, getattr(st, k))
             for n, rounds in st.rounds_by_batch.items():

@@ -161,7 +161,7 @@ def locate(server_dir: Path = Path("build/tritonserver"), tritonserver: Path | N
             shutil.rmtree(tmp, ignore_errors=True)
     libs = (str(wheel / "nvidia_pytriton.libs"), str(_libpython()))
     return ServerFiles(binary, _wheel_backends(wheel, server_dir), libs, _stub_python(server_dir),
-                       PYTRITON.split("==")[1] + " (tritonserver 2.51.0)")
+                       f"2.51.0 ({PYTRITON})")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -1,6 +1,6 @@
 """Dependencies point one way (DESIGN.md, "Layers"), and no module imports itself back through others.
 
-    cli -> bench -> calibration -> runtime -> {model, bundle} -> {contract, errors, config, plotting}
+    cli -> bench -> calibration -> runtime -> {model, bundle} -> {contract, errors, config, plotting}; bench -> serving
     export -> {model, bundle, graphs, checkpoints}; engines (builders) -> {runtime, graphs, model, bundle};
     serving -> {runtime, bundle}
 
@@ -35,7 +35,7 @@ BELOW = {
     "engines": {"base", "model", "bundle", "graphs", "runtime", "checkpoints"},  # builders: check what they build by
     # running it; quantization calibrates on the held-out corpus
     "calibration": {"base", "model", "bundle", "runtime", "checkpoints"},
-    "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "engines"},
+    "bench": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "engines", "serving"},
     "serving": {"base", "bundle", "runtime"},  # deployment: a model repository whose decode loop is the runtime's
     "cli": {"base", "model", "bundle", "runtime", "calibration", "checkpoints", "export", "bench", "graphs", "engines",
             "serving"},

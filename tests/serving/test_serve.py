@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -96,17 +97,19 @@ def quiet(server, timeout: float = 30) -> dict:
         if now == last and not any(v for k, v in now.items() if k.startswith(("specrt_running", "specrt_queue"))):
             return now
         last = now
-        time.sleep(3 * 0.1)  # a few of the model's refreshes
+        time.sleep(0.5)  # a few of the model's refreshes (POLL_SECONDS)
     raise AssertionError(f"the metrics did not settle: {last}")
 
 
 def test_served_greedy_tokens_equal_in_process_generation(server, humaneval, reference):
-    from specrt.serving.client import GrpcStream, http_generate, joined
+    from specrt.serving.client import GrpcStream, HttpClient, http_generate, joined
 
     for method in METHODS:
         assert reference[method, 0] == reference["autoregressive", 0]  # lossless: the reference is one
-        with GrpcStream(server.grpc_url) as s:
+        with GrpcStream(server.grpc_url) as s, HttpClient(server.http_url) as http:
             for i, p in enumerate(humaneval[:8]):
+                events = list(http.stream(p, MAX_NEW_TOKENS=24, METHOD=method))  # one kept-alive connection
+                assert joined(events)["TOKEN_IDS"] == reference[method, i] and events[-1]["FINISH_REASON"] == "length"
                 streamed = list(s.generate(p, MAX_NEW_TOKENS=24, METHOD=method, STREAM=True))
                 assert len(streamed) >= 2 and streamed[-1]["final"] and streamed[-1]["FINISH_REASON"] == "length"
                 assert joined(streamed)["TOKEN_IDS"] == reference[method, i], (method, i)

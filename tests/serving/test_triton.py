@@ -55,7 +55,7 @@ def test_the_repository_has_a_model_per_step_graph_and_the_decode_loop(repo, dem
     assert c.instance_group[0].count == 2
     params = {k: v.string_value for k, v in c.parameters.items()}
     assert params == {"bundle": str(demo_bundle.resolve()), "backend": "ort", "threads": "2", "method": "dynamic",
-                      "max_batch": "8"}
+                      "max_batch": "8", "stream_interval_ms": "20"}
     assert (repo / "specrt" / "1" / "model.py").is_file()
 
 

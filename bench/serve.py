@@ -1,0 +1,249 @@
+"""`specrt bench serve`: concurrent clients over a real Triton Inference Server against the same load in process.
+
+Three ways of serving one bundle, one method, greedy, measured in the same run:
+
+    served               `specrt serve`'s tritonserver, clients over HTTP generate_stream (server-sent events) or gRPC
+                         streaming (--client), threads of this process
+    in-process           Pipeline.server in this process, clients as threads reading Request.pieces()
+    served, one at a time  the same tritonserver model with batches of one: requests served one after another,
+                         as a decode-loop model without batching would
+
+At each client count N, N clients each send `requests_per_client` requests one after another (HumanEval prompts,
+`max_new_tokens` new tokens each) and stream the answers. Reported per (way, N), medians over the timed runs:
+throughput (new tokens / wall time of the load), time to first token and inter-token latency (the time between
+successive streamed pieces over the tokens of the later one: a speculative round delivers several at once), p50 and
+p99 over every request and piece of the timed runs; and how many answers failed or differ from Pipeline.generate's
+greedy tokens for that prompt (there should be none). Ways and client counts run interleaved, each run in a new
+order. The servers start (and load the bundle) before any timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from specrt.bench.report import BenchConfig, header, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
+from specrt.errors import InvalidRequestError
+from specrt.plotting import pyplot, save_figure
+from specrt.runtime.backends import BackendOptions
+from specrt.runtime.methods import METHODS
+
+WAYS = ("served", "in-process", "served-one-at-a-time")
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig(BenchConfig, BackendOptions):
+    method: str = option("sd", "the method every request names", choices=tuple(METHODS))
+    clients: tuple[int, ...] = option((1, 4, 16), "concurrent clients of each load")
+    requests_per_client: int = option(4, "requests each client sends, one after another", ge=1)
+    max_batch: int = option(16, "sequences one batched loop decodes at once (served and in-process alike)", ge=1)
+    num_prompts: int = option(16, "HumanEval prompts the requests cycle through", ge=1)
+    max_new_tokens: int = option(64, "new tokens per request", ge=1)
+    server_dir: Path = option(Path("build/tritonserver"), "where the Triton server files are (installed on first use)")
+    one_at_a_time: bool = option(True, "also serve the clients one request at a time (a second server, batches of 1)")
+    stream_interval_ms: float = option(20.0, "the served model's stream interval (`specrt serve --stream-interval-ms`)",
+                                       ge=0)
+    client: str = option("http", "the served clients' protocol: http (generate_stream's server-sent events, or generate "
+                                 "without --stream) or grpc (tritonclient's streaming; its Python client costs this "
+                                 "machine's cores several times the HTTP one's per response)", choices=("http", "grpc"))
+    stream: bool = option(True, "clients stream each answer as it is accepted (--no-stream: one response per request; "
+                                "the time to first token is then the time to the whole answer)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.clients or any(c < 1 for c in self.clients):
+            raise InvalidRequestError(f"--clients must be counts >= 1, got {self.clients}")
+
+
+@dataclass
+class Timing:
+    """One request, seen by its client."""
+
+    sent: float
+    pieces: list[tuple[float, int]]  # (arrival, tokens) of each streamed piece with tokens
+    token_ids: list[int]
+    error: str | None = None
+
+
+def _served_client(server, jobs: list[str], cfg: ServeBenchConfig, out: list[Timing]) -> None:
+    from specrt.serving.client import GrpcStream, HttpClient
+
+    inputs = dict(MAX_NEW_TOKENS=cfg.max_new_tokens, METHOD=cfg.method)
+    with GrpcStream(server.grpc_url) if cfg.client == "grpc" else HttpClient(server.http_url) as s:
+        for prompt in jobs:
+            t = Timing(time.perf_counter(), [], [])
+            try:
+                if isinstance(s, GrpcStream):
+                    responses = s.generate(prompt, STREAM=cfg.stream, **inputs)
+                else:
+                    responses = s.stream(prompt, **inputs) if cfg.stream else iter([s.generate(prompt, **inputs)])
+                for r in responses:
+                    if r.get("TOKEN_IDS"):
+                        t.pieces.append((time.perf_counter(), len(r["TOKEN_IDS"])))
+                        t.token_ids += r["TOKEN_IDS"]
+            except Exception as e:  # noqa: BLE001 - counted as a failed answer
+                t.error = str(e)
+            out.append(t)
+
+
+def _local_client(server, jobs: list[str], cfg: ServeBenchConfig, out: list[Timing]) -> None:
+    for prompt in jobs:
+        t = Timing(time.perf_counter(), [], [])
+        try:
+            request = server.submit(prompt, cfg.max_new_tokens)
+            if cfg.stream:
+                for piece in request.pieces():
+                    if piece.token_ids:
+                        t.pieces.append((time.perf_counter(), len(piece.token_ids)))
+                        t.token_ids += piece.token_ids
+            else:
+                t.token_ids = request.result().token_ids
+                t.pieces.append((time.perf_counter(), len(t.token_ids)))
+        except Exception as e:  # noqa: BLE001
+            t.error = str(e)
+        out.append(t)
+
+
+def _load(client, target, num_clients: int, prompts: list[str], cfg: ServeBenchConfig) -> tuple[float, list]:
+    """(wall seconds, [(prompt index, Timing)]) of one load: num_clients threads, each its requests in turn."""
+    jobs = [[(c * cfg.requests_per_client + k) % len(prompts) for k in range(cfg.requests_per_client)]
+            for c in range(num_clients)]
+    outs: list[list[Timing]] = [[] for _ in range(num_clients)]
+    threads = [threading.Thread(target=client, args=(target, [prompts[i] for i in jobs[c]], cfg, outs[c]))
+               for c in range(num_clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return wall, [(i, t) for c in range(num_clients) for i, t in zip(jobs[c], outs[c])]
+
+
+def _row(way: str, clients: int, loads: list, reference: list[list[int]]) -> dict:
+    ttft, itl, tps, failed, wrong = [], [], [], 0, 0
+    for wall, answers in loads:
+        tps.append(sum(len(t.token_ids) for _, t in answers) / wall)
+        for i, t in answers:
+            if t.error is not None:
+                failed += 1
+                continue
+            wrong += t.token_ids != reference[i]
+            ttft.append(t.pieces[0][0] - t.sent)
+            itl += [(b - a) / n for (a, _), (b, n) in zip(t.pieces, t.pieces[1:])]
+    q = (lambda xs, p: round(1000 * float(np.percentile(xs, p)), 2) if xs else None)
+    return {"way": way, "clients": clients, "tokens_per_s": round(statistics.median(tps), 1),
+            "tokens_per_s_runs": [round(x, 1) for x in tps], "ttft_ms_p50": q(ttft, 50), "ttft_ms_p99": q(ttft, 99),
+            "itl_ms_p50": q(itl, 50), "itl_ms_p99": q(itl, 99), "requests": sum(len(a) for _, a in loads),
+            "failed": failed, "wrong": wrong}
+
+
+def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str):
+    from specrt.serving.serve import ServeConfig, start
+    from specrt.serving.tritonserver import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    serve = ServeConfig(bundle=cfg.bundle, out=Path("build") / "bench-serve" / f"{cfg.label}-{name}", backend=cfg.backend,
+                        threads=cfg.threads, method=cfg.method, max_batch=max_batch, http_port=http, grpc_port=grpc,
+                        stream_interval_ms=cfg.stream_interval_ms,
+                        metrics_port=metrics, server_dir=cfg.server_dir)
+    server, _ = start(serve, files)
+    return server
+
+
+def run_serve(cfg: ServeBenchConfig) -> dict:
+    from tqdm import tqdm
+
+    from specrt.bench.prompts import humaneval_prompts
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.serving.tritonserver import locate
+
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
+    prompts = humaneval_prompts(cfg.num_prompts)
+    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    reference = [pipe.generate(p, method="autoregressive", max_new_tokens=cfg.max_new_tokens).token_ids for p in prompts]
+    files = locate(cfg.server_dir)
+    servers = {"served": _start_server(cfg, files, cfg.max_batch, "batched")}
+    try:
+        if cfg.one_at_a_time:
+            servers["served-one-at-a-time"] = _start_server(cfg, files, 1, "one")
+        local = pipe.server(cfg.method, cfg.max_batch)
+        targets = {"served": (_served_client, servers["served"]), "in-process": (_local_client, local)}
+        if cfg.one_at_a_time:
+            targets["served-one-at-a-time"] = (_served_client, servers["served-one-at-a-time"])
+        loads: dict[tuple[str, int], list] = {(w, n): [] for w in targets for n in cfg.clients}
+        rng = np.random.default_rng(0)
+        with tqdm(total=(cfg.runs + 1) * len(loads), desc=f"bench serve {cfg.label}", unit="load") as bar:
+            for run in range(cfg.runs + 1):  # the first untimed: warm-up of every way and client count
+                keys = list(loads)
+                for k in (keys if run == 0 else [keys[i] for i in rng.permutation(len(keys))]):
+                    client, target = targets[k[0]]
+                    result = _load(client, target, k[1], prompts, cfg)
+                    if run:
+                        loads[k].append(result)
+                    bar.update()
+        local.close()
+    finally:
+        for s in servers.values():
+            s.stop()
+    rows = [_row(w, n, loads[w, n], reference) for w, n in loads]
+    by = {(r["way"], r["clients"]): r for r in rows}
+    for r in rows:
+        r["vs_in_process"] = round(r["tokens_per_s"] / by["in-process", r["clients"]]["tokens_per_s"], 3)
+        if ("served-one-at-a-time", r["clients"]) in by:
+            r["vs_one_at_a_time"] = round(r["tokens_per_s"] / by["served-one-at-a-time", r["clients"]]["tokens_per_s"], 3)
+    data = {**header("serve", cfg), "server": files.version, "rows": rows}
+    write_report(Path(cfg.out) / f"serve-{cfg.label}", data, markdown, plot)
+    return data
+
+
+def markdown(data: dict) -> str:
+    c = data["config"]
+    lines = [f"### serve `{data['label']}`: {c['method']}, greedy, {c['max_new_tokens']} new tokens a request, "
+             f"{c['requests_per_client']} requests per client, batches of up to {c['max_batch']}, "
+             f"{'streamed (interval ' + format(c['stream_interval_ms'], 'g') + ' ms)' if c['stream'] else 'not streamed'}, backend "
+             f"{c['backend']}, {c['threads']} threads, tritonserver {data['server']}, median of {c['runs']} runs "
+             f"({data['date']})", "",
+             "| way | clients | tokens/s | vs in-process | vs one at a time | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
+             "| failed / wrong |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(data["rows"], key=lambda r: (r["clients"], WAYS.index(r["way"]))):
+        one = f"{r['vs_one_at_a_time']:.2f}x" if "vs_one_at_a_time" in r else "-"
+        lines.append(f"| {r['way']} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['vs_in_process']:.2f}x | {one} | "
+                     f"{r['ttft_ms_p50']} / {r['ttft_ms_p99']} | {r['itl_ms_p50']} / {r['itl_ms_p99']} | "
+                     f"{r['failed']} / {r['wrong']} of {r['requests']} |")
+    client = {"http": "HTTP (`generate_stream`, server-sent events)" if c.get("stream", True) else "HTTP (`generate`)",
+              "grpc": "gRPC (tritonclient)"}[c.get("client", "grpc")]
+    lines += ["", f"served: `specrt serve`'s tritonserver, clients over {client}, in this process; in-process: "
+                  "`Pipeline.server` in the bench's process; one at a time: the served model with batches of 1. Wrong: tokens other than "
+                  "`Pipeline.generate`'s greedy ones for the prompt. ITL: time between streamed pieces over the "
+                  "tokens of the later one."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for way in WAYS:
+        rows = sorted((r for r in data["rows"] if r["way"] == way), key=lambda r: r["clients"])
+        if not rows:
+            continue
+        xs = [r["clients"] for r in rows]
+        a.plot(xs, [r["tokens_per_s"] for r in rows], marker="o", label=way)
+        b.plot(xs, [r["ttft_ms_p50"] for r in rows], marker="o", label=way)
+    for ax, what in ((a, "tokens/s (median)"), (b, "time to first token, p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle(f"serve {data['label']}")
+    save_figure(fig, path)
