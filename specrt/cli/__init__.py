@@ -13,7 +13,7 @@
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt serve                       the bundle behind a real Triton Inference Server (HTTP, gRPC, metrics)
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
-    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|docs   benchmarks and the results page
+    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|serve|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
 user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
@@ -286,6 +286,9 @@ BENCH_VERBS = {
                                                       "padded batches"),
     "load": ("load", "LoadBenchConfig", "run_load", "fresh process to first token: import, Pipeline.load and the "
                                                     "first token, against other bundles (--vs)"),
+    "serve": ("serve", "ServeBenchConfig", "run_serve", "concurrent clients over a real Triton server against the same "
+                                                        "load in process and served one request at a time: "
+                                                        "throughput, time to first token, inter-token latency"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }
