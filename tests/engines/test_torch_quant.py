@@ -1,6 +1,6 @@
 """8-bit projections of the PyTorch step (model/quant.py): INT8 weight-only and FP8, on the torch backend and in
 the graphs engines (`specrt build --quant S`). Their kernels run on the CPU too, which is where this is tested;
-their speed is a GPU matter (`make gpu-bench-quant`)."""
+their speed is a GPU matter (the GPU session's `quant` call, docs/gpu.md)."""
 
 import json
 import shutil

@@ -1,0 +1,76 @@
+"""`specrt gpu-session`: call 1 rehearsed on the CPU at toy size (the stages a lent GPU runs, in the same order, with
+the same verbs), and the session's own rules: a failed stage logged and the next one run, stages that need it
+skipped, the budget kept, stamps resumed, everything packed after each stage."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from specrt.cli.gpu_session import Session, SessionConfig, Stage
+
+
+def test_call_1_rehearsed_on_the_cpu_packs_an_e2e_table(tmp_path):
+    from specrt.cli.gpu_session import run_session
+
+    cfg = SessionConfig(call="1", out=tmp_path / "gpu", pack=tmp_path / "pack", device="cpu", shape="toy", quick=True,
+                        budget=900)
+    record = run_session(cfg)
+    assert [(s["stage"], s["status"]) for s in record["stages"]] == [
+        ("inflate", "ok"), ("export", "ok"), ("build", "ok"), ("e2e", "ok"), ("gpu-test", "ok")]
+    pack = tmp_path / "pack"
+    e2e = json.loads((pack / "results" / "e2e-rehearsal-toy.json").read_text())
+    rows = {r["method"]: r for r in e2e["rows"]}
+    assert set(rows) == {"autoregressive", "sd", "anpd", "dynamic-ngram", "hf", "hf-assisted", "hf-lookup"}
+    assert all(r["same_tokens_as_ours_ar"] == 1 for r in rows.values() if r["method"] != "hf-lookup")
+    assert e2e["roofline"]["tokens_per_s"] > 0
+    engines = json.loads((pack / "bundle" / "engines.json").read_text())
+    assert (engines["batch_buckets"], engines["slots"], len(engines["spans"])) == ([1], 1, 1)  # the small build
+    for f in ("session.json", "session.log", "bundle/manifest.json", "logs/e2e.log", "done/e2e.json",
+              "results/env-1.json"):
+        assert (pack / f).is_file(), f
+    again = run_session(cfg)  # resumed: the artifacts are there, the measurement is stamped
+    assert [s["status"] for s in again["stages"]] == ["made before"] * 3 + ["done before"]
+
+
+def _session(tmp_path, stages, monkeypatch, **kw):
+    import specrt.cli.gpu_session as gs
+
+    monkeypatch.setattr(gs, "stages", lambda cfg: stages)
+    return Session(SessionConfig(call="2", out=tmp_path / "s", pack=tmp_path / "pack", device="cpu", **kw))
+
+
+def test_a_failed_stage_is_logged_and_the_next_runs(tmp_path, monkeypatch):
+    stages = [Stage("bad", ("no-such-verb",)), Stage("after-bad", ("--help",), needs=("bad",)),
+              Stage("fine", ("--help",)), Stage("made", ("--help",), makes="fine.txt")]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "fine.txt").write_text("here")
+    record = _session(tmp_path, stages, monkeypatch).run()
+    assert [s["status"] for s in record["stages"]] == ["failed (exit status 2)", "skipped: needs bad", "ok",
+                                                       "made before"]
+    assert "invalid choice: 'no-such-verb'" in (tmp_path / "pack" / "logs" / "bad.log").read_text()
+    assert sorted(p.name for p in (tmp_path / "pack" / "done").iterdir()) == ["fine.json", "made.json"]
+    assert json.loads((tmp_path / "pack" / "session.json").read_text())["stages"][2]["status"] == "ok"
+
+
+def test_the_budget_is_kept(tmp_path, monkeypatch):
+    slow = Stage("slow", ("models", "train", "--out", str(tmp_path / "never")))  # ~30 minutes on this CPU
+    t0 = time.monotonic()
+    record = _session(tmp_path, [slow, Stage("next", ("--help",))], monkeypatch, budget=8, min_stage=2).run()
+    assert time.monotonic() - t0 < 30
+    assert [s["status"] for s in record["stages"]] == ["cut at the budget", "not started: 0 s of the budget left"]
+    assert not (tmp_path / "s" / "done" / "slow.json").exists()
+
+
+def test_cuda_without_a_gpu_says_how_to_rehearse(tmp_path):
+    import torch
+
+    from specrt.cli.gpu_session import run_session
+    from specrt.errors import SpecrtError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SpecrtError, match="finds no CUDA device here \\(rehearse with --device cpu --shape toy"):
+        run_session(SessionConfig(out=tmp_path))
