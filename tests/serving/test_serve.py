@@ -19,7 +19,8 @@ from specrt.errors import SpecrtError
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (a dev dependency) is the gRPC client")
 
 ROOT = Path(__file__).resolve().parents[2]
-METHODS = ("sd", "anpd", "dynamic")
+# every lossless method a bundle without a plan (auto) or prompt tokens (ppd) runs
+METHODS = ("autoregressive", "sd", "tree", "anpd", "dynamic")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def server(files, repo, tmp_path_factory):
 def reference(pipelines, humaneval):
     """Greedy tokens of Pipeline.generate, each prompt alone: what every served answer must equal."""
     out = {}
-    for method in ("autoregressive", *METHODS):
+    for method in METHODS:
         for i, p in enumerate(humaneval[:8]):
             out[method, i] = pipelines["ort"].generate(p, method=method, max_new_tokens=24).token_ids
     return out
@@ -116,6 +117,25 @@ def test_served_greedy_tokens_equal_in_process_generation(server, humaneval, ref
                 whole = http_generate(server.http_url, p, MAX_NEW_TOKENS=24, METHOD=method)
                 assert whole["TOKEN_IDS"] == reference[method, i] and whole["FINISH_REASON"] == "length"
                 assert whole["TEXT"] == joined(streamed)["TEXT"]
+
+
+def test_ppd_is_served_token_identical_too(files, ppd_bundle, humaneval, tmp_path):
+    """PPD (the target guessing for itself through its trained prompt tokens), on a bundle that has them."""
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.serving.client import HttpClient, joined
+    from specrt.serving.triton import TritonConfig, write_repository
+
+    write_repository(TritonConfig(bundle=ppd_bundle, out=tmp_path / "repo", method="ppd", threads=2))
+    pipe = Pipeline.load(ppd_bundle, threads=2)
+    server = _start(files, tmp_path / "repo", tmp_path)
+    try:
+        with HttpClient(server.http_url) as http:
+            for p in humaneval[:4]:
+                want = pipe.generate(p, method="autoregressive", max_new_tokens=24).token_ids
+                assert pipe.generate(p, method="ppd", max_new_tokens=24).token_ids == want
+                assert joined(http.stream(p, MAX_NEW_TOKENS=24))["TOKEN_IDS"] == want  # ppd: the model's default
+    finally:
+        server.stop()
 
 
 def test_a_seeded_sampled_request_is_what_generate_samples_with_that_seed(server, pipelines, humaneval):
