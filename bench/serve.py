@@ -206,9 +206,9 @@ def run_serve(cfg: ServeBenchConfig) -> dict:
 
 def markdown(data: dict) -> str:
     c = data["config"]
+    streamed = f"streamed (interval {c['stream_interval_ms']:g} ms)" if c["stream"] else "not streamed"
     lines = [f"### serve `{data['label']}`: {c['method']}, greedy, {c['max_new_tokens']} new tokens a request, "
-             f"{c['requests_per_client']} requests per client, batches of up to {c['max_batch']}, "
-             f"{'streamed (interval ' + format(c['stream_interval_ms'], 'g') + ' ms)' if c['stream'] else 'not streamed'}, backend "
+             f"{c['requests_per_client']} requests per client, batches of up to {c['max_batch']}, {streamed}, backend "
              f"{c['backend']}, {c['threads']} threads, tritonserver {data['server']}, median of {c['runs']} runs "
              f"({data['date']})", "",
              "| way | clients | tokens/s | vs in-process | vs one at a time | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
@@ -221,9 +221,9 @@ def markdown(data: dict) -> str:
     client = {"http": "HTTP (`generate_stream`, server-sent events)" if c.get("stream", True) else "HTTP (`generate`)",
               "grpc": "gRPC (tritonclient)"}[c.get("client", "grpc")]
     lines += ["", f"served: `specrt serve`'s tritonserver, clients over {client}, in this process; in-process: "
-                  "`Pipeline.server` in the bench's process; one at a time: the served model with batches of 1. Wrong: tokens other than "
-                  "`Pipeline.generate`'s greedy ones for the prompt. ITL: time between streamed pieces over the "
-                  "tokens of the later one."]
+                  "`Pipeline.server` in the bench's process; one at a time: the served model with batches of 1. "
+                  "Wrong: tokens other than `Pipeline.generate`'s greedy ones for the prompt. ITL: time between "
+                  "streamed pieces over the tokens of the later one."]
     return "\n".join(lines) + "\n"
 
 

@@ -64,8 +64,8 @@ def start(cfg: ServeConfig, files: ServerFiles | None = None, log: Path | None =
 def serve(cfg: ServeConfig) -> None:
     """Run the server until Ctrl-C / SIGTERM (or until it exits)."""
     files = locate(cfg.server_dir, cfg.tritonserver, cfg.install)
-    print(f"starting tritonserver {files.version} on {cfg.host} for {cfg.bundle} ({cfg.backend} backend, method {cfg.method} by "
-          f"default, batches of up to {cfg.max_batch}) ...", file=sys.stderr, flush=True)
+    print(f"starting tritonserver {files.version} on {cfg.host} for {cfg.bundle} ({cfg.backend} backend, method "
+          f"{cfg.method} by default, batches of up to {cfg.max_batch}) ...", file=sys.stderr, flush=True)
     stopping = threading.Event()
 
     def _stop(signum, frame):

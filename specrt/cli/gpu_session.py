@@ -1,4 +1,4 @@
-"""`specrt gpu-session`: the GPU run, as calls of under ten minutes on a lent machine, each stage's results kept as it ends.
+"""`specrt gpu-session`: the GPU run as calls of under ten minutes on a lent machine, each stage's results kept as it ends.
 
     python -m specrt gpu-session --call 1 --pack $OUT      # engines, e2e against HF baselines, roofline, J/token, tests
     python -m specrt gpu-session --call 2 --pack $OUT      # calibrate, profile, tune, auto, HF static cache + compile
