@@ -1,9 +1,9 @@
 """specrt's decode loop as a Triton Inference Server Python-backend model (`specrt triton` copies this file to
 <repo>/specrt/1/model.py; the Python that Triton runs it in must have specrt installed: `specrt serve` sees to it).
 
-Decoupled: every request is answered on its own response sender, from a thread of its own, while execute() has
-already returned; requests of the same method and sampling parameters decode together in one continuously batched
-loop (serving/pool.py: a request joins the running batch between rounds).
+Decoupled: execute() hands each request to the decode loops and returns; one dispatcher thread answers every request
+on its response sender as its rounds are accepted. Requests of the same method and sampling parameters decode
+together in one continuously batched loop (serving/pool.py: a request joins the running batch between rounds).
 
     inputs    PROMPT          string [1]  the prompt text
               MAX_NEW_TOKENS  int32  [1]  optional, default 128
