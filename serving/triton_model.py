@@ -13,7 +13,7 @@ together in one continuously batched loop (serving/pool.py: a request joins the 
               SEED            int64  [1]  optional: the request's own sampler seed (else the loop's)
               STREAM          bool   [1]  optional, default false: responses as rounds are accepted (at most one per
                                           `stream_interval_ms`: the rounds accepted meanwhile come as one piece),
-                                          then a last one with FINISH_REASON; else one response with the whole
+                                          the last with FINISH_REASON; else one response with the whole
                                           continuation (what the HTTP `generate` endpoint takes)
     outputs   TEXT            string [1]  the continuation, or the piece of it
               TOKEN_IDS       int64  [-1] its token ids (a piece's: the tokens since the previous piece)
