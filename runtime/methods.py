@@ -207,7 +207,7 @@ class Tree(MergeOptions):
     def _own_round_tokens(self):
         if self.tree is None:
             return None
-        return (len(self.tree) if isinstance(self.tree, TreeSpec) else len(self.tree)) + 1
+        return len(self.tree) + 1  # a TreeSpec's nodes, or its paths
 
     def spec(self, pipe, batch_size: int) -> TreeSpec:
         if isinstance(self.tree, TreeSpec):

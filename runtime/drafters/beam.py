@@ -111,7 +111,7 @@ class BeamDrafter(ModelDrafter):
         root = self._log_probs(self._feed_pending(seqs, head), params)  # [B, V] (or a TopK [B, k])
         found = []
         for b in range(batch):
-            _, tok, sc = top_beams(np.zeros(1), root[b][None], width, rng and rng_of(rng, b))
+            _, tok, sc = top_beams(np.zeros(1), root[b][None], width, None if rng is None else rng_of(rng, b))
             found.append(SearchNodes(list(tok), [-1] * len(tok), list(sc), [-1] * len(tok), list(range(len(tok))),
                                      np.zeros((width * self.gamma, width * self.gamma), dtype=bool), []))
         for depth in range(1, self.gamma):
@@ -134,7 +134,7 @@ class BeamDrafter(ModelDrafter):
                     f.level = []
                     continue
                 logq = self._log_probs(logits[b, :n], params)  # [n, V] (or a TopK [n, k])
-                par, tok, sc = top_beams(np.asarray(f.scores)[e], logq, width, rng and rng_of(rng, b))
+                par, tok, sc = top_beams(np.asarray(f.scores)[e], logq, width, None if rng is None else rng_of(rng, b))
                 start = len(f.tokens)
                 parents = e[par]
                 new = np.arange(start, start + len(tok))
