@@ -94,16 +94,28 @@ class _Shape:
             return out[0], torch.stack(out[1:]).unflatten(0, (self.backend.entry.num_layers, 2))
 
     def capture(self, stream, pool) -> None:
-        """Warm up on the capture stream (libraries create their handles outside the capture), then capture."""
+        """Warm up on the capture stream (libraries create their handles outside the capture), then capture.
+
+        cuBLAS keeps one workspace per handle and stream, made at the warm-up, outside the graph's pool; a graph
+        captured over it keeps its address, and whoever clears the workspaces later (inductor's CUDA graphs do, at
+        every recording: torch.compile(mode="reduce-overhead"), HF generate's static-cache compile) frees memory the
+        graph still writes: another tensor's, or, once the allocator hands it back, none (an H200 replayed ours into
+        "illegal memory access" after HF's compiled generate). So the workspaces are cleared before the capture, for
+        cuBLAS to make the graph's own in its pool (which lives as long as the graph), and after it, so that no later
+        work on this stream writes into the pool."""
         torch = self.backend.torch
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self.forward()
         torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize(stream.device)
+        clear = torch._C._cuda_clearCublasWorkspaces
+        clear()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool, stream=stream):
             self.out = self.forward()
+        clear()
 
     def run(self):
         if self.graph is None:

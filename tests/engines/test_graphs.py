@@ -258,6 +258,41 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval, com
         assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, batch_size=2, **kw)] == ar, kw
 
 
+@pytest.mark.gpu
+def test_captured_graphs_survive_inductor_cuda_graphs_in_the_same_process(demo_bundle, tmp_path, humaneval):
+    """Inductor's CUDA graphs (torch.compile(mode="reduce-overhead"), which HF generate's static-cache compile uses)
+    clear cuBLAS's workspaces at each recording. A graph of ours captured over a workspace made outside its pool
+    then writes into freed memory: on an H200 the next replay failed with "illegal memory access". Ours keep their
+    workspace in their own pool: they give the same tokens after such a compile, and write into no one else's
+    tensors."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: CUDA graphs need one")
+    from specrt.engines.build import BuildConfig, build
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    build(BuildConfig(bundle=b, device="cuda", token_profiles=(1, 8), batch_buckets=(1,), capacity=256, spans=(128,)),
+          progress=False)
+    graphs = Pipeline.load(b, backend="graphs")
+    ar = [o.token_ids for o in graphs.generate(humaneval[:2], method="autoregressive", max_new_tokens=24)]
+
+    x = torch.randn(512, 512, device="cuda")
+    mm = torch.compile(lambda a: (a @ a).relu() @ a, mode="reduce-overhead")
+    for _ in range(3):
+        mm(x)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    # tensors of many sizes over whatever the workspaces left free, to see whether a replay writes into them
+    sentinels = [torch.full((n,), 7.0, device="cuda") for n in (1 << k for k in range(10, 24)) for _ in range(2)]
+    again = [o.token_ids for o in graphs.generate(humaneval[:2], method="autoregressive", max_new_tokens=24)]
+    sd = [o.token_ids for o in graphs.generate(humaneval[:2], method="sd", max_new_tokens=24)]
+    torch.cuda.synchronize()
+    assert again == ar and sd == ar
+    assert all(bool((t == 7.0).all()) for t in sentinels)
+
+
 def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
     """What the GPU session's `batch` call runs, at toy sizes: teacher-forced sequences longer than the largest profile go in
     chunks, and the runners the profiler times are given back before it decodes (one slot per model)."""
