@@ -154,6 +154,7 @@ def prefill_times(runner, batch: int, num_tokens: int, repeats: int, warmup: int
         cache.reserve(num_tokens)
         t0 = time.perf_counter()
         feed_rows(runner, cache, rows, head="discard")  # as prefill: no logits to the host
+        runner.wait()  # ... and on a GPU, not over until the device has run it
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times

@@ -130,6 +130,9 @@ class Backend(ABC):
         """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
         backend holds them, new_kv); _head brings them to the host."""
 
+    def _wait(self) -> None:
+        """Wait until the steps this backend queued have ended (Runner.wait): its steps end before they return."""
+
     def _pick(self, logits, pick):
         """Row pick[b] of each sequence's logits [B, T, V] -> [B, V] (Runner.step); these are numpy."""
         return logits[np.arange(len(pick)), np.asarray(pick, dtype=np.int64)]
@@ -141,6 +144,12 @@ class Backend(ABC):
         if head in ("argmax", "device-argmax"):  # the host is where these logits lie
             return logits.argmax(axis=-1)
         return None if head == "discard" else logits
+
+
+def torch_wait(backend) -> None:
+    """Backend._wait of a backend on torch buffers (backend.torch, backend.device): a GPU's queue drained."""
+    if backend.device.type == "cuda":
+        backend.torch.cuda.synchronize(backend.device)
 
 
 def torch_head(logits, head):
@@ -225,6 +234,13 @@ class Runner:
         self.busy_seconds += (t1 if self.backend.host_logits else time.perf_counter()) - t0
         self.num_steps += 1
         return logits, new_kv
+
+    def wait(self) -> None:
+        """Wait for this runner's steps to end on the device (a "discard" head returns before a GPU's step has
+        ended: a prefill, timed alone, must wait for it), counted as busy time as a head's wait is."""
+        t0 = time.perf_counter()
+        self.backend._wait()
+        self.busy_seconds += time.perf_counter() - t0
 
     def to_host(self, tokens) -> np.ndarray:
         """A "device-argmax" head's tokens (or anything computed from them where they lie) on the host: the one wait

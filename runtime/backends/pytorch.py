@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
-from specrt.runtime.backends.base import Backend, torch_head, torch_input, torch_pick
+from specrt.runtime.backends.base import Backend, torch_head, torch_input, torch_pick, torch_wait
 
 
 class TorchBackend(Backend):
@@ -43,6 +43,7 @@ class TorchBackend(Backend):
             new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
         return out[0], new_kv
 
+    _wait = torch_wait
     _head = staticmethod(torch_head)  # the argmax on the device: [B, T] int64 crosses, not the logits
     host_logits = False
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from specrt.errors import InvalidRequestError
-from specrt.runtime.backends.base import Backend, torch_head, torch_pick
+from specrt.runtime.backends.base import Backend, torch_head, torch_pick, torch_wait
 
 
 class SlotPool:
@@ -59,6 +59,7 @@ class EngineBackend(Backend):
     def allocate(self, shape):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    _wait = torch_wait
     _head = staticmethod(torch_head)  # the engines' logits stay on the device; the head reduces them there
     host_logits = False
 
