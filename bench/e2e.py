@@ -224,29 +224,37 @@ def run_e2e(cfg: E2EConfig) -> dict:
     prompts = humaneval_prompts(cfg.num_prompts)
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     runners, skipped = build_runners(cfg, pipe)
-    results = {name: MethodResult(name) for name in runners}
+    entry = pipe.target.entry
+    weight_bytes = entry.num_params * np.dtype(entry.dtype).itemsize
+    bandwidth = copy_bandwidth(pipe.machine.device)
     meter, joules = EnergyMeter(pipe.machine.device), {}
+    roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
+                "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(1e3 * weight_bytes / bandwidth, 3),
+                "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
+
+    def results_of(seconds, last) -> dict[str, MethodResult]:
+        results = {}
+        for name, (outs, calls, host) in last.items():
+            results[name] = MethodResult(name, list(seconds[name]), sum(map(len, outs)), calls, host, outs,
+                                         list(joules.get(name, [])))
+        return results
+
+    def partial(seconds, last):  # after each timed pass but the last: what a cut-off run leaves
+        report(cfg, results_of(seconds, last), skipped, roofline, partial=f"{len(next(iter(seconds.values())))} of "
+                                                                           f"{cfg.runs} timed runs")
+
     seconds, last = timed_runs({name: (lambda run=run: run(prompts)) for name, run in runners.items()},
-                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}", meter, joules)
-    for name, (outs, calls, host) in last.items():
-        r = results[name]
-        r.seconds, r.tokens, r.target_calls, r.host_seconds, r.outputs = seconds[name], sum(map(len, outs)), calls, host, outs
-        r.joules = joules.get(name, [])
+                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}", meter, joules, partial)
+    results = results_of(seconds, last)
     if "autoregressive" in results:
         prompt_ids = [pipe.encode(p) for p in prompts]
         for r in results.values():
             r.divergence = divergence(pipe, prompt_ids, results["autoregressive"].outputs, r.outputs)
-    entry = pipe.target.entry
-    weight_bytes = entry.num_params * np.dtype(entry.dtype).itemsize
-    bandwidth = copy_bandwidth(pipe.machine.device)
-    roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
-                "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(1e3 * weight_bytes / bandwidth, 3),
-                "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
     return report(cfg, results, skipped, roofline)
 
 
 def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | None = None,
-           roofline: dict | None = None) -> dict:
+           roofline: dict | None = None, partial: str | None = None) -> dict:
     base = results.get("autoregressive")
     hf = results.get("hf")
     rows = []
@@ -275,6 +283,8 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             r.name: round(r.tokens_per_s / base.tokens_per_s / lookup_speedup, 3)
             for r in results.values() if VARIANTS.get(r.name, (None,))[0] == "anpd"}
     data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}, "roofline": roofline}
+    if partial:  # a run still going (or cut off): its rows so far, without the divergence check
+        data["partial"] = partial
     write_report(cfg.out / f"e2e-{cfg.label}", data, markdown, plot)
     return data
 
@@ -307,6 +317,8 @@ def markdown(data: dict) -> str:
         lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
     lines += [f"- {r['method']}: {describe_divergence(r['divergence'])}" for r in data["rows"] if r.get("divergence")]
+    if data.get("partial"):
+        lines += [f"- partial: {data['partial']} so far (the divergence check runs at the end)"]
     for name, why in data.get("skipped", {}).items():
         lines += [f"- {name} skipped: {why}"]
     return "\n".join(lines) + "\n"

@@ -50,12 +50,14 @@ def write_report(stem: Path, data: dict, markdown: Callable[[dict], str], plot: 
     return md
 
 
-def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, joules: dict | None = None) -> tuple[dict, dict]:
+def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, joules: dict | None = None,
+               on_pass: Callable[[dict, dict], None] | None = None) -> tuple[dict, dict]:
     """Run every config's callable `warmup` times untimed, then `runs` timed passes, interleaved so that
     drift hits all configs alike, each timed pass in a new random order (seeded): whatever one config leaves
     behind for the next (a grown arena, a cold cache) falls on a different one each pass, not always on the
     same neighbour. Returns ({name: [seconds per timed run]}, {name: last result}); with an available
-    EnergyMeter, `joules` gets {name: [joules per timed run]}."""
+    EnergyMeter, `joules` gets {name: [joules per timed run]}. `on_pass(seconds, last)` is called after each
+    timed pass but the last (a bench that is cut off still leaves what it measured)."""
     from tqdm import tqdm
 
     seconds = {name: [] for name in configs}
@@ -75,6 +77,8 @@ def timed_runs(configs: dict, runs: int, warmup: int, desc: str, meter=None, jou
                     if measure:
                         joules.setdefault(name, []).append(meter.stop())
                 bar.update()
+            if on_pass is not None and warmup <= r < warmup + runs - 1:
+                on_pass(seconds, last)
     return seconds, last
 
 

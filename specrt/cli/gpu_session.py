@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,7 +49,8 @@ class SessionConfig(Config):
     call: str = option("1", "which call: 1, 2, compiled, batch, ppd, quant or export", choices=CALLS)
     out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
     pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
-                                     "stage (on a lent machine: $OUT)")
+                                     "stage, or one .tar.gz of them (on a lent machine, which returns 8 files: "
+                                     "$OUT/gpu-<call>.tar.gz)")
     device: str = option("cuda", "where the models run: cuda, or cpu for a rehearsal")
     shape: str = option("7b", "the inflated target's shape: 7b, 1b, or toy (a rehearsal)", choices=tuple(SHAPES))
     budget: float = option(540.0, "seconds this call may take, stages included (a lent machine's command may run "
@@ -64,7 +66,7 @@ class Stage:
     argv: tuple[str, ...]  # after `python -m specrt`; ("copy", SRC, DST): the bundle SRC hard-linked to DST
     makes: str | None = None  # an artifact (relative to the session's directory): run wherever it is missing
     needs: tuple[str, ...] = ()  # stages that must have ended well (now or in an earlier call)
-    estimate_s: int = 60  # device-seconds on an H100 at the 7b shape (docs/gpu.md): arithmetic until measured
+    estimate_s: int = 60  # device-seconds at the 7b shape, by arithmetic; an H200 took about half (docs/gpu.md)
 
 
 def stages(cfg: SessionConfig) -> list[Stage]:
@@ -85,7 +87,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
             # one batch bucket, one span, one slot: 12 captured shapes a model, not 360 (the batch call builds more)
             Stage("build", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "",
                             "--slots", "1"), makes="bundle/engines.json", needs=("export",), estimate_s=90)]
-    label = f"gpu-{cfg.shape}-graphs" if d.startswith("cuda") else f"rehearsal-{cfg.shape}"
+    tag = gpu_tag(d) if d.startswith("cuda") else "rehearsal"  # results name the device they were measured on
+    label = f"{tag}-{cfg.shape}-graphs" if d.startswith("cuda") else f"rehearsal-{cfg.shape}"
     if cfg.call == "1":
         return made + [Stage("e2e", (*e2e, "--label", label, "--methods", "autoregressive,sd,anpd,dynamic-ngram",
                                      "--baselines", "hf,hf-assisted,hf-lookup"), needs=("build",), estimate_s=240)]
@@ -115,7 +118,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                    "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf"),
                   needs=("build-compiled",), estimate_s=240),
             Stage("e2e-eager", ("bench", "e2e", "--bundle", bundle, "--backend", "torch", "--out", results, *sizes,
-                                "--label", f"gpu-{cfg.shape}-eager", "--methods", "autoregressive,sd,dynamic-ngram",
+                                "--label", f"{tag}-{cfg.shape}-eager", "--methods", "autoregressive,sd,dynamic-ngram",
                                 "--baselines", ""), needs=("export",), estimate_s=120)]
     if cfg.call == "batch":  # engines of four batch buckets, in a hard-linked copy of the bundle: its own engines.json
         batch = str(out / "bundle-batch")
@@ -160,6 +163,18 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                              needs=("inflate",), estimate_s=480)]
 
 
+def gpu_tag(device: str) -> str:
+    """A short name of the GPU `device` for result labels: "h200" for an NVIDIA H200, "h100" for an "NVIDIA H100 80GB
+    HBM3", "4090" for a GeForce RTX 4090; "gpu" where the name has no model number."""
+    import re
+
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    found = re.search(r"\b([a-z]{0,2}\d{1,4}[a-z]?)\b", name.lower())
+    return found.group(1) if found else "gpu"
+
+
 class Session:
     def __init__(self, cfg: SessionConfig):
         self.cfg = cfg
@@ -184,10 +199,13 @@ class Session:
         self.environment()
         tests = self.start_tests() if self.cfg.call == "1" and self.cfg.tests else None
         for stage in stages(self.cfg):
+            if tests is not None and stage.argv[0] == "bench":  # timings never share the GPU with the tests
+                self.finish_tests(*tests, until=self.deadline - stage.estimate_s, before=stage.name)
+                tests = None
             self.stage(stage)
             self.pack()
         if tests is not None:
-            self.finish_tests(*tests)
+            self.finish_tests(*tests, until=self.deadline)
         self.record["seconds"] = round(time.monotonic() - self.started, 1)
         self.log(f"call {self.cfg.call} over: " + ", ".join(f"{s['stage']} {s['status']}" for s in self.record["stages"]))
         self.pack()
@@ -274,16 +292,19 @@ class Session:
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(Path(__file__).resolve().parents[2] / "tests")]
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True), f
 
-    def finish_tests(self, p: subprocess.Popen, f) -> None:
+    def finish_tests(self, p: subprocess.Popen, f, until: float, before: str | None = None) -> None:
+        """Wait for the background tests until `until` (monotonic), then stop them: before a measuring stage, or at
+        the budget."""
         try:
-            rc = p.wait(max(1.0, self.deadline - time.monotonic()))
+            rc = p.wait(max(1.0, until - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             rc = None
         f.close()
         tail = (self.out / "logs" / "gpu-test.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        status = "ok" if rc == 0 else ("cut at the budget" if rc is None else f"failed (exit status {rc})")
+        cut = f"stopped to leave the GPU to {before}" if before else "cut at the budget"
+        status = "ok" if rc == 0 else (cut if rc is None else f"failed (exit status {rc})")
         self.record["stages"].append({"stage": "gpu-test", "status": status, "summary": tail[0]})
         if rc == 0:
             (self.out / "done" / "gpu-test.json").write_text(json.dumps({"summary": tail[0]}) + "\n")
@@ -301,9 +322,16 @@ class Session:
         for name in SMALL_ARTIFACTS:
             p = self.out / "bundle" / name
             files += sorted(q for q in p.rglob("*.json") if q.is_file()) if p.is_dir() else [p] if p.is_file() else []
+        files = [f for f in files if f.stat().st_size <= PACK_LIMIT]
+        if dest.name.endswith((".tar.gz", ".tgz")):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            with tarfile.open(tmp, "w:gz") as tar:
+                for src in files:
+                    tar.add(src, arcname=str(src.relative_to(self.out)))
+            os.replace(tmp, dest)
+            return
         for src in files:
-            if src.stat().st_size > PACK_LIMIT:
-                continue
             target = dest / src.relative_to(self.out)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)

@@ -39,3 +39,29 @@ def test_timed_passes_interleave_every_config_in_a_new_order_each():
     passes = [calls[8 * i:8 * (i + 1)] for i in range(1, 4)]
     assert all(sorted(p) == list("abcdefgh") for p in passes) and len({tuple(p) for p in passes}) == 3
     assert all(len(s) == 3 for s in seconds.values()) and last == {n: n.upper() for n in "abcdefgh"}
+
+
+def test_after_each_timed_pass_but_the_last_what_was_measured_is_handed_on():
+    from specrt.bench.report import timed_runs
+
+    seen = []
+    configs = {name: (lambda name=name: name) for name in "ab"}
+    timed_runs(configs, 3, 1, "t", on_pass=lambda seconds, last: seen.append(({k: len(v) for k, v in seconds.items()},
+                                                                             dict(last))))
+    assert seen == [({"a": 1, "b": 1}, {"a": "a", "b": "b"}), ({"a": 2, "b": 2}, {"a": "a", "b": "b"})]
+
+
+def test_a_run_leaves_its_rows_after_each_timed_pass(demo_bundle, tmp_path, monkeypatch):
+    """A bench cut off (a lent GPU's budget) keeps what it measured: the report is written after the first of two
+    timed passes, marked partial, and again, whole, at the end."""
+    import specrt.bench.e2e as e2e
+
+    written = []
+    monkeypatch.setattr(e2e, "write_report", lambda stem, data, md, plot: written.append((data, md(data))))
+    cfg = E2EConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=8, runs=2,
+                    warmup_runs=0, methods=("autoregressive", "sd"), baselines=(), threads=1)
+    e2e.run_e2e(cfg)
+    (first, first_md), (last, _) = written
+    assert first["partial"] == "1 of 2 timed runs" and "- partial: 1 of 2 timed runs" in first_md
+    assert [len(r["runs_s"]) for r in first["rows"]] == [1, 1] and "partial" not in last
+    assert [len(r["runs_s"]) for r in last["rows"]] == [2, 2] and last["rows"][1]["same_tokens_as_ours_ar"] == 1

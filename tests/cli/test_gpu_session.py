@@ -4,6 +4,7 @@ skipped, the budget kept, stamps resumed, everything packed after each stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -19,7 +20,7 @@ def test_call_1_rehearsed_on_the_cpu_packs_an_e2e_table(tmp_path):
                         budget=900)
     record = run_session(cfg)
     assert [(s["stage"], s["status"]) for s in record["stages"]] == [
-        ("inflate", "ok"), ("export", "ok"), ("build", "ok"), ("e2e", "ok"), ("gpu-test", "ok")]
+        ("inflate", "ok"), ("export", "ok"), ("build", "ok"), ("gpu-test", "ok"), ("e2e", "ok")]
     pack = tmp_path / "pack"
     e2e = json.loads((pack / "results" / "e2e-rehearsal-toy.json").read_text())
     rows = {r["method"]: r for r in e2e["rows"]}
@@ -64,6 +65,39 @@ def test_the_budget_is_kept(tmp_path, monkeypatch):
     assert not (tmp_path / "s" / "done" / "slow.json").exists()
 
 
+def test_the_tests_are_stopped_before_a_stage_that_measures(tmp_path, monkeypatch):
+    import subprocess
+
+    session = _session(tmp_path, [Stage("e2e", ("bench", "e2e", "--help"), estimate_s=100)], monkeypatch, budget=103)
+    log = tmp_path / "s" / "logs" / "gpu-test.log"
+
+    def start():  # tests that would outlast the budget left to the bench
+        log.write_text("still testing\n")
+        return subprocess.Popen(["sleep", "60"], start_new_session=True), open(log, "ab")
+
+    monkeypatch.setattr(session, "start_tests", start)
+    session.cfg = dataclasses.replace(session.cfg, call="1")  # call 1 starts the tests
+    t0 = time.monotonic()
+    record = session.run()
+    assert time.monotonic() - t0 < 30
+    assert [(s["stage"], s["status"]) for s in record["stages"]] == [
+        ("gpu-test", "stopped to leave the GPU to e2e"), ("e2e", "ok")]
+
+
+def test_a_pack_can_be_one_archive(tmp_path, monkeypatch):
+    """A lent machine returns 8 files: the whole pack as one .tar.gz, rewritten after each stage."""
+    import tarfile
+
+    record = _session(tmp_path, [Stage("fine", ("--help",))], monkeypatch, budget=60).run()
+    assert record["stages"][0]["status"] == "ok"
+    session = Session(SessionConfig(call="2", out=tmp_path / "s", pack=tmp_path / "out" / "gpu-2.tar.gz", device="cpu"))
+    session.pack()
+    with tarfile.open(tmp_path / "out" / "gpu-2.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"session.json", "session.log", "logs/fine.log", "done/fine.json", "results/env-2.json"} <= names
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu-2.tar.gz"]  # no .tmp left
+
+
 def test_cuda_without_a_gpu_says_how_to_rehearse(tmp_path):
     import torch
 
@@ -74,3 +108,16 @@ def test_cuda_without_a_gpu_says_how_to_rehearse(tmp_path):
         pytest.skip("this machine has CUDA")
     with pytest.raises(SpecrtError, match="finds no CUDA device here \\(rehearse with --device cpu --shape toy"):
         run_session(SessionConfig(out=tmp_path))
+
+
+@pytest.mark.parametrize("name, tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "4090"),
+                                       ("Tesla T4", "t4"), ("Some Accelerator", "gpu")])
+def test_results_are_labelled_with_the_gpu_they_ran_on(name, tag, monkeypatch, tmp_path):
+    import torch
+
+    from specrt.cli.gpu_session import stages
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    e2e = next(s for s in stages(SessionConfig(call="1", out=tmp_path)) if s.name == "e2e")
+    assert e2e.argv[e2e.argv.index("--label") + 1] == f"{tag}-7b-graphs"
