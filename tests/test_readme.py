@@ -21,3 +21,21 @@ def test_embedded_api_example_runs(demo_bundle, capsys):
 def test_readme_starts_with_the_two_commands():
     first = README.read_text().split("```")[1]
     assert "make demo" in first and "make test" in first
+
+
+def test_readme_is_short_and_links_every_docs_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    pages = {p.name for p in (README.parent / "docs").glob("*.md")}
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", text))
+    assert pages == linked, f"docs pages not linked from README: {sorted(pages - linked)}"
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    root = README.parent
+    broken = []
+    for page in [README, *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)}: {target}")
+    assert not broken, broken

@@ -35,6 +35,7 @@ def test_results_page_from_json(tmp_path):
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "| stale |" not in text
     assert "| [`e2e-t`](docs/results.md#end-to-end) | best lossless `sd` **2.00x** our AR (200.0 vs 100.0 tok/s) |" in text
+    assert "e2e-old" not in text  # the README shows the latest result of each kind; the page shows them all
     readme.write_text("no markers")
     with pytest.raises(SpecrtError, match="has no results markers"):
         run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
