@@ -83,3 +83,33 @@ def test_a_list_flag_with_choices_takes_each_item_from_them(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--dtypes", "bfloat16,int8"])
     assert "invalid choice 'int8' (choose from bfloat16, float16)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["generate", "inspect"])
+def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
+    """Both verbs once built their options by hand and dropped --kv-update after parsing it."""
+    import specrt.bundle.machine as machine
+    import specrt.bundle.manifest as manifest
+    from specrt.runtime.pipeline import Pipeline
+
+    seen = {}
+
+    class Seen(Exception):
+        pass
+
+    def load(bundle, **kw):
+        seen.update(kw)
+        raise Seen
+
+    def here(backend, threads, device="cpu", quant=None, kv_update="runtime"):
+        seen.update(backend=backend, threads=threads, device=device, quant=quant, kv_update=kv_update)
+        raise Seen
+
+    monkeypatch.setattr(Pipeline, "load", staticmethod(load))
+    monkeypatch.setattr(machine.Machine, "here", staticmethod(here))
+    monkeypatch.setattr(manifest, "load_manifest", lambda bundle: {})
+    flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update graph"
+    args = parse([verb], flags + (" --prompt x" if verb == "generate" else ""))
+    with pytest.raises(Seen):
+        args.func(args)
+    assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"]) == ("ort", 3, "int8-weights", "graph")

@@ -162,9 +162,10 @@ def cmd_serve(args) -> None:
 
 
 def cmd_generate(args) -> None:
+    from specrt.runtime.backends import BackendOptions
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(args.bundle, backend=args.backend, threads=args.threads, device=args.device, quant=args.quant)
+    pipe = Pipeline.load(args.bundle, **config_from(BackendOptions, args).pipeline_options())  # every backend flag
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, **method_options(args))
     if args.stream:
@@ -248,9 +249,12 @@ def cmd_inspect(args) -> None:
     from specrt.bundle.manifest import load_manifest
     from specrt.runtime.backends import resolve_device
 
+    from specrt.runtime.backends import BackendOptions
+
     manifest = load_manifest(args.bundle)
-    machine = Machine.here(args.backend, resolve_threads(args.threads), resolve_device(args.backend, args.device),
-                           args.quant)
+    o = config_from(BackendOptions, args)
+    machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device), o.quant,
+                           o.kv_update)
     sizes = ", ".join(f"{role} {m['num_params'] / 1e6:.2f}M params" for role, m in manifest["models"].items())
     print(f"{args.bundle}: specrt bundle made {manifest['created']} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")
