@@ -47,7 +47,7 @@ def run_demo(cfg: DemoConfig) -> dict:
                              num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, runs=3,
                              threads=cfg.threads, methods=methods, baselines=()))
     prompt = humaneval_prompts(1)[0]
-    out = Pipeline.load(cfg.bundle, threads=cfg.threads).generate(prompt, max_new_tokens=cfg.max_new_tokens)
+    out = Pipeline.load(cfg.bundle, threads=cfg.threads, verify=cfg.verify_mode).generate(prompt, max_new_tokens=cfg.max_new_tokens)
     bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")
     print("sample (HumanEval/0, sd, greedy; the continuation in bold on a terminal):\n" + prompt[-200:] + bold + out.text + plain)
     return data

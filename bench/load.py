@@ -23,13 +23,13 @@ import numpy as np
 
 from specrt.bench.report import BenchConfig, header, write_report
 from specrt.bundle.machine import resolve_threads
+from specrt.bundle.manifest import VERIFY_FLAGS
 from specrt.config import option
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends import BackendOptions
 
 PHASES = ("import_s", "load_s", "first_token_s")
-VERIFY = {"recorded": True, "full": "full", "none": False}  # --verify -> Pipeline.load(verify=...)
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,13 @@ class LoadBenchConfig(BenchConfig, BackendOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.verify or any(v not in VERIFY for v in self.verify):
-            raise InvalidRequestError(f"--verify takes {', '.join(VERIFY)}, got {','.join(self.verify) or 'nothing'}")
+        if not self.verify or any(v not in VERIFY_FLAGS for v in self.verify):
+            raise InvalidRequestError(f"--verify takes {', '.join(VERIFY_FLAGS)}, got {','.join(self.verify) or 'nothing'}")
 
 
 def _spawned(cfg: LoadBenchConfig, bundle: Path, verify: str, prompt: str) -> dict:
     """One start-up in a fresh interpreter (bench/startup.py), timed there."""
-    spec = {"bundle": str(bundle), "options": {**cfg.pipeline_options(), "verify": VERIFY[verify]}, "prompt": prompt}
+    spec = {"bundle": str(bundle), "options": {**cfg.pipeline_options(), "verify": VERIFY_FLAGS[verify]}, "prompt": prompt}
     done = subprocess.run([sys.executable, "-m", "specrt.bench.startup", json.dumps(spec)], capture_output=True, text=True)
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -54,7 +54,7 @@ def run_mtad(cfg: MtadConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
+    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads, verify=cfg.verify_mode)
     prompts = humaneval_prompts(cfg.num_prompts)
     prompt_ids = [pipe.encode(p) for p in prompts]
     confs = configurations(cfg)

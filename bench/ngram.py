@@ -39,7 +39,7 @@ def run_ngram(cfg: NgramConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads)
+    pipe = Pipeline.load(cfg.bundle, threads=cfg.threads, verify=cfg.verify_mode)
     prompts = humaneval_prompts(cfg.num_prompts)
     # (method, N, K, branches, min prob, hardware-aware)
     confs = ([("autoregressive", None, None, 1, 0.0, False)]

@@ -110,7 +110,7 @@ def _float_reference(cfg: QuantBenchConfig, dtype: str, device: str):
     from specrt.runtime.backends import load_backend
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=device)
+    pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=device, verify=cfg.verify_mode)
     entry = replace(pipe.target.entry, dtype=dtype)
     pipe.target = None  # its weights go before the cast copy's come (a 7B-class target: 12 GB each)
     pipe.target = load_backend("torch", cfg.bundle, entry, cfg.threads, pipe.machine.device)
@@ -130,7 +130,8 @@ def _load(cfg: QuantBenchConfig, scheme: str | None):
     from specrt.runtime.pipeline import Pipeline
 
     # refuses a scheme not made (ort: `specrt quantize`; graphs: `specrt build --quant`), saying how
-    return Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device, quant=scheme)
+    return Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device, quant=scheme,
+                         verify=cfg.verify_mode)
 
 
 def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: str) -> tuple[int, float]:

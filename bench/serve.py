@@ -167,7 +167,7 @@ def run_serve(cfg: ServeBenchConfig) -> dict:
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     prompts = humaneval_prompts(cfg.num_prompts)
-    pipe = Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device)
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     reference = [pipe.generate(p, method="autoregressive", max_new_tokens=cfg.max_new_tokens).token_ids for p in prompts]
     files = locate(cfg.server_dir)
     servers = {"served": _start_server(cfg, files, cfg.max_batch, "batched")}

@@ -26,7 +26,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from specrt.bundle.files import write_atomic
@@ -39,6 +39,7 @@ MANIFEST_FORMAT = 1
 VERIFIED = ".verified.json"  # rel path -> [size, mtime_ns, inode, sha256] of files hashed before (see above)
 VERIFY_RACE_S = 2.0
 VERIFY_MODES = (True, False, "full")
+VERIFY_FLAGS = {"recorded": True, "full": "full", "none": False}  # --verify -> load_manifest(verify=...)
 _verified_lock = threading.Lock()
 
 
@@ -47,6 +48,14 @@ class BundleOptions(Config):
     """What every verb that reads a bundle takes (shared by their configs and CLI flags)."""
 
     bundle: Path = option(Path("build/demo"), "bundle directory made by `specrt export`")
+    verify: str = option("recorded", "how the bundle's files are checked against their sha256 before use: recorded = "
+                                     "those not hashed before as the same file (size, mtime, inode); full = every "
+                                     "file (what catches bits rotting in place); none", choices=tuple(VERIFY_FLAGS))
+
+    @property
+    def verify_mode(self) -> bool | str:
+        """--verify as load_manifest's and Pipeline.load's `verify`."""
+        return VERIFY_FLAGS[self.verify]
 
 
 @dataclass(frozen=True)
@@ -165,20 +174,57 @@ def load_manifest(bundle: str | Path, verify: bool | str = True) -> dict:
     if not path.is_file():
         raise BundleError(f"{bundle} is not a specrt bundle: {MANIFEST} is missing (re-run `specrt export`)")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise BundleError(f"{path} is not UTF-8 text (re-run `specrt export`)") from None
     except json.JSONDecodeError as e:
         raise BundleError(f"{path} is not valid JSON ({e}); re-run `specrt export`") from None
-    if data.get("format") != MANIFEST_FORMAT:
-        raise BundleError(f"{path}: manifest format {data.get('format')!r}, this specrt reads {MANIFEST_FORMAT}")
-    for role in ROLES:
-        if role not in data.get("models", {}):
-            raise BundleError(f"{path}: no {role!r} model in the manifest")
-    bad = verify_files(bundle, data.get("files", {}), verify)
+    check_manifest(path, data)
+    bad = verify_files(bundle, data["files"], verify)
     if bad is not None and not (bundle / bad).is_file():
         raise BundleError(f"bundle {bundle} is missing {bad} (listed in {MANIFEST}); re-run `specrt export`")
     if bad is not None:
         raise BundleError(f"bundle {bundle}: {bad} does not match its sha256 in {MANIFEST} (corrupt or modified)")
     return data
+
+
+_ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None))}
+
+
+def check_manifest(path: Path, data) -> None:
+    """Refuse, in one line naming the field, a manifest of the wrong shape: what a load reads must be there, of its
+    type (a hand-edited or truncated file fails here, not as a KeyError deep in a load)."""
+    def bad(what: str):
+        return BundleError(f"{path}: {what}; re-run `specrt export`")
+
+    if not isinstance(data, dict):
+        raise bad(f"expected a JSON object, found {type(data).__name__}")
+    if data.get("format") != MANIFEST_FORMAT:
+        raise BundleError(f"{path}: manifest format {data.get('format')!r}, this specrt reads {MANIFEST_FORMAT}")
+    if not isinstance(data.get("tokenizer"), str):
+        raise bad('"tokenizer" (the tokenizer directory) is missing or not a string')
+    files = data.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
+                                              for k, v in files.items()):
+        raise bad('"files" must map each file\'s path to its sha256 (64 hex digits)')
+    models = data.get("models")
+    if not isinstance(models, dict):
+        raise bad('"models" is missing or not an object')
+    for role in ROLES:
+        entry = models.get(role)
+        if not isinstance(entry, dict):
+            raise BundleError(f"{path}: no {role!r} model in the manifest")
+        for f in fields(ModelEntry):
+            if f.name not in entry and f.default is MISSING:
+                raise bad(f"models.{role}.{f.name} is missing")
+            if f.name in entry and (not isinstance(entry[f.name], _ENTRY_TYPES[f.type])
+                                    or isinstance(entry[f.name], bool)):
+                raise bad(f"models.{role}.{f.name} is {entry[f.name]!r}, not {f.type}")
+        unknown = set(entry) - {f.name for f in fields(ModelEntry)}
+        if unknown:
+            raise bad(f"models.{role} has fields this specrt does not know: {', '.join(sorted(unknown))}")
+    if not isinstance(data.get("eos_token_id", 0), (int, type(None))):
+        raise bad('"eos_token_id" is not an integer')
 
 
 def model_entry(manifest: dict, role: str) -> ModelEntry:

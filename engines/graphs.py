@@ -118,7 +118,7 @@ def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
 
     device = resolve_device("graphs", cfg.device)
     threads = resolve_threads(cfg.threads)
-    manifest = load_manifest(cfg.bundle)
+    manifest = load_manifest(cfg.bundle, cfg.verify_mode)
     engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="graphs", token_profiles=cfg.token_profiles,
                         batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=cfg.attention_spans(),
                         slots=cfg.slots, device=device,

@@ -436,7 +436,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     from specrt.model.step import StepModule
 
     bundle = Path(cfg.bundle)
-    manifest = load_manifest(bundle)
+    manifest = load_manifest(bundle, cfg.verify_mode)
     entry = model_entry(manifest, "target")
     if entry.dtype != "float32" and (cfg.prompts_from is None or entry.onnx):
         raise SpecrtError(f"{bundle}'s target is {entry.dtype}: train PPD's prompt tokens on a float32 export (a "

@@ -283,7 +283,7 @@ def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:
     from tqdm import tqdm
 
     bundle = Path(cfg.bundle)
-    manifest = load_manifest(bundle)
+    manifest = load_manifest(bundle, cfg.verify_mode)
     roles = contract.ROLES if cfg.model == "both" else (cfg.model,)
     entries = {role: model_entry(manifest, role) for role in roles}
     for e in entries.values():

@@ -235,7 +235,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
     from specrt.runtime.backends.trt import TrtBackend
 
     bundle = Path(cfg.bundle)
-    manifest = load_manifest(bundle)
+    manifest = load_manifest(bundle, cfg.verify_mode)
     entries = {role: model_entry(manifest, role) for role in contract.ROLES}
     graphs = {role: e.onnx for role, e in entries.items()}
     if cfg.kv_update == "graph":

@@ -85,7 +85,7 @@ def in_place(cfg: InPlaceConfig, progress: bool = True) -> InPlaceGraphs:
     from tqdm import tqdm
 
     bundle = Path(cfg.bundle)
-    manifest = load_manifest(bundle)
+    manifest = load_manifest(bundle, cfg.verify_mode)
     roles = contract.ROLES if cfg.model == "both" else (cfg.model,)
     previous = {}
     if (bundle / InPlaceGraphs.FILE).is_file():

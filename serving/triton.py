@@ -173,7 +173,7 @@ def write_repository(cfg: TritonConfig) -> dict:
     if cfg.method not in METHODS:
         raise SpecrtError(f"unknown method {cfg.method!r} (choose from {', '.join(METHODS)})")
     bundle, out = Path(cfg.bundle), Path(cfg.out)
-    manifest = load_manifest(bundle)
+    manifest = load_manifest(bundle, cfg.verify_mode)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
         raise SpecrtError(f"{out} exists and is not a model repository specrt wrote: refusing to replace it (choose "
                           "another --out, or empty it)")

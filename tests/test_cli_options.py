@@ -107,7 +107,7 @@ def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
 
     monkeypatch.setattr(Pipeline, "load", staticmethod(load))
     monkeypatch.setattr(machine.Machine, "here", staticmethod(here))
-    monkeypatch.setattr(manifest, "load_manifest", lambda bundle: {})
+    monkeypatch.setattr(manifest, "load_manifest", lambda bundle, verify=True: {})
     flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update graph"
     args = parse([verb], flags + (" --prompt x" if verb == "generate" else ""))
     with pytest.raises(Seen):

@@ -44,9 +44,12 @@ class BackendOptions(ThreadOptions):
                                        "cache in place (ort backend)", choices=KV_UPDATES)
 
     def pipeline_options(self) -> dict:
-        """Pipeline.load's keyword arguments for these options."""
+        """Pipeline.load's keyword arguments for these options (and, in a config that also names a bundle, --verify)."""
+        from specrt.bundle.manifest import BundleOptions
+
+        verify = {"verify": self.verify_mode} if isinstance(self, BundleOptions) and isinstance(self.verify, str) else {}
         return {"backend": self.backend, "threads": self.threads, "device": self.device, "quant": self.quant,
-                "kv_update": self.kv_update}
+                "kv_update": self.kv_update, **verify}
 
 
 def resolve_device(backend: str, device: str | None) -> str:

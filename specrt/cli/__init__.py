@@ -162,10 +162,12 @@ def cmd_serve(args) -> None:
 
 
 def cmd_generate(args) -> None:
+    from specrt.bundle.manifest import BundleOptions
     from specrt.runtime.backends import BackendOptions
     from specrt.runtime.pipeline import Pipeline
 
-    pipe = Pipeline.load(args.bundle, **config_from(BackendOptions, args).pipeline_options())  # every backend flag
+    pipe = Pipeline.load(args.bundle, verify=config_from(BundleOptions, args).verify_mode,
+                         **config_from(BackendOptions, args).pipeline_options())  # every backend flag
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, **method_options(args))
     if args.stream:
@@ -246,12 +248,12 @@ def cmd_tune(args) -> None:
 def cmd_inspect(args) -> None:
     from specrt.bundle import artifacts
     from specrt.bundle.machine import Machine, resolve_threads
-    from specrt.bundle.manifest import load_manifest
+    from specrt.bundle.manifest import BundleOptions, load_manifest
     from specrt.runtime.backends import resolve_device
 
     from specrt.runtime.backends import BackendOptions
 
-    manifest = load_manifest(args.bundle)
+    manifest = load_manifest(args.bundle, config_from(BundleOptions, args).verify_mode)
     o = config_from(BackendOptions, args)
     machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device), o.quant,
                            o.kv_update)

@@ -119,3 +119,68 @@ def test_an_export_records_what_it_hashed_so_the_first_load_hashes_nothing(tmp_p
     (tmp_path / "b" / "tokenizer" / "tokenizer.json").write_text("{}")  # and what changes after is still caught
     with pytest.raises(BundleError, match="tokenizer/tokenizer.json does not match its sha256"):
         load_manifest(tmp_path / "b")
+
+
+def _edited(manifest: dict, edit) -> dict:
+    m = json.loads(json.dumps(manifest))
+    edit(m)
+    return m
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, 2]", "expected a JSON object, found list"),
+    ('"a string"', "expected a JSON object, found str"),
+    (b"\x89PNG\r\n\x1a\n\xff\xfe", "is not UTF-8 text"),
+    ("{", "is not valid JSON"),
+    (lambda m: m.pop("tokenizer"), '"tokenizer" (the tokenizer directory) is missing'),
+    (lambda m: m.update(files=[]), '"files" must map each file\'s path to its sha256'),
+    (lambda m: m.update(models=None), '"models" is missing or not an object'),
+    (lambda m: m["models"].pop("draft"), "no 'draft' model in the manifest"),
+    (lambda m: m["models"]["target"].pop("num_layers"), "models.target.num_layers is missing"),
+    (lambda m: m["models"]["target"].update(num_layers="2"), "models.target.num_layers is '2', not int"),
+    (lambda m: m["models"]["draft"].update(vocab_size=True), "models.draft.vocab_size is True, not int"),
+    (lambda m: m["models"]["draft"].update(colour="red"), "fields this specrt does not know: colour"),
+    (lambda m: m.update(eos_token_id="0"), '"eos_token_id" is not an integer'),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_field(bundle, content, message, capsys):
+    """Each was a raw AttributeError, KeyError or UnicodeDecodeError, from `specrt inspect` or a load."""
+    from specrt.cli import main
+
+    path = bundle / "manifest.json"
+    if callable(content):
+        content = json.dumps(_edited(json.loads(path.read_text()), content))
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code = main(["inspect", "--bundle", str(bundle)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_verify_full_on_the_cli_catches_an_edit_that_kept_the_files_identity(bundle, capsys):
+    """An in-place edit that keeps a file's size and modification time passes the recorded hashes, by design;
+    `--verify full` (on every verb that reads a bundle) hashes every file again and refuses it."""
+    from specrt.cli import build_parser, main
+
+    assert main(["inspect", "--bundle", str(bundle)]) == 0  # hashes, and records what it hashed
+    path = bundle / "tokenizer" / "tokenizer_config.json"
+    st = path.stat()
+    text = path.read_bytes()
+    with open(path, "r+b") as f:  # the same inode, the same size, the old modification time: bits rotting
+        f.write(bytes([text[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    capsys.readouterr()
+    assert main(["inspect", "--bundle", str(bundle)]) == 0
+    assert main(["inspect", "--bundle", str(bundle), "--verify", "full"]) == 2
+    assert "tokenizer/tokenizer_config.json does not match its sha256" in capsys.readouterr().err
+    parser = build_parser()
+
+    def leaves(p, path=()):
+        subs = [a for a in p._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not subs:
+            yield path, p
+        for a in subs:
+            for name, child in a.choices.items():
+                yield from leaves(child, (*path, name))
+
+    flags = {path: {s for a in p._actions for s in a.option_strings} for path, p in leaves(parser)}
+    missing = [" ".join(v) for v, f in flags.items() if "--bundle" in f and "--verify" not in f]
+    assert not missing, f"verbs reading a bundle without --verify: {missing}"
