@@ -331,7 +331,7 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "variants": _plain(plan.variants),
         "command": f"specrt tune --bundle {bundle.as_posix()} --batch-sizes {','.join(map(str, sorted(plan.choices)))}"
                    + (f" --variants {','.join(plan.variants)}" if plan.variants and len(plan.variants) > 1 else "")
-                   + (f" --new-tokens {plan.new_tokens}" if plan.new_tokens else "")}
+                   + (f" --max-new-tokens {plan.new_tokens}" if plan.new_tokens else "")}
     facts["engines"] = {cls.FILE: _plain(read[cls]) for cls in (EngineSet, TrtEngineSet, QuantSet) if read[cls]}
     ppd = read[PromptTokens]
     facts["ppd"] = None if ppd is None else {
@@ -575,7 +575,7 @@ def acceptance_section(facts: dict, plots: dict) -> list[str]:
             "accepted per round", [svg.Series(name, tuple(by["bucket"] * i for i in range(len(ys))), tuple(ys))
                                    for name, ys in by["series"].items()])
         lines += [f"Acceptance grows along an output (by buckets of {by['bucket']} output positions; the batch cost "
-                  "model and `specrt tune --new-tokens` walk each output through it):", "",
+                  "model and `specrt tune --max-new-tokens` walk each output through it):", "",
                   "![accepted per round by output position](plots/acceptance-by-position.svg)", ""]
     if acc.get("decoded"):
         prompts = f"{acc['num_prompts']} calibration prompts" if acc["num_prompts"] else "calibration prompts"

@@ -458,7 +458,7 @@ class Plan(Artifact):
     # with `tune --variants`: each variant weighed ("exported" or the scheme) -> batch size -> its best predicted
     # tokens/s (after the min_gain rule); None: tuned on one variant
     variants: dict[str, dict[int, float]] | None = None
-    new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --new-tokens`); None: calibration's
+    new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --max-new-tokens`); None: calibration's
     context: int | None = None  # tuned for steps at this many cached tokens (`tune --context`); None: profiled average
 
     def trees_by_batch(self, batch_size: int) -> dict[int, CurvePoint] | None:

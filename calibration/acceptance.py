@@ -74,7 +74,7 @@ class CalibrationConfig(BundleOptions, BackendOptions):
     prompt_tokens: int | None = option(None, "tokens per prompt: held-out text prompts are this long (default "
                                              f"{HELD_OUT_PROMPT_TOKENS}); --prompts are cut to their last this many "
                                              "(default: whole, as the traffic sends them)", ge=1)
-    new_tokens: int = option(96, "tokens decoded per prompt", ge=1)
+    new_tokens: int = option(96, "tokens decoded per prompt", ge=1, flag="max-new-tokens")
     max_depth: int = option(8, "deepest tree level estimated", ge=1)
     max_rank: int = option(8, "draft ranks estimated per level", ge=1)
     max_nodes: int = option(64, "largest static tree built", ge=1)

@@ -4,7 +4,7 @@ errors), else no speculation.
 
 For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
 says, so the predicted speed is batch * (E[accepted] + 1) / cost (E over the calibration's outputs, or with
-`--new-tokens N` over outputs of N tokens, walked through the acceptance calibrated where each round starts:
+`--max-new-tokens N` over outputs of N tokens, walked through the acceptance calibrated where each round starts:
 short outputs accept less, ANPD's most of all) (PPD section 4's hardware-aware pruning,
 with the Sequoia/Medusa tree construction). Candidates: the calibrated best static trees of 1..64 nodes,
 the rank-0 chains of 1..max_depth tokens, the dynamic and merged trees and ANPD's n-gram drafts whose
@@ -53,7 +53,7 @@ class TuneConfig(BundleOptions):
     new_tokens: int | None = option(None, "tokens your requests typically generate: each candidate's acceptance over "
                                           "outputs of that length (it grows along an output: n-gram drafts copy what "
                                           "the output said); default: the calibration's average over its outputs",
-                                    ge=1)
+                                    ge=1, flag="max-new-tokens")
     context: int | None = option(None, "tokens your requests typically have cached (prompt and output so far): every "
                                        "step priced at the KV capacity that takes (a step attends over all of it), "
                                        "between the profiled contexts; default: their average", ge=1)
@@ -97,7 +97,7 @@ def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int
     if new_tokens is None:
         return point.expected_accepted
     if not acceptance.position_bucket:
-        raise SpecrtError("tuning for --new-tokens needs acceptance by output position, which this acceptance.json "
+        raise SpecrtError("tuning for --max-new-tokens needs acceptance by output position, which this acceptance.json "
                           "predates: re-run `specrt calibrate`")
     by_position = position_acceptance(acceptance, point)
     return new_tokens / rounds_needed(new_tokens, point.expected_accepted, by_position, acceptance.position_bucket,

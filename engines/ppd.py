@@ -64,7 +64,8 @@ class PpdConfig(BundleOptions):
     val_windows: int = option(32, "held-out windows the accuracy (and so the trees) is measured on", ge=1)
     new_tokens: int = option(128, "tokens the target decodes after each validation window's text (its first --window / 2 "
                                   "tokens); the accuracy is measured over them: guesses get easier as an output goes "
-                                  "on (it repeats itself), so match the output lengths you serve", ge=8)
+                                  "on (it repeats itself), so match the output lengths you serve", ge=8,
+                                  flag="max-new-tokens")
     prompts: Path | None = option(None, "measure the accuracy (and so the trees) on your own prompts instead of held-out "
                                         "stdlib text: a JSON Lines file of {\"prompt\": \"...\"} (as `specrt calibrate "
                                         "--prompts`), the first --val-windows of at least --window / 2 tokens, each "

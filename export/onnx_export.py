@@ -226,9 +226,23 @@ def _remove_stale_temporaries(parent: Path) -> None:
             pass
 
 
+def check_inputs(cfg: ExportConfig) -> None:
+    """Refuse missing inputs by their flag, before the minute of imports and loading an export starts with."""
+    for flag, path in (("--target", cfg.target), ("--draft", cfg.draft)):
+        if not Path(path).is_dir():
+            raise SpecrtError(f"{flag} {path}: no such directory (a Hugging Face checkpoint directory)")
+        if not (Path(path) / "config.json").is_file():
+            raise SpecrtError(f"{flag} {path} is not a Hugging Face checkpoint directory (no config.json)")
+    if not has_tokenizer(cfg.tokenizer_dir()):
+        raise SpecrtError(f"no tokenizer in {cfg.tokenizer_dir()}"
+                          + (" (the --tokenizer given)" if cfg.tokenizer else " (the --target's; give one with "
+                                                                              "--tokenizer DIR)"))
+
+
 def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
     from tqdm import tqdm
 
+    check_inputs(cfg)
     out = Path(cfg.out)
     _check_destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,8 +105,11 @@ def add_config(parser, cls, *, exclude=(), defaults: dict | None = None) -> None
         default = defaults.get(f.name, f.default)
         if default is MISSING:
             raise TypeError(f"{cls.__name__}.{f.name} has no default: CLI fields need one")
-        add_flag(parser, f.name, flag_name(f), hints[f.name], default, f.metadata.get("help", "") + _default_text(default),
-                 f.metadata.get("choices"), f.metadata.get("metavar"))
+        help = f.metadata.get("help", "")
+        if "(default:" not in help:  # a help that names its default in words (the demo target) keeps only that
+            help += _default_text(default)
+        add_flag(parser, f.name, flag_name(f), hints[f.name], default, help, f.metadata.get("choices"),
+                 f.metadata.get("metavar"))
 
 
 def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None, metavar=None) -> None:
@@ -116,7 +119,8 @@ def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None,
         kw["action"] = argparse.BooleanOptionalAction
     else:
         kw["type"] = _value_parser(tp)
-        kw["metavar"] = metavar or _metavar(tp)
+        # named after the flag, not the field (a renamed flag's field would show), except where argparse lists choices
+        kw["metavar"] = metavar or _metavar(tp) or (None if choices else flag.lstrip("-").replace("-", "_").upper())
         if choices and typing.get_origin(base) is tuple:  # a list: argparse would compare the whole tuple
             kw["type"] = _each_of(kw["type"], choices)
             kw["metavar"] = metavar or "{" + ",".join(map(str, choices)) + "},..."

@@ -75,7 +75,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
     bundle, results = str(out / "bundle"), str(out / "results")
     prompts, runs, new = ("1", "1", "16") if cfg.quick else ("5", "2", "128")
     sizes = ("--num-prompts", prompts, "--runs", runs, "--max-new-tokens", new)
-    calibrate = ("--num-prompts", "2", "--new-tokens", "16", "--dynamic-sizes", "4", "--merged-sizes", "4",
+    calibrate = ("--num-prompts", "2", "--max-new-tokens", "16", "--dynamic-sizes", "4", "--merged-sizes", "4",
                  "--ngram-sizes", "5") if cfg.quick else ("--num-prompts", "8")
     profile = ("--repeats", "1", "--passes", "1") if cfg.quick else ()
     e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "graphs", "--out", results, *sizes)

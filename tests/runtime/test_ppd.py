@@ -512,7 +512,7 @@ def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
     with pytest.raises(SpecrtError, match="has 10 prompt\\(s\\) of at least 32 tokens \\(--window 64 / 2\\); "
                                           "--val-windows asks for 11"):
         train_prompt_tokens(replace(cfg, val_windows=11), progress=False)
-    # each window: the prompt's last --window / 2 tokens, then --new-tokens for the target's own continuation
+    # each window: the prompt's last --window / 2 tokens, then --max-new-tokens for the target's own continuation
     from tokenizers import Tokenizer
 
     from specrt.engines.ppd import validation_windows
