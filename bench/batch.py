@@ -15,7 +15,7 @@ request's tokens are the single-sequence autoregressive ones, and the cost model
 bundle has the artifacts for one (acceptance.json, a latency.json of this machine; `auto` and `tree` also
 plan.json): each request's output walked through the tokens per round calibrated where each round starts
 (acceptance grows along an output: short requests accept less) and the profiled round cost at each live batch
-size, the batch draining as its sequences finish (calibration.cost.workload_ms), prefill included. Each row
+size, the batch draining as its sequences finish (runtime.cost.workload_ms), prefill included. Each row
 also records the drafted tokens it accepted per round by where in the output rounds started, beside the
 calibrated figures the prediction used (the plot's second panel, at each method's smallest batch size).
 """
@@ -169,7 +169,7 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     tokens, new tokens per request) for the methods it has a calibration of."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
-    from specrt.calibration.cost import joining_prefill_ms, rounds_needed, workload_ms
+    from specrt.runtime.cost import joining_prefill_ms, rounds_needed, workload_ms
     from specrt.calibration.tune import point_cost_ms
     from specrt.errors import BundleError
     from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd

@@ -31,7 +31,7 @@ trees) can only copy what the output has already said (measured on the tiny pair
 drafted tokens per round over HumanEval outputs of 16 tokens and 1.56 over 128; sd 1.13 and 1.73). So every
 estimate is also kept by the bucket of POSITION_BUCKET output positions a round starts at (the tables over
 the rounds starting there; the decoded measurements by where each round started), and the batch cost model
-walks each request's output through them (calibration.cost.rounds_needed): requests shorter than the
+walks each request's output through them (runtime.cost.rounds_needed): requests shorter than the
 calibration's are not predicted at its average.
 
 Acceptance also depends on the text, and varies a lot from one prompt to the next (ANPD most: n-gram drafts pay

@@ -2,7 +2,7 @@
 the best predicted speed, if it beats no speculation by a margin (`min_gain`, 15%: the size of the cost model's
 errors), else no speculation.
 
-For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.calibration.cost
+For each candidate, one round emits E[accepted] + 1 tokens per sequence and costs what specrt.runtime.cost
 says, so the predicted speed is batch * (E[accepted] + 1) / cost (E over the calibration's outputs, or with
 `--max-new-tokens N` over outputs of N tokens, walked through the acceptance calibrated where each round starts:
 short outputs accept less, ANPD's most of all) (PPD section 4's hardware-aware pruning,
@@ -34,12 +34,10 @@ from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (EXPORTED, Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens,
                                     Stamp, variant_quant)
 from specrt.calibration.acceptance import chain_expectation, position_acceptance
-from specrt.calibration.cost import measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms, rounds_needed
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
-from specrt.runtime.drafters.ppd import round_cost_ms as round_cost_ms_ppd, weighed_trees
-from specrt.runtime.tree import TreeSpec
+from specrt.runtime.cost import point_cost_ms, ppd_round_cost_ms, rounds_needed, weighed_ppd_trees
 
 
 @dataclass(frozen=True)
@@ -78,19 +76,6 @@ def candidates(acceptance: Acceptance) -> list[CurvePoint]:
     return out
 
 
-def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint) -> tuple[float, float]:
-    """(target ms, draft + host ms) of one round of a candidate (not PPD's) at a batch size (between profiled
-    ones: interpolated)."""
-    if point.kind == "autoregressive":
-        return latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
-    if point.kind == "ngram":
-        return ngram_round_cost_ms(latency, batch, next(m for m in acceptance.ngram if m.num_nodes == point.num_nodes))
-    if point.kind in ("dynamic", "merged"):
-        measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
-        return measured_round_cost_ms(latency, batch, measured[(point.num_nodes, point.ngram_tokens)])
-    return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
-
-
 def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int | None) -> float:
     """Drafted tokens a round of the candidate accepts on average over outputs of `new_tokens` tokens, walked through
     the acceptance calibrated where each round starts (None: the calibration's average over its own outputs)."""
@@ -123,9 +108,9 @@ def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
         rows.append(replace(c, predicted_tokens_per_s=round(speed, 4), target_ms=round(target_ms, 4),
                             draft_ms=round(draft_ms, 4), expected_accepted=round(c.expected_accepted, 6)))
     measured = acceptance.ppd_measured(prompt_tokens)
-    for tree, accepted, tree_rows in weighed_trees(prompt_tokens, measured) if prompt_tokens is not None else ():
+    for tree, accepted, tree_rows in weighed_ppd_trees(prompt_tokens, measured) if prompt_tokens is not None else ():
         try:
-            target_ms, host_ms = round_cost_ms_ppd(latency, batch, tree, tree_rows)
+            target_ms, host_ms = ppd_round_cost_ms(latency, batch, tree, tree_rows)
         except SpecrtError:
             continue  # beyond the profiled token counts for this batch size
         c = CurvePoint("ppd", tree.budget, accepted, 0.0, 0.0, 0.0, paths=tree.paths)

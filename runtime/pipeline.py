@@ -190,22 +190,16 @@ class Pipeline:
         return 1.0
 
     def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
-        """Profiled ms of an ANPD round verifying 0..num_draft_tokens drafted tokens per sequence: the target step
-        of n + 1 tokens and ANPD's host work at n, at the largest profiled batch size <= batch_size
-        (a round's step costs what its widest sequence needs; each sequence is costed on that curve). Stops at
-        the largest profiled step: a hardware-aware drafter verifies no more than that."""
-        latency = self.latency()
-        sizes = latency.batch_sizes()
-        batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
-        largest = min(max(curve) for curve in latency.models["target"][batch].values())
-        return [latency.step_ms("target", batch, n + 1) + latency.host(n, "ngram", batch=batch)
-                for n in range(min(num_draft_tokens, largest - 1) + 1)]
+        """ANPD's hardware-aware round costs on this machine's latency profile (cost.ngram_round_costs)."""
+        from specrt.runtime.cost import ngram_round_costs
+
+        return ngram_round_costs(self.latency(), num_draft_tokens, batch_size)
 
     def ppd_tree(self, batch_size: int):
         """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the
         default size where this machine is not profiled), with the acceptance `specrt calibrate` measured by decoding
         where it measured these prompt tokens' trees (else the training-time table's)."""
-        from specrt.runtime.drafters.ppd import choose_tree
+        from specrt.runtime.cost import choose_ppd_tree
 
         try:
             latency = self.latency()
@@ -215,7 +209,7 @@ class Pipeline:
             measured = self.acceptance().ppd_measured(self.prompt_tokens)
         except BundleError:
             measured = {}
-        return choose_tree(self.prompt_tokens, latency, batch_size, measured)
+        return choose_ppd_tree(self.prompt_tokens, latency, batch_size, measured)
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

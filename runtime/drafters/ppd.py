@@ -61,40 +61,6 @@ def build_layout(paths, prompts, state: int, vocab: int, num_ensemble: int) -> L
 DEFAULT_BUDGET = 16  # step rows beyond the root, where no latency profile says better
 
 
-def round_cost_ms(latency, batch: int, tree, rows: float | None = None) -> tuple[float, float]:
-    """Predicted (target ms, host ms) of a PPD round at a profiled batch size: the target step of `rows` step rows
-    beyond the root (default: the tree's steady-state average) and PPD's host work at the tree's budget (profiles
-    before it was measured: a static draft tree's of that many rows); there is no draft model."""
-    rows = tree.expected_rows if rows is None else rows
-    host = (latency.host(tree.budget, "ppd", batch) if "ppd" in latency.host_ms
-            else latency.host(rows, batch=batch))
-    return latency.step_ms("target", batch, rows + 1), host
-
-
-def weighed_trees(tokens, measured: dict | None = None) -> list[tuple[object, float, float]]:
-    """PPD's sparse trees with (candidates accepted per round, step rows beyond the root per round): as `specrt
-    calibrate` measured them by decoding (`measured`: Acceptance.ppd_measured; then only the trees it measured,
-    so that no tree wins by the training-time table's error), else as that table predicts them."""
-    if measured:
-        return [(t, measured[t.budget].expected_accepted, measured[t.budget].nodes_per_round)
-                for t in tokens.trees if t.budget in measured]
-    return [(t, t.expected_accepted, t.expected_rows) for t in tokens.trees]
-
-
-def choose_tree(tokens, latency, batch_size: int, measured: dict | None = None):
-    """PPD's hardware-aware stage (section 4.2.2): the sparse tree maximising accepted tokens per round + 1 over the
-    round's profiled cost (acceptance as weighed_trees gives it); `latency` None: the tree of DEFAULT_BUDGET rows."""
-    if latency is None:
-        return tokens.tree(DEFAULT_BUDGET)
-    sizes = latency.batch_sizes()
-    batch = max([b for b in sizes if b <= batch_size] or sizes[:1])
-    largest = min(max(curve) for curve in latency.models["target"][batch].values())
-    fits = [(t, accepted, rows) for t, accepted, rows in weighed_trees(tokens, measured) if t.rows + 1 <= largest]
-    if not fits:
-        return tokens.trees[0]
-    return max(fits, key=lambda f: (f[1] + 1) / sum(round_cost_ms(latency, batch, f[0], f[2])))[0]
-
-
 def ranked_guesses(logits, wanted, vocab: int, top: int) -> np.ndarray:
     """[sum m_b, top] best-first tokens of each wanted (b, rows [m_b, e]) prompt token: its rows' logits (of the step's
     [B, T, V]) averaged over its EPTs, ranked over the first `vocab` tokens. All sequences at once, where the logits

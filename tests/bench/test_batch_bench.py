@@ -58,9 +58,9 @@ def test_bench_batch_rows(demo_bundle, tmp_path):
 def test_batch_predictions_follow_the_workload(tmp_path):
     """The workload model: a batch that drains runs its last rounds at the smaller sizes; static batches wait for
     their slowest; prefill is paid per group of requests admitted together, as wide as its longest prompt."""
-    from specrt.calibration.cost import prefill_ms
+    from specrt.runtime.cost import prefill_ms
     from tests.fakes import write_latency
-    from specrt.calibration.cost import workload_ms
+    from specrt.runtime.cost import workload_ms
 
     cost = lambda live, context: 10.0 + live  # noqa: E731  ms per round at a live batch size
     rounds = lambda new: new // 2  # noqa: E731
@@ -99,7 +99,7 @@ def test_batch_predictions_follow_the_workload(tmp_path):
     # admission cache); with nothing running, every kind prefills the batch together
     from types import SimpleNamespace
 
-    from specrt.calibration.cost import joining_prefill_ms
+    from specrt.runtime.cost import joining_prefill_ms
 
     dynamic, beside, alone = (SimpleNamespace(static_cache=s, admits_alone=a)
                               for s, a in ((False, False), (True, False), (True, True)))

@@ -35,7 +35,7 @@ def test_tables_by_output_position_count_the_rounds_that_start_there(monkeypatch
 
 
 def test_rounds_walk_each_output_through_the_acceptance_where_rounds_start():
-    from specrt.calibration.cost import rounds_needed
+    from specrt.runtime.cost import rounds_needed
 
     assert rounds_needed(10, 0.0) == 10  # autoregressive: a token a round
     assert rounds_needed(10, 2.0) == 4  # positions 0 -> 3 -> 6 -> 9 -> 12

@@ -120,7 +120,7 @@ def test_profile_refuses_no_passes(passes, tmp_path):
 def test_ppd_host_work_is_profiled_where_the_bundle_has_prompt_tokens_and_costs_its_rounds(ppd_bundle, tmp_path,
                                                                                           monkeypatch):
     from specrt.bundle.artifacts import PromptTokens
-    from specrt.runtime.drafters.ppd import round_cost_ms
+    from specrt.runtime.cost import ppd_round_cost_ms
 
     b = tmp_path / "b"
     shutil.copytree(ppd_bundle, b)
@@ -138,7 +138,7 @@ def test_ppd_host_work_is_profiled_where_the_bundle_has_prompt_tokens_and_costs_
     assert sorted(out.host_ms["ppd"]) == sorted(budgets & set(latency.HOST_PPD_BUDGETS)) == [2, 8]
     assert sorted(out.host_batch["ppd"][2]) == [4, 16]
     tree = artifacts.load(b, PromptTokens).tree(8)
-    assert round_cost_ms(out, 1, tree)[1] == pytest.approx(0.08)  # its own kind, at its budget
+    assert ppd_round_cost_ms(out, 1, tree)[1] == pytest.approx(0.08)  # its own kind, at its budget
     older = LatencyProfile(**{**out.__dict__, "host_ms": {k: v for k, v in out.host_ms.items() if k != "ppd"},
                               "host_batch": {k: v for k, v in out.host_batch.items() if k != "ppd"}})
-    assert round_cost_ms(older, 1, tree)[1] == pytest.approx(out.host(tree.expected_rows))  # a draft tree's, as before
+    assert ppd_round_cost_ms(older, 1, tree)[1] == pytest.approx(out.host(tree.expected_rows))  # a draft tree's, as before

@@ -314,7 +314,7 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
 def test_a_batched_step_is_costed_over_the_width_of_its_widest_tree(tmp_path):
     """A ragged step is as wide as its widest tree; its cost is L's expectation over that width, not L at the
     expected width (ANPD drafts K tokens or none, and L is not linear)."""
-    from specrt.calibration.cost import target_step_ms, widest
+    from specrt.runtime.cost import target_step_ms, widest
 
     dyn = measured_tree(4, 4, 4, 1.0, 1.0, per_round=6.0, hist={4: 1, 8: 1})  # 4 or 8 nodes, evenly
     for batch, p8 in ((1, 0.5), (2, 0.75), (8, 255 / 256)):  # both 4 with probability 1/2 ** batch
@@ -332,7 +332,7 @@ def test_a_packed_step_is_costed_over_the_mean_width_of_its_batch(tmp_path):
     real rows: L over the distribution of the batch's mean width, not its widest."""
     import dataclasses
 
-    from specrt.calibration.cost import mean_width, prefill_ms, target_step_ms
+    from specrt.runtime.cost import mean_width, prefill_ms, target_step_ms
 
     dyn = measured_tree(4, 4, 4, 1.0, 1.0, per_round=6.0, hist={4: 1, 8: 1})  # 4 or 8 nodes, evenly
     widths, p = mean_width(dyn, 2)
@@ -355,7 +355,7 @@ def test_prefill_is_priced_from_the_prefill_profile_chunk_by_chunk(tmp_path):
     step's rows, linear between profiled widths and batch sizes), times its real tokens where rows are packed."""
     import dataclasses
 
-    from specrt.calibration.cost import prefill_ms
+    from specrt.runtime.cost import prefill_ms
 
     (tmp_path / "manifest.json").write_text("{}")
     flat = write_latency(tmp_path, lambda n: float(n), batches=(1, 2))

@@ -1,4 +1,6 @@
-"""The cost model: what one decode round costs, from a LatencyProfile, for each kind of speculation.
+"""The cost model: what one decode round costs, from a LatencyProfile, for each kind of speculation; the one home
+of every prediction the tuner (calibration/tune.py), `auto`, ANPD's hardware-aware drafts, PPD's tree choice and the
+batch bench make.
 
 For a tree of n nodes, one round at batch size b costs
 
@@ -25,9 +27,22 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specrt.bundle.artifacts import LatencyProfile, MeasuredTree
+from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, MeasuredTree
+from specrt.runtime.drafters.ppd import DEFAULT_BUDGET
 from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.runtime.tree import TreeSpec
+
+
+def profiled_batch(latency: LatencyProfile, batch_size: int) -> int:
+    """The largest profiled batch size <= batch_size (the smallest profiled one below them all): the curve a round
+    of that many sequences is priced on where a choice is made per round (ANPD's drafts, PPD's tree)."""
+    sizes = latency.batch_sizes()
+    return max([b for b in sizes if b <= batch_size] or sizes[:1])
+
+
+def largest_step(latency: LatencyProfile, batch: int) -> int:
+    """The most tokens per sequence every profiled context's target curve reaches at this batch size."""
+    return min(max(curve) for curve in latency.models["target"][batch].values())
 
 
 def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[float, float]:
@@ -38,6 +53,63 @@ def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[
         fed = int(sum(spec.num_children[i + 1] > 0 for i in level))
         draft += latency.step_ms("draft", batch, fed)
     return target, draft + latency.host(len(spec), batch=batch)
+
+
+def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round of a tuner's candidate (not PPD's: ppd_round_cost_ms) at a batch size
+    (between profiled ones: interpolated)."""
+    if point.kind == "autoregressive":
+        return latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
+    if point.kind == "ngram":
+        return ngram_round_cost_ms(latency, batch, next(m for m in acceptance.ngram if m.num_nodes == point.num_nodes))
+    if point.kind in ("dynamic", "merged"):
+        measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
+        return measured_round_cost_ms(latency, batch, measured[(point.num_nodes, point.ngram_tokens)])
+    return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
+
+
+def ngram_round_costs(latency: LatencyProfile, num_draft_tokens: int, batch_size: int) -> list[float]:
+    """Profiled ms of an ANPD round verifying 0..num_draft_tokens drafted tokens per sequence (ANPD's hardware-aware
+    drafts): the target step of n + 1 tokens and ANPD's host work at n, at profiled_batch (a round's step costs
+    what its widest sequence needs; each sequence is costed on that curve). Stops at the largest profiled step: a
+    hardware-aware drafter verifies no more than that."""
+    batch = profiled_batch(latency, batch_size)
+    return [latency.step_ms("target", batch, n + 1) + latency.host(n, "ngram", batch=batch)
+            for n in range(min(num_draft_tokens, largest_step(latency, batch) - 1) + 1)]
+
+
+def ppd_round_cost_ms(latency: LatencyProfile, batch: float, tree, rows: float | None = None) -> tuple[float, float]:
+    """Predicted (target ms, host ms) of a PPD round of a sparse tree (PromptTokens' trees): the target step of `rows`
+    step rows beyond the root (default: the tree's steady-state average) and PPD's host work at the tree's budget
+    (profiles before it was measured: a static draft tree's of that many rows); there is no draft model."""
+    rows = tree.expected_rows if rows is None else rows
+    host = (latency.host(tree.budget, "ppd", batch) if "ppd" in latency.host_ms
+            else latency.host(rows, batch=batch))
+    return latency.step_ms("target", batch, rows + 1), host
+
+
+def weighed_ppd_trees(tokens, measured: dict | None = None) -> list[tuple[object, float, float]]:
+    """PPD's sparse trees with (candidates accepted per round, step rows beyond the root per round): as `specrt
+    calibrate` measured them by decoding (`measured`: Acceptance.ppd_measured; then only the trees it measured,
+    so that no tree wins by the training-time table's error), else as that table predicts them."""
+    if measured:
+        return [(t, measured[t.budget].expected_accepted, measured[t.budget].nodes_per_round)
+                for t in tokens.trees if t.budget in measured]
+    return [(t, t.expected_accepted, t.expected_rows) for t in tokens.trees]
+
+
+def choose_ppd_tree(tokens, latency: LatencyProfile | None, batch_size: int, measured: dict | None = None):
+    """PPD's hardware-aware stage (section 4.2.2): the sparse tree maximising accepted tokens per round + 1 over the
+    round's profiled cost at profiled_batch (acceptance as weighed_ppd_trees gives it); `latency` None: the tree of
+    DEFAULT_BUDGET rows."""
+    if latency is None:
+        return tokens.tree(DEFAULT_BUDGET)
+    batch = profiled_batch(latency, batch_size)
+    largest = largest_step(latency, batch)
+    fits = [(t, accepted, rows) for t, accepted, rows in weighed_ppd_trees(tokens, measured) if t.rows + 1 <= largest]
+    if not fits:
+        return tokens.trees[0]
+    return max(fits, key=lambda f: (f[1] + 1) / sum(ppd_round_cost_ms(latency, batch, f[0], f[2])))[0]
 
 
 def widest(tree: MeasuredTree, batch: float) -> tuple[np.ndarray, np.ndarray]:
