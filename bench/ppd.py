@@ -137,7 +137,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
 def markdown(data: dict) -> str:
     c, s = data["config"], data["summary"]
     k = len(s["accuracy"]["trained"])
-    hot = f"; rows marked T= sample at that temperature (vs the sampled AR; typical acceptance is not lossless)" \
+    hot = "; rows marked T= sample at that temperature (vs the sampled AR; typical acceptance is not lossless)" \
         if c.get("temperature") else ""
     lines = [f"### PPD `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, greedy{hot}, "
              f"batch 1, {c['threads']} threads, median of {c['runs']} runs ({data['date']})", "",

@@ -739,9 +739,6 @@ class PromptTokens(Artifact):
         """What a measurement of these prompt tokens' trees rests on: the embeddings and the trees (sha256)."""
         return hashlib.sha256(json.dumps([self.embeddings_sha256, to_data(self.trees)]).encode()).hexdigest()
 
-    def prompt_id(self, distance: int, ept: int) -> int:
-        return self.vocab_size + (distance - 1) * self.num_ensemble + ept
-
     def tree(self, budget: int | None = None) -> PpdTree:
         """The sparse tree of the largest budget <= `budget` (None: the largest built)."""
         fit = [t for t in self.trees if budget is None or t.budget <= budget]

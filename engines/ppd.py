@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import PathHit, PpdTree, PromptTokens, Stamp
 from specrt.bundle.files import write_atomic
@@ -97,7 +98,7 @@ def prompt_block(window: int, points: np.ndarray, k: int, e: int, vocab: int) ->
         for j in range(e):
             first = r
             for d in range(1, k + 1):
-                ids[r - window], pos[r - window], rows[a, d - 1, j] = vocab + (d - 1) * e + j, i + d, r
+                ids[r - window], pos[r - window], rows[a, d - 1, j] = contract.prompt_token_id(vocab, e, d, j), i + d, r
                 mask[r, : i + 1] = True  # the prefix through token i
                 mask[r, first: r + 1] = True  # its EPT's prompt tokens 1..d
                 r += 1

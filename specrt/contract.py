@@ -44,6 +44,12 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 ROLES = ("target", "draft")
 
 
+def prompt_token_id(vocab: int, num_ensemble: int, distance: int, ept: int) -> int:
+    """PPD: the id of prompt token `distance` (1..k) of ensemble member `ept` (0..e-1), in rows appended after the
+    vocabulary's (V + (d - 1) * e + j): what training feeds and what the drafter places in a round's tree."""
+    return vocab + (distance - 1) * num_ensemble + ept
+
+
 def past_key(layer: int) -> str:
     return f"past_key.{layer}"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrt.contract import prompt_token_id
 from specrt.runtime.drafters.base import Drafter
 from specrt.runtime.tree import DraftTree, TreeSpec
 
@@ -52,7 +53,7 @@ def build_layout(paths, prompts, state: int, vocab: int, num_ensemble: int) -> L
             nodes[index[base] if base else -1] = np.array([[index[q] for q in row] for row in rows], np.int64)
             for d, row in enumerate(rows, start=1):
                 for j, q in enumerate(row):
-                    tokens[index[q]] = vocab + (d - 1) * num_ensemble + j
+                    tokens[index[q]] = prompt_token_id(vocab, num_ensemble, d, j)
     tokens.flags.writeable = False
     candidates = np.array([(index[p], len(p), p[-1]) for _, p in live], np.int64).reshape(-1, 3)
     return Layout(spec, tokens, candidates, nodes)
