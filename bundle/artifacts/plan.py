@@ -1,0 +1,73 @@
+"""plan.json (`specrt tune`): the speculation chosen per batch size, and the candidates weighed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from specrt.bundle.artifacts.acceptance import Acceptance
+from specrt.bundle.artifacts.base import Artifact
+from specrt.bundle.artifacts.latency import LatencyProfile
+from specrt.bundle.machine import Machine
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One candidate the tuner weighed at one batch size."""
+
+    kind: str  # "autoregressive", "chain", "tree", "dynamic", "merged", "ngram" (ANPD) or "ppd"
+    num_nodes: int
+    expected_accepted: float
+    predicted_tokens_per_s: float
+    target_ms: float  # predicted per round
+    draft_ms: float  # drafting + host work per round
+    paths: tuple[tuple[int, ...], ...] | None = None  # static trees and chains
+    width: int | None = None  # dynamic and merged trees
+    depth: int | None = None
+    ngram_tokens: int = 0
+    ngram_min_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    method: str  # what method="auto" runs: "autoregressive", "tree", "dynamic", "anpd" or "ppd"
+    best: CurvePoint  # the fastest candidate predicted
+    best_static: CurvePoint  # the fastest static tree or chain (what method="tree" uses)
+    predicted_speedup: float  # over autoregressive at this batch size
+
+
+@dataclass(frozen=True)
+class Plan(Artifact):
+    FILE: ClassVar[str] = "plan.json"
+    FORMAT: ClassVar[int] = 1
+    COMMAND: ClassVar[str] = "specrt tune --bundle {bundle}"
+
+    @classmethod
+    def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
+        # a plan is made from acceptance.json (any machine) and latency.json (this machine)
+        steps = {"missing": (Acceptance, LatencyProfile), "machine": (LatencyProfile,), "stale": ()}[reason]
+        return " && ".join([c.command(bundle, machine) for c in steps] + [super().command(bundle, machine)])
+
+    choices: dict[int, PlanChoice]  # batch size -> choice
+    curves: dict[int, tuple[CurvePoint, ...]]  # batch size -> every candidate weighed
+    quant: str | None = None  # the variant of the step graphs the choices are for (None: as exported)
+    # with `tune --variants`: each variant weighed ("exported" or the scheme) -> batch size -> its best predicted
+    # tokens/s (after the min_gain rule); None: tuned on one variant
+    variants: dict[str, dict[int, float]] | None = None
+    new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --max-new-tokens`); None: calibration's
+    context: int | None = None  # tuned for steps at this many cached tokens (`tune --context`); None: profiled average
+
+    def trees_by_batch(self, batch_size: int) -> dict[int, CurvePoint] | None:
+        """The static tree chosen at each tuned batch size <= batch_size, where there are several and every one is a
+        static tree (`auto` then drafts the tree of the live batch size each round); else None."""
+        choices = {b: c for b, c in self.choices.items() if b <= batch_size}
+        if len(choices) > 1 and all(c.method == "tree" for c in choices.values()):
+            return {b: c.best for b, c in choices.items()}
+        return None
+
+    def choice_for(self, batch_size: int) -> PlanChoice:
+        """The choice of the largest tuned batch size <= batch_size (else the smallest)."""
+        sizes = sorted(self.choices)
+        fit = [b for b in sizes if b <= batch_size]
+        return self.choices[fit[-1] if fit else sizes[0]]
