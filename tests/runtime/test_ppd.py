@@ -10,7 +10,8 @@ import pytest
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import PromptTokens
-from specrt.engines.ppd import PathModel, PpdConfig, score, sparse_tree, train_prompt_tokens
+from specrt.engines.ppd import PpdConfig, train_prompt_tokens
+from specrt.engines.ppd_trees import PathModel, score, sparse_tree
 from specrt.errors import BundleError, SpecrtError
 from specrt.runtime.drafters.ppd import PROMPT_RANK, build_layout
 
