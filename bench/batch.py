@@ -301,3 +301,33 @@ def plot(data: dict, path: Path) -> None:
     acc.grid(alpha=0.3)
     acc.legend(fontsize=7)
     finish_figure(fig, ax, path, "batch size", "tokens/s (all requests)", f"batch {data['label']}: throughput")
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    return [{"name": f"{r['method']}{' (padded)' if r.get('padded') else ''}, batch {r['batch_size']}, {r['batching']}",
+             "tokens_per_s": r["tokens_per_s"],
+             "speedup": r["speedup_vs_ar"], "tokens_per_call": None, "lossless": r["same_tokens_as_ar"]}
+            for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    largest = max(r["batch_size"] for r in data["rows"])
+    at = [r for r in data["rows"] if r["batch_size"] == largest]
+    parts = [f"`{r['method']}` {r['continuous_vs_static']:.2f}x" for r in at
+             if r["continuous_vs_static"] is not None and not r.get("padded")]
+    padded = [f"`{r['method']}` {r['unpadded_vs_padded']:.2f}x ({r['batching']})" for r in at
+              if r.get("unpadded_vs_padded") is not None]
+    errors = [r["prediction_error"] for r in data["rows"] if r.get("prediction_error") is not None]
+    auto = data.get("auto") or []
+    same = all(r["same_tokens_as_ar"] for r in data["rows"])
+    out = [f"continuous / static batching at batch {largest}: " + ", ".join(parts)] if parts else []
+    out += [f"unpadded / padded at batch {largest}: {', '.join(padded)}"] if padded else []
+    out += [f"predictions {min(errors):+.0%} to {max(errors):+.0%}"] if errors else []
+    if auto and all(a["vs_ar"] for a in auto):
+        out.append(f"`auto` {min(a['vs_ar'] for a in auto):.2f}x-{max(a['vs_ar'] for a in auto):.2f}x AR, "
+                   f"{min(a['vs_best'] for a in auto):.2f}-{max(a['vs_best'] for a in auto):.2f} of the best row")
+    out.append("every request's tokens as single-sequence AR's" if same else "SOME TOKENS DIFFER FROM AR")
+    return "; ".join(out)

@@ -1,10 +1,11 @@
 """`specrt bench docs`: the full results page (docs/results.md) and the README's results table, generated from
-bench/results/*.json by the report generator (specrt.bench.reporting), so that the three never disagree.
+bench/results/*.json by the catalog `specrt report` renders its bench section with (specrt.bench.catalog), so that
+the three never disagree.
 
-Every committed bench result is rendered by its own verb's Markdown function, with the command that
-re-makes it and its plot; the README gets a headline, computed from its rows, for the latest result of each kind
-(README_VERBS, on a GPU and on the CPU apart), between its results markers. Nothing on either is typed by hand. Files that are not bench reports (a bundle's
-acceptance, latency or plan copies) are listed at the end of the page.
+Every committed bench result is rendered by its own verb's Markdown function, with the command that re-makes it and
+its plot; the README gets a headline, computed from its rows, for the latest result of each kind (README_VERBS, on a
+GPU and on the CPU apart), between its results markers. Nothing on either is typed by hand. Files that are not bench
+reports (a bundle's acceptance, latency or plan copies) are listed at the end of the page.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt.bench.reporting import bench_results, bench_section, results_table
+from specrt.bench.catalog import bench_results, bench_section, results_table
 from specrt.bundle.files import write_atomic
 from specrt.config import Config, option
 from specrt.errors import SpecrtError

@@ -19,7 +19,7 @@ import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
 from specrt.config import option
@@ -336,3 +336,27 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xlabel("tokens/s (median)")
     ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
     save_figure(fig, path)
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    return [{"name": r["method"], "tokens_per_s": r["tokens_per_s"], "speedup": r.get("speedup_vs_ours_ar"),
+             "tokens_per_call": r.get("tokens_per_target_call"), "host_fraction": r.get("host_fraction"),
+             "roofline_fraction": r.get("roofline_fraction"), "joules_per_token": r.get("joules_per_token"),
+             "lossless": r.get("same_tokens_as_ours_ar") == 1} for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    rows = speed_rows(data)
+    _, best = best_lossless(rows)
+    text = lossless_headline(rows)
+    if best is None:
+        return text
+    hf = next((r for r in data["rows"] if r["method"] == "hf"), None)
+    if hf and hf.get("speedup_vs_ours_ar"):
+        text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x HF `generate`"
+    if any(r.get("roofline_fraction") for r in rows):
+        text += f"; {best['roofline_fraction']:.1%} of the batch-1 roofline"
+    return text

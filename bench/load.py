@@ -153,3 +153,13 @@ def plot(data: dict, path: Path) -> None:
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    modes = len(data["config"].get("verify", ())) > 1
+    name = lambda r: f"`{r['bundle']}`" + (f" (verify {r['verify']})" if modes else "")  # noqa: E731
+    first = data["rows"][0]
+    text = f"{name(first)}: **{first['total_s']:.2f} s** to the first token (`Pipeline.load` {first['load_s']:.2f} s)"
+    return "; ".join([text] + [f"{name(r)} {r['total_s']:.2f} s (load {r['load_vs_first']:.2f}x)"
+                               for r in data["rows"][1:]])

@@ -140,3 +140,24 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(f"MTAD {data['label']}: γ={c['gamma']}")
     fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
     save_figure(fig, path)
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    return [{"name": r["name"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
+             "tokens_per_call": r["tokens_per_target_call"], "lossless": False} for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    greedy = next((r for r in data["rows"] if r["method"] == "sd"), None)
+    timed = [r for r in data["rows"] if r["tokens_per_s"] and r["method"] not in ("autoregressive", "sd")]
+    if not timed:
+        return "no timed MTAD row"
+    best = min(timed, key=lambda r: r["perplexity"])
+    text = f"lowest perplexity `{best['name']}` {best['perplexity']:.3f}"
+    if greedy:
+        text += (f" vs `sd` {greedy['perplexity']:.3f} (**{best['perplexity'] / greedy['perplexity'] - 1:+.1%}**), "
+                 f"{best['tokens_per_s'] / greedy['tokens_per_s']:.2f}x `sd`'s tok/s")
+    return text

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, lossless_headline, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.plotting import finish_figure, pyplot
@@ -113,3 +113,17 @@ def plot(data: dict, path: Path) -> None:
     ax.axhline(1.0, color="gray", lw=1)
     finish_figure(fig, ax, path, "draft tokens per step (K: chain length or tree nodes)", "speedup over autoregressive",
                   f"ANPD {data['label']}: speedup by N and K")
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    return [{"name": " ".join(str(r[k]) for k in ("method", "n", "k") if r.get(k) is not None),
+             "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
+             "tokens_per_call": r["tokens_per_target_call"], "lossless": r.get("same_tokens_as_ar") in (True, 1)}
+            for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    return lossless_headline(speed_rows(data))

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, ratio_text, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
@@ -51,7 +51,7 @@ def _row_stats(outs) -> tuple[int, int, np.ndarray, list]:
 
 
 def run_ppd(cfg: PpdBenchConfig) -> dict:
-    from specrt.engines.ppd import PathModel, naive_tree, random_tree, score, sparse_tree
+    from specrt.engines.ppd_trees import PathModel, naive_tree, random_tree, score, sparse_tree
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
@@ -179,3 +179,20 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=35, ha="right", fontsize=7)
     ax.axhline(1.0, color="gray", lw=1)
     finish_figure(fig, ax, path, "", "speedup over autoregressive", f"PPD {data['label']}: against our methods")
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    return [{"name": r["name"], "tokens_per_s": r["tokens_per_s"], "speedup": r["speedup_vs_ar"],
+             "tokens_per_call": r["tokens_per_target_call"], "lossless": r["same_tokens_as_ar"]} for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    rows = speed_rows(data)
+    if best_lossless(rows)[1] is None:
+        return lossless_headline(rows)
+    picked = next(r for r in rows if r["name"].startswith("ppd (picked"))
+    return (f"PPD (picked size) **{ratio_text(picked['speedup'])}** our AR, {picked['tokens_per_call']:.2f} tokens per "
+            f"target call, no draft model; " + lossless_headline(rows))

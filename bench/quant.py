@@ -26,7 +26,7 @@ import numpy as np
 
 from specrt.bench.e2e import VARIANTS, OurRunner
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, ratio_text, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.contract import TORCH_QUANT_SCHEMES
@@ -107,13 +107,13 @@ def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantB
 def _float_reference(cfg: QuantBenchConfig, dtype: str, device: str):
     """A pipeline whose target is the exported checkpoint cast to `dtype`, run by PyTorch on `device` (quality rows
     only)."""
-    from specrt.runtime.backends import load_backend
+    from specrt.runtime.backends import ModelSource, load_backend
     from specrt.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(cfg.bundle, backend="torch", threads=cfg.threads, device=device, verify=cfg.verify_mode)
     entry = replace(pipe.target.entry, dtype=dtype)
     pipe.target = None  # its weights go before the cast copy's come (a 7B-class target: 12 GB each)
-    pipe.target = load_backend("torch", cfg.bundle, entry, cfg.threads, pipe.machine.device)
+    pipe.target = load_backend("torch", cfg.bundle, ModelSource(entry, cfg.threads, pipe.machine.device))
     return pipe
 
 
@@ -149,14 +149,14 @@ def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):
     """The draft backend of variant `scheme`, or None where the variant has no draft."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import EngineSet
-    from specrt.runtime.backends import load_backend
+    from specrt.runtime.backends import ModelSource, load_backend
 
     entry, device = pipe.draft.entry, pipe.machine.device
     if cfg.backend == "ort":
         v = variants.get(scheme, {}).get("draft")
-        return None if v is None else load_backend("ort", cfg.bundle, entry, cfg.threads, device, graph=v.file)
+        return None if v is None else load_backend("ort", cfg.bundle, ModelSource(entry, cfg.threads, device, graph=v.file))
     engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "graphs" else None
-    return load_backend(cfg.backend, cfg.bundle, entry, cfg.threads, device, engines, quant=scheme)
+    return load_backend(cfg.backend, cfg.bundle, ModelSource(entry, cfg.threads, device, engines, quant=scheme))
 
 
 def run_quant(cfg: QuantBenchConfig) -> dict:
@@ -315,3 +315,14 @@ def plot(data: dict, path: Path) -> None:
     ax.set_title(f"quant {data['label']}: {data['config']['threads']} threads")
     ax.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    parts = []
+    for r in data["rows"][1:]:  # the first row is the exported pair, the baseline
+        ar = r["methods"].get("autoregressive", {}).get("vs_exported_ar")
+        best = r["methods"].get(r["best"], {}).get("vs_exported_ar")
+        parts.append(f"`{r['variant']}`: AR {ratio_text(ar)}, `{r['best']}` **{ratio_text(best)}** the exported AR, perplexity "
+                     f"{r['perplexity_delta']:+.1%}, top-1 agreement {r.get('top1_agreement') or 0:.1%}")
+    return "; ".join(parts)

@@ -91,3 +91,24 @@ def header(verb: str, cfg) -> dict:
     made_from = manifest_sha256(cfg.bundle) if (Path(cfg.bundle) / MANIFEST).is_file() else None
     return {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "command": f"specrt bench {verb} {to_flags(cfg)}".strip(),
             "config": config_dict(cfg), "machine": machine_summary(), "bundle_manifest_sha256": made_from}
+
+
+def ratio_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def best_lossless(rows: list[dict]) -> tuple[dict | None, dict | None]:
+    """(our autoregressive row, our fastest lossless speculative row) of a bench's speed rows: each a dict of name,
+    tokens_per_s, speedup (over the run's own AR), tokens_per_call, lossless and what the bench also measured."""
+    ar = next((r for r in rows if r["name"] == "autoregressive"), None)
+    ours = [r for r in rows if r["speedup"] is not None and r["name"] != "autoregressive"
+            and not r["name"].startswith("hf") and r["lossless"]]
+    return ar, (max(ours, key=lambda r: r["speedup"]) if ours else None)
+
+
+def lossless_headline(rows: list[dict]) -> str:
+    ar, best = best_lossless(rows)
+    if ar is None or best is None:
+        return "no speculative row"
+    return (f"best lossless `{best['name']}` **{ratio_text(best['speedup'])}** our AR ({best['tokens_per_s']:.1f} vs "
+            f"{ar['tokens_per_s']:.1f} tok/s)")

@@ -247,3 +247,16 @@ def plot(data: dict, path: Path) -> None:
     a.legend(fontsize=8)
     fig.suptitle(f"serve {data['label']}")
     save_figure(fig, path)
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    most = max(r["clients"] for r in data["rows"])
+    served = next(r for r in data["rows"] if r["way"] == "served" and r["clients"] == most)
+    text = (f"{most} clients over Triton: **{served['tokens_per_s']:.1f} tok/s**, {served['vs_in_process']:.2f}x "
+            f"in-process")
+    if "vs_one_at_a_time" in served:
+        text += f", {served['vs_one_at_a_time']:.2f}x served one request at a time"
+    bad = sum(r["failed"] + r["wrong"] for r in data["rows"])
+    return text + f", TTFT p50 {served['ttft_ms_p50']} ms; " + ("every answer right" if not bad else
+                                                                f"{bad} FAILED OR WRONG ANSWERS")

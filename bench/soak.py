@@ -171,3 +171,11 @@ def plot(data: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    clients = data.get("config", {}).get("clients", 1)
+    return "; ".join(f"batch {r['batch_size']}{f', {clients} client threads' if clients > 1 else ''}: "
+                     f"**{r['rss_last_mb']:.0f} MB** resident at the end, {r['growth']:+.1%} over the run, "
+                     f"{r['calls_per_s']:.2f} calls/s, {'passed' if r['passed'] else 'FAILED'}" for r in data["rows"])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, timed_runs, write_report
 from specrt.bundle.artifacts import Acceptance, Plan
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
@@ -209,3 +209,26 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     finish_figure(fig, ax, path, "drafted tokens verified per step (tree size)", f"tokens/s (batch {data['config'].get('batch_size', 1)})",
                   f"trees {data['label']}: measured vs predicted")
+
+
+def speed_rows(data: dict) -> list[dict]:
+    """This bench's rows in the shape the reports read (bench.report.speed_rows' fields)."""
+    rows = data["rows"]
+    ar = next((r["measured_tokens_per_s"] for r in rows if r["kind"] == "autoregressive"), None)
+    return [{"name": r["name"], "tokens_per_s": r["measured_tokens_per_s"],
+             "speedup": round(r["measured_tokens_per_s"] / ar, 3) if ar else None,
+             "tokens_per_call": r["tokens_per_target_call"], "predicted": r["predicted_tokens_per_s"],
+             "decode_tokens_per_s": r["decode_tokens_per_s"], "prediction_error": r["prediction_error"],
+             "lossless": bool(r["same_tokens_as_autoregressive"])} for r in rows]
+
+
+def headline(data: dict) -> str:
+    """One line a README reader can take away from a run, computed from its rows."""
+    rows = speed_rows(data)
+    if best_lossless(rows)[1] is None:
+        return lossless_headline(rows)
+    s = data["summary"]
+    errors = [r["prediction_error"] for r in rows if r["prediction_error"] is not None]
+    return (f"batch {data['config'].get('batch_size', 1)}: tuned `{s['tuned_choice']}` / best measured = "
+            f"**{s['tuned_vs_best_measured']}**; " + lossless_headline(rows) +
+            (f"; predictions {min(errors):+.0%} to {max(errors):+.0%}" if errors else ""))

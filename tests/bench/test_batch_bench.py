@@ -21,7 +21,7 @@ def test_per_request_limits_and_latency(pipelines, humaneval):
 
 def test_bench_batch_rows(demo_bundle, tmp_path):
     from specrt.bench.batch import BatchBenchConfig, run_batch
-    from specrt.bench.reporting import headline
+    from specrt.bench.catalog import headline
 
     cfg = BatchBenchConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=5, min_new_tokens=4,
                            max_new_tokens=12, batch_sizes=(1, 2), methods=("autoregressive", "sd"), runs=1, threads=2)

@@ -9,7 +9,7 @@ from specrt.errors import SpecrtError
 
 def test_bench_load_times_each_bundle_from_a_fresh_process(demo_bundle, self_draft_bundle, tmp_path):
     from specrt.bench.load import PHASES, LoadBenchConfig, run_load
-    from specrt.bench.reporting import headline
+    from specrt.bench.catalog import headline
 
     cfg = LoadBenchConfig(bundle=demo_bundle, vs=(self_draft_bundle,), out=tmp_path, label="t", runs=2, threads=1,
                           verify=("recorded", "full"))

@@ -5,7 +5,7 @@ import pytest
 
 def test_bench_ppd_rows_ablations_and_report(ppd_bundle, tmp_path):
     from specrt.bench.ppd import PpdBenchConfig, run_ppd
-    from specrt.bench.reporting import bench_results, bench_section, headline
+    from specrt.bench.catalog import bench_results, bench_section, headline
 
     cfg = PpdBenchConfig(bundle=ppd_bundle, out=tmp_path, label="t", num_prompts=2, max_new_tokens=16, runs=1,
                          threads=2, methods=("sd",), budgets=(4,))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("client", ["http", "grpc"])
 def test_bench_serve_measures_three_ways_and_checks_every_answer(demo_bundle, tmp_path, client):
-    from specrt.bench.reporting import headline
+    from specrt.bench.catalog import headline
     from specrt.bench.serve import ServeBenchConfig, run_serve
     from specrt.serving.tritonserver import locate
 

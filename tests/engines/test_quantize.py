@@ -145,7 +145,7 @@ def test_a_latency_profile_of_a_quantized_pair_is_not_one_of_the_exported_pair(q
 
 
 def test_bench_quant_reports_every_variant_against_the_exported_pair(quant_bundle, tmp_path):
-    from specrt.bench.reporting import bench_results, bench_section, headline
+    from specrt.bench.catalog import bench_results, bench_section, headline
     from specrt.bench.quant import QuantBenchConfig, markdown, run_quant
 
     cfg = QuantBenchConfig(bundle=quant_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=16, runs=1,
@@ -237,7 +237,8 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
     for batch in (1, 2):  # same acceptance, 2.5x cheaper target steps (the draft's cost is the same)
         assert 2.0 < plan.variants["int8-weights"][batch] / plan.variants["exported"][batch] <= 2.5
     assert describe_plan(plan).startswith("variant: int8-weights (predicted tokens/s by batch size: exported ")
-    from specrt.bench.reporting import collect, recommendation
+    from specrt.bench.report_sections import recommendation
+    from specrt.bench.reporting import collect
 
     facts = collect(b)  # the report shows the picked variant's evidence and says which it picked
     assert facts["plan"]["quant"] == "int8-weights" and facts["machine"]["quant"] == "int8-weights"
