@@ -29,13 +29,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import (ENGINE_SETS, Acceptance, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet,
-                                    variant_words)
-from specrt.bundle.machine import Machine, resolve_threads
-from specrt.bundle.manifest import load_manifest, model_entry, verify_files
-from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, variant_words
+from specrt.bundle.machine import Machine
 from specrt.errors import BundleError, InvalidRequestError
-from specrt.runtime.backends import Backend, load_backend, resolve_device
+from specrt.runtime.backends import Backend
 from specrt.runtime.methods import Method, make_method
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
@@ -93,62 +90,11 @@ class Pipeline:
         (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported
         graphs return new K/V, the runtime writes the accepted rows) or "graph" (`specrt inplace`'s variants write
         them into the cache in place; ort backend, and trt engines built with --kv-update graph)."""
-        from tokenizers import Tokenizer
+        from specrt.runtime.loader import resolve
 
-        if threads is not None and (not _is_token_id(threads) or threads < 1):
-            raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
-        bundle = Path(bundle)
-        manifest = load_manifest(bundle, verify=verify)
-        if quant == "plan":  # the variant `specrt tune --variants` picked
-            plan, why = artifacts.read(bundle, Plan)
-            if plan is None:
-                raise BundleError(f"quant='plan' needs the bundle's plan: {why}")
-            quant = plan.quant
-        _check_quant(backend, quant)
-        engines = None
-        if backend in ENGINE_SETS:
-            kind = ENGINE_SETS[backend]
-            # graphs: each scheme's engines apart (quant/S/engines.json); trt: one set of plans, built from a variant
-            engines = artifacts.load(bundle, kind, quant=quant)
-            if quant is not None and quant != engines.quant:
-                raise InvalidRequestError(f"{bundle / engines.FILE} was built from {variant_words(engines.quant)}: "
-                                          f"rebuild with `{engines.command(bundle)} --quant {quant}` to run {quant}")
-            quant = engines.quant
-            if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
-                raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
-                                          f"with that device or re-run `{kind.command(bundle)} --device {device}`")
-            device = device or engines.device
-        device = resolve_device(backend, device)
-        threads = resolve_threads(threads)
-        tok_file = bundle / manifest["tokenizer"] / "tokenizer.json"
-        try:
-            tokenizer = Tokenizer.from_file(str(tok_file))
-        except Exception as e:  # the tokenizers library raises its own exception type
-            raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-        if kv_update not in KV_UPDATES:
-            raise InvalidRequestError(f"kv_update must be one of {', '.join(KV_UPDATES)}, got {kv_update!r}")
-        if backend == "trt" and engines is not None:  # the plans were built with one KV update or the other
-            if kv_update == "graph" and engines.kv_update != "graph":
-                raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
-                                          f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
-            kv_update = engines.kv_update
-        if kv_update == "graph" and backend == "trt":
-            graphs = {}  # the plans hold the graphs they were built from
-            prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
-        elif kv_update == "graph":
-            graphs = _in_place_graphs(bundle, backend, quant, verify)
-            prompt_tokens, refused, embeddings = None, ("PPD's prompt tokens are rows of the exported target graph, "
-                                                        "not of its in-graph variant: load with kv_update='runtime'"), None
-        else:
-            graphs = _quantized_graphs(bundle, backend, quant)
-            prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
-        if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
-            graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
-        models = [load_backend(backend, bundle, model_entry(manifest, role), threads, device, engines, graphs.get(role),
-                               embeddings if role == "target" else None, kv_update, quant)
-                  for role in ("target", "draft")]
-        pipe = cls(bundle, manifest, tokenizer, *models, machine=Machine.here(backend, threads, device, quant, kv_update))
-        pipe.prompt_tokens, pipe.prompt_tokens_refused = prompt_tokens, refused
+        r = resolve(bundle, backend, threads, device, verify, quant, kv_update)
+        pipe = cls(r.bundle, r.manifest, r.tokenizer, r.load_model("target"), r.load_model("draft"), machine=r.machine)
+        pipe.prompt_tokens, pipe.prompt_tokens_refused = r.prompt_tokens, r.prompt_tokens_refused
         return pipe
 
     # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
@@ -382,72 +328,3 @@ class Pipeline:
     def _result(self, s: SeqState) -> Generation:
         ids = [int(t) for t in s.new_tokens]
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)
-
-
-def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool | str):
-    """(PromptTokens or None, why not, prompt embeddings for the torch backends or None). A bundle without
-    usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing."""
-    if not (bundle / PromptTokens.FILE).is_file():
-        return None, f"{bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {bundle}`", None
-    try:
-        tokens = artifacts.load(bundle, PromptTokens)
-    except BundleError as e:
-        return None, str(e), None
-    redo = f"re-run `specrt ppd train --bundle {bundle}`"
-    if quant is not None and quant not in TORCH_QUANT_SCHEMES:  # the torch schemes keep the embedding table
-        return None, (f"PPD's prompt tokens are rows of the exported target graph, not of the {quant} variant: load "
-                      "without quant"), None
-    if backend == "trt":
-        return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or graphs", None
-    if backend == "ort":
-        if tokens.graph is None:
-            return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
-        if verify_files(bundle, {tokens.graph: tokens.graph_sha256}, verify) or not (bundle / tokens.graph).is_file():
-            return None, f"{bundle / tokens.graph} is missing or changed since `specrt ppd train` wrote it: {redo}", None
-        return tokens, None, None
-    path = bundle / tokens.embeddings
-    if verify_files(bundle, {tokens.embeddings: tokens.embeddings_sha256}, verify or True):
-        return None, f"{path} is missing or changed since `specrt ppd train` wrote it: {redo}", None
-    return tokens, None, np.load(path)
-
-
-def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool | str) -> dict[str, str]:
-    """role -> the in-graph step graph (relative to the bundle; `specrt inplace`), checked against inplace.json."""
-    if backend != "ort":
-        raise InvalidRequestError(f"the in-graph KV update (kv_update='graph') runs on the ort backend (and trt, "
-                                  f"built with --kv-update graph), not {backend!r}")
-    if quant is not None:
-        raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) update the KV cache in the runtime: load "
-                                  "them without kv_update='graph'")
-    graphs = artifacts.load(bundle, InPlaceGraphs).graphs
-    missing = [role for role in ("target", "draft") if role not in graphs]
-    if missing:
-        raise BundleError(f"{bundle} has no in-graph step graph of its {' and '.join(missing)}: run "
-                          f"`specrt inplace --bundle {bundle}`")
-    for g in graphs.values():
-        if verify_files(bundle, {g.file: g.sha256}, verify) or not (bundle / g.file).is_file():
-            raise BundleError(f"{bundle / g.file} is missing or changed since `specrt inplace` wrote it: re-run "
-                              f"`specrt inplace --bundle {bundle}`")
-    return {role: g.file for role, g in graphs.items()}
-
-
-def _check_quant(backend: str, quant: str | None) -> None:
-    """Refuse a quantization scheme the backend does not run, in one line: the torch backends quantize their
-    projections when they load (model/quant.py); the ort backend runs `specrt quantize`'s step graphs."""
-    if quant is None or backend == "trt":
-        return
-    if backend in ("torch", "graphs") and quant not in TORCH_QUANT_SCHEMES:
-        raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
-                                  f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
-                                  "graphs run on the ort backend")
-    if backend == "ort" and quant in TORCH_QUANT_SCHEMES:
-        raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or graphs built with "
-                                  f"--quant {quant}); the ort backend runs `specrt quantize`'s variants")
-
-
-def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
-    """role -> the quantized step graph (relative to the bundle) of variant `quant` (ort); {} without one, on trt,
-    whose plans were built from it, and on the torch backends, whose projections are quantized when they load."""
-    if quant is None or backend != "ort":
-        return {}
-    return artifacts.load(bundle, QuantSet).graphs(bundle, quant)

@@ -86,24 +86,37 @@ def resolve_device(backend: str, device: str | None) -> str:
     return f"cuda:{index}"
 
 
-def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, device: str, engines=None,
-                 graph: str | None = None, prompt_embeddings=None, kv_update: str = "runtime",
-                 quant: str | None = None) -> Backend:
-    """A backend for one model of a bundle; `threads` and `device` as resolved by the caller; `engines` (an
-    EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the step graph to run
-    instead of the exported one (a quantized variant, or the target with PPD's prompt tokens), relative to the
-    bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden]; kv_update "graph"
-    (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit projections
-    (contract.TORCH_QUANT_SCHEMES; kind "graphs" takes its engines' scheme)."""
+@dataclass(frozen=True)
+class ModelSource:
+    """What one model's backend is made from, resolved (runtime/loader.py): its manifest entry, `threads` and
+    `device`; `engines` (an EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the
+    step graph to run instead of the exported one (a quantized variant, or the target with PPD's prompt tokens),
+    relative to the bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden];
+    kv_update "graph" (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit
+    projections (contract.TORCH_QUANT_SCHEMES; kind "graphs" takes its engines' scheme)."""
+
+    entry: ModelEntry
+    threads: int
+    device: str
+    engines: object | None = None
+    graph: str | None = None
+    prompt_embeddings: object | None = None
+    kv_update: str = "runtime"
+    quant: str | None = None
+
+
+def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
+    """A backend of kind `kind` for one model of `bundle`, made from `source`."""
+    s, entry = source, source.entry
     if kind == "graphs":
         from specrt.runtime.backends.static import StaticTorchBackend
 
-        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads, engines=engines,
-                                  prompt_embeddings=prompt_embeddings)
+        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=s.device, threads=s.threads, engines=s.engines,
+                                  prompt_embeddings=s.prompt_embeddings)
     if kind == "trt":
         from specrt.runtime.backends.trt import TrtBackend
 
-        return TrtBackend(entry, bundle, device=device, engines=engines)
+        return TrtBackend(entry, bundle, device=s.device, engines=s.engines)
     if kind == "ort":
         from specrt.runtime.backends.ort import OrtBackend
 
@@ -113,10 +126,10 @@ def load_backend(kind: str, bundle: Path, entry: ModelEntry, threads: int, devic
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                               "bfloat16 kernels): load it with backend torch, graphs or trt, or export in float32")
-        return OrtBackend(entry, bundle / (graph or entry.onnx), threads=threads, kv_update=kv_update)
+        return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend
 
-        return TorchBackend(entry, bundle / entry.hf_dir, device=device, threads=threads,
-                            prompt_embeddings=prompt_embeddings, quant=quant)
+        return TorchBackend(entry, bundle / entry.hf_dir, device=s.device, threads=s.threads,
+                            prompt_embeddings=s.prompt_embeddings, quant=s.quant)
     raise InvalidRequestError(f"unknown backend {kind!r} (choose from {', '.join(BACKENDS)})")
