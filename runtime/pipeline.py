@@ -33,6 +33,7 @@ from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, variant_wo
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend
+from specrt.runtime.detokenize import TextStream
 from specrt.runtime.methods import Method, make_method
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
@@ -296,20 +297,17 @@ class Pipeline:
 
     def _stream(self, scheduler: Scheduler, seq: SeqState, params: SamplingParams, seed: int) -> Iterator[str]:
         """(An abandoned stream gives its runners back when it is garbage collected.)"""
-        shown = ""
+        text = TextStream(self.decode)
         try:
             for _ in scheduler.run([seq], params, np.random.default_rng(seed)):
-                text = self.decode(seq.new_tokens)
-                if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
-                    continue
-                if len(text) > len(shown):
-                    yield text[len(shown):]
-                    shown = text
+                piece = text.add(seq.new_tokens[len(text.ids):])
+                if piece:
+                    yield piece
         finally:
             scheduler.close()
-        text = self.decode(seq.new_tokens)
-        if len(text) > len(shown):
-            yield text[len(shown):]
+        piece = text.add(seq.new_tokens[len(text.ids):], final=True)
+        if piece:
+            yield piece
 
     def server(self, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, **options) -> Server:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.errors import InvalidRequestError
+from specrt.runtime.detokenize import TextStream
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import SeqState, Waiting
@@ -63,8 +64,8 @@ class Request:
         self._news = threading.Event()  # set when tokens or the end came since the consumer last took them
         self._listener = None
         # the consumer's side: every token taken, the text and tokens handed out so far, and whether the last piece was
-        self._ids: list[int] = []
-        self._shown, self._sent, self._exhausted = "", 0, False
+        self._text = TextStream(server.pipe.decode)  # every token taken, decoded as it comes
+        self._sent, self._exhausted = 0, False
         self._streamed = False
 
     @property
@@ -126,16 +127,16 @@ class Request:
             self._news.clear()  # with the take, so that no news is lost (_emit sets it after appending)
         if self._exhausted:
             return None
-        self._ids += new
-        text = self._server.pipe.decode(self._ids) if (new or ended) else self._shown
+        text = self._text.add(new, final=ended) if (new or ended) else ""
+        ids = self._text.ids
         if ended:
             self._exhausted = True
-        elif text.endswith("\ufffd") or len(text) <= len(self._shown):
+        elif not text:
             return None
-        if len(text) <= len(self._shown) and len(self._ids) <= self._sent:
+        if not text and len(ids) <= self._sent:
             return None
-        piece = Piece(text[len(self._shown):], self._ids[self._sent:])
-        self._shown, self._sent = text, len(self._ids)
+        piece = Piece(text, ids[self._sent:])
+        self._sent = len(ids)
         return piece
 
     @property
