@@ -89,7 +89,7 @@ def header(verb: str, cfg) -> dict:
     from specrt.config import config_dict, to_flags
 
     made_from = manifest_sha256(cfg.bundle) if (Path(cfg.bundle) / MANIFEST).is_file() else None
-    return {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "command": f"specrt bench {verb} {to_flags(cfg)}".strip(),
+    return {"label": cfg.label, "date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S"), "command": f"specrt bench {verb} {to_flags(cfg)}".strip(),
             "config": config_dict(cfg), "machine": machine_summary(), "bundle_manifest_sha256": made_from}
 
 
