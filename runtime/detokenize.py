@@ -22,7 +22,7 @@ class TextStream:
 
     def add(self, new: Sequence[int], final: bool = False) -> str:
         """The text `new` completes ("" while a character is split, unless `final`: then whatever is left)."""
-        self.ids += new
+        self.ids.extend(int(t) for t in new)
         if len(self.ids) == self._read:
             return ""
         before = self._decode(self.ids[self._prefix:self._read])

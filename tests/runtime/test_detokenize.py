@@ -31,6 +31,16 @@ def test_pieces_add_up_to_the_whole_text_through_split_characters(tokenizer):
         assert "".join(pieces) == decode(ids)
 
 
+def test_token_ids_may_come_as_numpy_arrays(tokenizer):
+    """What Pipeline.stream hands it: slices of a sequence's numpy array of new tokens."""
+    import numpy as np
+
+    ids = np.array(tokenizer.encode("def f(x): return x", add_special_tokens=False).ids)
+    stream = TextStream(lambda t: tokenizer.decode(list(t)))
+    assert stream.add(ids[:3]) + stream.add(ids[3:]) + stream.add(ids[:0], final=True) == tokenizer.decode(ids.tolist())
+    assert all(type(t) is int for t in stream.ids)
+
+
 def test_each_add_decodes_a_window_not_the_whole_output(tokenizer):
     ids = tokenizer.encode("x = 1\n" * 400, add_special_tokens=False).ids
     widths = []
