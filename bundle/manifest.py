@@ -61,7 +61,7 @@ class BundleOptions(Config):
 @dataclass(frozen=True)
 class ModelEntry:
     role: str  # "target" or "draft"
-    onnx: str  # relative path of the step graph
+    onnx: str | None  # relative path of the step graph ("" or None: exported without ONNX graphs, --no-onnx)
     hf_dir: str  # relative path of the source checkpoint
     model_type: str
     num_layers: int
@@ -188,7 +188,7 @@ def load_manifest(bundle: str | Path, verify: bool | str = True) -> dict:
     return data
 
 
-_ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None))}
+_ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None)), "str | None": (str, type(None))}
 
 
 def check_manifest(path: Path, data) -> None:
