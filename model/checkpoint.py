@@ -69,12 +69,22 @@ def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> 
 
 
 def sliding_window(config) -> int | None:
-    """The attention window of a model that uses one (Mistral; Qwen2 with use_sliding_window), else None.
+    """The attention window of a model that uses one in every layer (Mistral; Qwen2/3 with use_sliding_window), else
+    None; one that windows some layers only (its config's layer_types) is refused: the runtime's mask is one for
+    all layers.
 
     The step graph itself attends to whatever the mask allows; the runtime puts the window in the mask
     (KVCache.window), so contexts may be as long as max_position_embeddings."""
     if not getattr(config, "use_sliding_window", True):
         return None
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if kinds == {"full_attention"}:
+        return None
+    if len(kinds) > 1:
+        sliding = list(config.layer_types).count("sliding_attention")
+        raise UnsupportedModelError(f"model_type={config.model_type!r} windows some layers only ({sliding} of "
+                                    f"{len(config.layer_types)} sliding, e.g. max_window_layers): per-layer sliding "
+                                    "windows are not supported yet")
     window = getattr(config, "sliding_window", None)
     if window is not None and (not isinstance(window, int) or window < 1):
         raise SpecrtError(f"sliding_window must be a positive integer or null, got {window!r}")

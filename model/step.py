@@ -16,6 +16,7 @@ Invariants: a row whose mask is all False produces finite garbage (never NaN), a
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -34,6 +35,32 @@ def check_supported(config) -> None:
     rope = getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type")) == "dynamic":
         raise UnsupportedModelError("dynamic RoPE scaling changes with sequence length and cannot be a static step graph")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What an architecture of the Llama family changes in the step: one StepModule for all, each family a few
+    switches and constants read from its config (family_of), not a copy of the module."""
+
+    qk_norm: str | None = None  # RMSNorm of queries and keys before RoPE: "head" over each head (Qwen3), "projection"
+    #                             over the whole projection (OLMo 2)
+    post_norm: bool = False  # norms after attention and after the MLP, none before them (OLMo 2)
+    embedding_multiplier: float = 1.0  # the input embeddings scaled (Granite)
+    residual_multiplier: float = 1.0  # attention's and the MLP's outputs scaled before each residual add (Granite)
+    logits_scaling: float = 1.0  # the logits divided by it (Granite)
+
+
+def family_of(config) -> Family:
+    """The Family of a supported checkpoint's config (check_supported first)."""
+    kind = config.model_type
+    if kind == "qwen3":
+        return Family(qk_norm="head")
+    if kind == "olmo2":
+        return Family(qk_norm="projection", post_norm=True)
+    if kind == "granite":
+        return Family(embedding_multiplier=float(config.embedding_multiplier),
+                      residual_multiplier=float(config.residual_multiplier), logits_scaling=float(config.logits_scaling))
+    return Family()
 
 
 def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
@@ -56,6 +83,7 @@ class StepModule(nn.Module):
         config = hf_model.config
         check_supported(config)
         self.hf = hf_model
+        self.family = family_of(config)
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -69,8 +97,8 @@ class StepModule(nn.Module):
             prompt_embeddings.to(weight.device, weight.dtype), requires_grad=False)
         # a plain list, not submodules: the layers' parameters keep their one name (hf.model.layers.N...), in
         # state dicts and exported graphs alike
-        self.layer_steps = [StepLayer(layer, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
-                            for layer in hf_model.model.layers]
+        self.layer_steps = [StepLayer(layer, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
+                                      self.family) for layer in hf_model.model.layers]
         self._layer_calls = list(self.layer_steps)  # what forward calls: the layers, or their compiled versions
 
     def compile_layers(self, mode: str | None, **options) -> None:
@@ -98,16 +126,18 @@ class StepModule(nn.Module):
 
     def embed(self, input_ids):
         """[B, T, hidden] embeddings of token ids and (ids >= V) prompt tokens."""
-        table = self.hf.model.embed_tokens
+        table, scale = self.hf.model.embed_tokens, self.family.embedding_multiplier
         if self.prompt_embeddings is None:
-            return table(input_ids)
-        # two lookups and a select, not one lookup in the two tables concatenated: that would copy the whole
-        # vocabulary's embeddings every step
-        vocab = table.weight.shape[0]
-        prompt = input_ids >= vocab
-        words = table(torch.where(prompt, 0, input_ids))
-        prompts = nn.functional.embedding(torch.where(prompt, input_ids - vocab, 0), self.prompt_embeddings)
-        return torch.where(prompt[..., None], prompts, words)
+            x = table(input_ids)
+        else:
+            # two lookups and a select, not one lookup in the two tables concatenated: that would copy the whole
+            # vocabulary's embeddings every step
+            vocab = table.weight.shape[0]
+            prompt = input_ids >= vocab
+            words = table(torch.where(prompt, 0, input_ids))
+            prompts = nn.functional.embedding(torch.where(prompt, input_ids - vocab, 0), self.prompt_embeddings)
+            x = torch.where(prompt[..., None], prompts, words)
+        return x if scale == 1.0 else x * scale
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
@@ -128,17 +158,19 @@ class StepModule(nn.Module):
         return x, cos[:, None, None], sin[:, None, None]
 
     def _logits(self, x):
-        return self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
+        logits = self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
+        scaling = self.family.logits_scaling
+        return logits if scaling == 1.0 else logits / scaling
 
 
 class StepLayer(nn.Module):
     """One decoder layer of the step: forward(x, cos, sin, bias, rotate_half, past_key, past_value) -> (x, new key,
     new value), attending to the past and the new tokens under the additive float32 `bias` [B, 1, 1, T, S + T]."""
 
-    def __init__(self, layer, num_kv_heads: int, groups: int, head_dim: int):
+    def __init__(self, layer, num_kv_heads: int, groups: int, head_dim: int, family: Family = Family()):
         super().__init__()
         self.layer = layer
-        self.num_kv_heads, self.groups, self.head_dim = num_kv_heads, groups, head_dim
+        self.num_kv_heads, self.groups, self.head_dim, self.family = num_kv_heads, groups, head_dim, family
 
     def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
         layer = self.layer
@@ -157,10 +189,16 @@ class StepLayer(nn.Module):
         out next to each other (query head h reads KV head h // groups, as ONNX's Attention and Hugging Face's
         repeat_kv do), and attend to that head's keys."""
         batch, num_tokens = x.shape[:2]
-        attn, hkv, dim = self.layer.self_attn, self.num_kv_heads, self.head_dim
-        h = self.layer.input_layernorm(x)
-        q = attn.q_proj(h).view(batch, num_tokens, hkv, self.groups, dim).permute(0, 2, 3, 1, 4)
-        k = attn.k_proj(h).view(batch, num_tokens, hkv, 1, dim).permute(0, 2, 3, 1, 4)
+        attn, hkv, dim, family = self.layer.self_attn, self.num_kv_heads, self.head_dim, self.family
+        h = x if family.post_norm else self.layer.input_layernorm(x)
+        q, k = attn.q_proj(h), attn.k_proj(h)
+        if family.qk_norm == "projection":
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = q.view(batch, num_tokens, hkv, self.groups, dim)
+        k = k.view(batch, num_tokens, hkv, 1, dim)
+        if family.qk_norm == "head":  # an RMSNorm over the last axis: each head's D
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.permute(0, 2, 3, 1, 4), k.permute(0, 2, 3, 1, 4)
         v = attn.v_proj(h).view(batch, num_tokens, hkv, dim).transpose(1, 2)
         q = q * cos + torch.matmul(q, rotate_half) * sin  # [B, Hkv, groups, T, D]
         k = (k * cos + torch.matmul(k, rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
@@ -168,9 +206,16 @@ class StepLayer(nn.Module):
 
     def end(self, x, out):
         """The rest of the decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
-        layer = self.layer
-        x = x + layer.self_attn.o_proj(out.reshape(*x.shape[:2], -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        layer, family, scale = self.layer, self.family, self.family.residual_multiplier
+        a = layer.self_attn.o_proj(out.reshape(*x.shape[:2], -1))
+        if family.post_norm:
+            a = layer.post_attention_layernorm(a)
+        x = x + (a if scale == 1.0 else a * scale)
+        if family.post_norm:
+            m = layer.post_feedforward_layernorm(layer.mlp(x))
+        else:
+            m = layer.mlp(layer.post_attention_layernorm(x))
+        return x + (m if scale == 1.0 else m * scale)
 
 
 class InPlaceStepModule(StepModule):

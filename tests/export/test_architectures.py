@@ -1,6 +1,8 @@
 """Other Llama-family architectures end to end: export, then greedy decoding equal to the checkpoint's own
 `generate` (Qwen2: attention bias, tied embeddings; Mistral: a sliding window shorter than the context,
-enforced by the runtime's mask)."""
+enforced by the runtime's mask; Qwen3: per-head QK-norm; OLMo 2: QK-norm over the projections, norms after
+attention and MLP; Granite: embedding, attention, residual and logit multipliers; Llama 3.x: `llama3` RoPE
+scaling and tied embeddings), and the step's logits equal to the checkpoint's own forward."""
 
 import pytest
 
@@ -13,12 +15,18 @@ def _tiny(kind: str, out, **extra):
 
     common = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, bos_token_id=0, pad_token_id=0)
-    if kind == "qwen2":
-        config = transformers.Qwen2Config(**common, tie_word_embeddings=True, **extra)
-        model = transformers.Qwen2ForCausalLM(config)
-    else:
-        config = transformers.MistralConfig(**common, **extra)
-        model = transformers.MistralForCausalLM(config)
+    classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+               "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+               "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+               "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 6.0, "attention_multiplier": 0.1,
+                                                                  "residual_multiplier": 0.3, "logits_scaling": 4.0}),
+               "llama3": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
+                   "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}})}
+    config_class, model_class, own = classes[kind]
+    config = getattr(transformers, config_class)(**common, **{**own, **extra})
+    model = getattr(transformers, model_class)(config)
     torch.manual_seed(0)
     for p in model.parameters():  # sharp logits: greedy choices far from ties
         torch.nn.init.normal_(p, std=0.3)
@@ -26,7 +34,10 @@ def _tiny(kind: str, out, **extra):
     return model.eval()
 
 
-@pytest.mark.parametrize("kind,extra", [("qwen2", {}), ("mistral", {"sliding_window": 8})])
+FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "llama3"]
+
+
+@pytest.mark.parametrize("kind,extra", [(k, {}) for k in FAMILIES] + [("mistral", {"sliding_window": 8})])
 def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
     import torch
 
@@ -37,13 +48,54 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
     manifest = export_bundle(ExportConfig(target=tmp_path / kind, draft=tmp_path / kind, out=tmp_path / "b",
                                           tokenizer=DEMO_DIR / "tokenizer"), progress=False)
     assert manifest["models"]["target"]["sliding_window"] == extra.get("sliding_window")
-    prompt = torch.randint(1, 4096, (1, 30), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 4096, (1, n), generator=gen) for n in (30, 17)]  # a ragged batch of two
     with torch.no_grad():
-        want = model.generate(prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20)[0, 30:].tolist()
-    pipe = Pipeline.load(tmp_path / "b", threads=2)
-    for method in ("autoregressive", "sd"):
-        got = pipe.generate([prompt[0].tolist()], method=method, max_new_tokens=20)[0].token_ids
-        assert got == want, method
+        want = [model.generate(p, do_sample=False, max_new_tokens=20, min_new_tokens=20)[0, p.shape[1]:].tolist()
+                for p in prompts]
+    ids = [p[0].tolist() for p in prompts]
+    for backend in ("ort", "torch"):
+        pipe = Pipeline.load(tmp_path / "b", backend=backend, threads=2, device="cpu")
+        for method in ("autoregressive", "sd", "tree", "anpd"):
+            got = [o.token_ids for o in pipe.generate(ids, method=method, max_new_tokens=20, batch_size=2)]
+            assert got == want, (backend, method)
+    prompt = prompts[0]
+    want = want[0]
     if extra.get("sliding_window"):  # the window matters here: without it in the mask, decoding differs
         pipe.target.entry = pipe.draft.entry = type(pipe.target.entry)(**{**pipe.target.entry.__dict__, "sliding_window": None})
         assert pipe.generate([prompt[0].tolist()], method="autoregressive", max_new_tokens=20)[0].token_ids != want
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_the_step_computes_the_checkpoints_logits(tmp_path, kind):
+    """The step module against the family's own forward, in float32: a ragged pair of sequences through a
+    cache, each token's logits within 1e-4 of the checkpoint's (the export checks the ONNX graph against the step)."""
+    import torch
+
+    from specrt.model.step import StepModule
+
+    model = _tiny(kind, tmp_path / kind)
+    step = StepModule(model).eval()
+    ids = torch.randint(1, 4096, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        layers, hkv, dim = step.num_layers, step.num_kv_heads, step.head_dim
+        empty = [torch.zeros(2, hkv, 0, dim) for _ in range(2 * layers)]
+        causal = torch.ones(12, 12, dtype=torch.bool).tril()[None].expand(2, 12, 12)
+        first = step(ids[:, :7], torch.arange(7)[None].expand(2, 7), causal[:, :7, :7], *empty)
+        past = list(first[1:])
+        mask = causal[:, 7:, :]  # the last 5 tokens see the 7 cached and themselves, causally
+        rest = step(ids[:, 7:], torch.arange(7, 12)[None].expand(2, 5), mask, *past)
+    got = torch.cat([first[0], rest[0]], dim=1)
+    assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_a_checkpoint_windowing_some_layers_only_is_refused_in_one_line(tmp_path):
+    import transformers
+
+    from specrt.errors import UnsupportedModelError
+    from specrt.model.checkpoint import sliding_window
+
+    config = transformers.Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=8, max_window_layers=2)
+    with pytest.raises(UnsupportedModelError, match="windows some layers only \\(2 of 4 sliding"):
+        sliding_window(config)
