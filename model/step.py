@@ -1,4 +1,5 @@
-"""StepModule: a Hugging Face Llama-family model rewritten to the step contract.
+"""StepModule: a Hugging Face Llama-family model (Llama, Mistral, Qwen2/3, OLMo 2, Granite, Phi-3; `Family`)
+rewritten to the step contract.
 
 It reuses the checkpoint's own submodules (embeddings, norms, projections, MLP, rotary embedding, head)
 and replaces only the attention core, so that the mask is the caller's general boolean mask
@@ -32,9 +33,20 @@ def check_supported(config) -> None:
             f"model_type={model_type!r} is not supported by the step-graph exporter "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    rope = getattr(config, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type")) == "dynamic":
-        raise UnsupportedModelError("dynamic RoPE scaling changes with sequence length and cannot be a static step graph")
+    kind = rope_type(config)
+    if kind in ("dynamic", "longrope"):
+        raise UnsupportedModelError(f"{kind!r} RoPE scaling changes with the sequence length (longrope: its short and "
+                                    "long factors) and cannot be a static step graph")
+
+
+def rope_parameters(config) -> dict:
+    """The config's RoPE parameters (transformers 5: rope_parameters; 4.x: rope_scaling), {} without any."""
+    return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+
+
+def rope_type(config) -> str:
+    params = rope_parameters(config)
+    return params.get("rope_type", params.get("type")) or "default"
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class Family:
     embedding_multiplier: float = 1.0  # the input embeddings scaled (Granite)
     residual_multiplier: float = 1.0  # attention's and the MLP's outputs scaled before each residual add (Granite)
     logits_scaling: float = 1.0  # the logits divided by it (Granite)
+    fused_qkv: bool = False  # one qkv_proj, split into queries, keys and values (Phi-3)
+    partial_rotary_factor: float = 1.0  # RoPE on this share of each head's dimensions, the rest passed (Phi-4-mini)
 
 
 def family_of(config) -> Family:
@@ -57,6 +71,9 @@ def family_of(config) -> Family:
         return Family(qk_norm="head")
     if kind == "olmo2":
         return Family(qk_norm="projection", post_norm=True)
+    if kind == "phi3":
+        factor = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        return Family(fused_qkv=True, partial_rotary_factor=float(factor or 1.0))
     if kind == "granite":
         return Family(embedding_multiplier=float(config.embedding_multiplier),
                       residual_multiplier=float(config.residual_multiplier), logits_scaling=float(config.logits_scaling))
@@ -89,8 +106,9 @@ class StepModule(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weight = next(hf_model.parameters())
+        rotary_dim = int(self.head_dim * self.family.partial_rotary_factor)
         # on the weights' device: a CUDA step multiplying by a host matrix fails at its first op
-        self.register_buffer("rotate_half", _rotate_half_matrix(self.head_dim).to(weight.device, weight.dtype),
+        self.register_buffer("rotate_half", _rotate_half_matrix(rotary_dim).to(weight.device, weight.dtype),
                              persistent=False)
         # PPD's prompt tokens: a parameter (trained by `specrt ppd train`, everything else frozen) or None
         self.prompt_embeddings = None if prompt_embeddings is None else nn.Parameter(
@@ -191,7 +209,10 @@ class StepLayer(nn.Module):
         batch, num_tokens = x.shape[:2]
         attn, hkv, dim, family = self.layer.self_attn, self.num_kv_heads, self.head_dim, self.family
         h = x if family.post_norm else self.layer.input_layernorm(x)
-        q, k = attn.q_proj(h), attn.k_proj(h)
+        if family.fused_qkv:
+            q, k, v = attn.qkv_proj(h).split([hkv * self.groups * dim, hkv * dim, hkv * dim], dim=-1)
+        else:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         if family.qk_norm == "projection":
             q, k = attn.q_norm(q), attn.k_norm(k)
         q = q.view(batch, num_tokens, hkv, self.groups, dim)
@@ -199,10 +220,8 @@ class StepLayer(nn.Module):
         if family.qk_norm == "head":  # an RMSNorm over the last axis: each head's D
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.permute(0, 2, 3, 1, 4), k.permute(0, 2, 3, 1, 4)
-        v = attn.v_proj(h).view(batch, num_tokens, hkv, dim).transpose(1, 2)
-        q = q * cos + torch.matmul(q, rotate_half) * sin  # [B, Hkv, groups, T, D]
-        k = (k * cos + torch.matmul(k, rotate_half) * sin).squeeze(2)  # [B, Hkv, T, D]
-        return q, k, v
+        v = v.view(batch, num_tokens, hkv, dim).transpose(1, 2)
+        return _rope(q, cos, sin, rotate_half), _rope(k, cos, sin, rotate_half).squeeze(2), v
 
     def end(self, x, out):
         """The rest of the decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
@@ -216,6 +235,16 @@ class StepLayer(nn.Module):
         else:
             m = layer.mlp(layer.post_attention_layernorm(x))
         return x + (m if scale == 1.0 else m * scale)
+
+
+def _rope(x, cos, sin, rotate_half):
+    """x [..., D] rotated by the positions' cos and sin [..., R]: on its first R dimensions (all of them unless the
+    family's RoPE is partial), the rest passed through."""
+    r = rotate_half.shape[0]
+    if r == x.shape[-1]:
+        return x * cos + torch.matmul(x, rotate_half) * sin
+    head, rest = x[..., :r], x[..., r:]
+    return torch.cat([head * cos + torch.matmul(head, rotate_half) * sin, rest], dim=-1)
 
 
 class InPlaceStepModule(StepModule):

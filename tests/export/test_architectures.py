@@ -21,6 +21,8 @@ def _tiny(kind: str, out, **extra):
                "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
                "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 6.0, "attention_multiplier": 0.1,
                                                                   "residual_multiplier": 0.3, "logits_scaling": 4.0}),
+               "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+               "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "tie_word_embeddings": True}),
                "llama3": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64}})}
@@ -34,7 +36,7 @@ def _tiny(kind: str, out, **extra):
     return model.eval()
 
 
-FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "llama3"]
+FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "phi3", "phi4-mini", "llama3"]
 
 
 @pytest.mark.parametrize("kind,extra", [(k, {}) for k in FAMILIES] + [("mistral", {"sliding_window": 8})])
@@ -88,6 +90,20 @@ def test_the_step_computes_the_checkpoints_logits(tmp_path, kind):
         rest = step(ids[:, 7:], torch.arange(7, 12)[None].expand(2, 5), mask, *past)
     got = torch.cat([first[0], rest[0]], dim=1)
     assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_rope_that_changes_with_the_sequence_length_is_refused_in_one_line():
+    import transformers
+
+    from specrt.errors import UnsupportedModelError
+    from specrt.model.step import check_supported
+
+    config = transformers.Phi3Config(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                                     max_position_embeddings=256, original_max_position_embeddings=64,
+                                     rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                                   "long_factor": [2.0] * 8})
+    with pytest.raises(UnsupportedModelError, match="'longrope' RoPE scaling changes with the sequence length"):
+        check_supported(config)
 
 
 def test_a_checkpoint_windowing_some_layers_only_is_refused_in_one_line(tmp_path):
