@@ -75,8 +75,10 @@ def sliding_window(config) -> int | None:
 
     The step graph itself attends to whatever the mask allows; the runtime puts the window in the mask
     (KVCache.window), so contexts may be as long as max_position_embeddings."""
-    if not getattr(config, "use_sliding_window", True):
-        return None
+    from specrt.model.step import family_of
+
+    if not getattr(config, "use_sliding_window", True) or family_of(config).layer_windows:
+        return None  # no window, or the family's own, per layer, in the step graph (Gemma 2)
     kinds = set(getattr(config, "layer_types", None) or ())
     if kinds == {"full_attention"}:
         return None

@@ -1,5 +1,5 @@
-"""StepModule: a Hugging Face Llama-family model (Llama, Mistral, Qwen2/3, OLMo 2, Granite, Phi-3; `Family`)
-rewritten to the step contract.
+"""StepModule: a Hugging Face Llama-family model (Llama, Mistral, Qwen2/3, OLMo 2, Granite, Phi-3, Gemma 2;
+`Family`) rewritten to the step contract.
 
 It reuses the checkpoint's own submodules (embeddings, norms, projections, MLP, rotary embedding, head)
 and replaces only the attention core, so that the mask is the caller's general boolean mask
@@ -17,7 +17,7 @@ Invariants: a row whose mask is all False produces finite garbage (never NaN), a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -62,6 +62,12 @@ class Family:
     logits_scaling: float = 1.0  # the logits divided by it (Granite)
     fused_qkv: bool = False  # one qkv_proj, split into queries, keys and values (Phi-3)
     partial_rotary_factor: float = 1.0  # RoPE on this share of each head's dimensions, the rest passed (Phi-4-mini)
+    sandwich_norm: bool = False  # norms before and after attention and the MLP (Gemma 2: pre/post_feedforward)
+    attn_softcap: float | None = None  # attention scores capped: cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # the logits capped the same way (Gemma 2)
+    # per layer: the sliding window its attention is limited to, in the graph (None: the whole context); () where
+    # every layer sees what the runtime's mask allows (a window common to all layers is the runtime's: Mistral)
+    layer_windows: tuple[int | None, ...] = ()
 
 
 def family_of(config) -> Family:
@@ -74,6 +80,11 @@ def family_of(config) -> Family:
     if kind == "phi3":
         factor = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
         return Family(fused_qkv=True, partial_rotary_factor=float(factor or 1.0))
+    if kind == "gemma2":
+        windows = tuple(config.sliding_window if t == "sliding_attention" else None for t in config.layer_types)
+        return Family(embedding_multiplier=float(config.hidden_size) ** 0.5, sandwich_norm=True,
+                      attn_softcap=config.attn_logit_softcapping, final_softcap=config.final_logit_softcapping,
+                      layer_windows=windows if any(windows) else ())
     if kind == "granite":
         return Family(embedding_multiplier=float(config.embedding_multiplier),
                       residual_multiplier=float(config.residual_multiplier), logits_scaling=float(config.logits_scaling))
@@ -101,6 +112,8 @@ class StepModule(nn.Module):
         check_supported(config)
         self.hf = hf_model
         self.family = family_of(config)
+        if hasattr(hf_model.model.embed_tokens, "embed_scale"):  # transformers 5's Gemma: the table scales itself
+            self.family = replace(self.family, embedding_multiplier=1.0)
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -163,11 +176,24 @@ class StepModule(nn.Module):
         x, cos, sin = self._begin(input_ids, position_ids)
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
+        biases = self._window_biases(bias, position_ids, past[0].shape[2]) if self.family.layer_windows else {}
         new_kv = []
         for layer_idx, layer in enumerate(self._layer_calls):
-            x, k, v = layer(x, cos, sin, bias, self.rotate_half, past[2 * layer_idx], past[2 * layer_idx + 1])
+            window = self.family.layer_windows[layer_idx] if self.family.layer_windows else None
+            x, k, v = layer(x, cos, sin, biases.get(window, bias), self.rotate_half, past[2 * layer_idx],
+                            past[2 * layer_idx + 1])
             new_kv += [k, v]
         return (self._logits(x), *new_kv)
+
+    def _window_biases(self, bias, position_ids, cached: int) -> dict:
+        """{window: bias} for the family's windowed layers: `bias` with every key `window` or more positions before
+        its query masked. A cache slot holds the position of its index (the runtime appends accepted rows in order,
+        from position 0), the new tokens theirs (position_ids)."""
+        slots = torch.arange(cached, device=position_ids.device)[None].expand(position_ids.shape[0], cached)
+        keys = torch.cat([slots, position_ids], dim=1)  # [B, S + T]
+        distance = position_ids[:, :, None] - keys[:, None, :]  # [B, T, S + T]
+        return {w: bias.masked_fill((distance >= w)[:, None, None], torch.finfo(torch.float32).min)
+                for w in set(self.family.layer_windows) if w is not None}
 
     def _begin(self, input_ids, position_ids):
         """(x [B, T, hidden], cos, sin [B, 1, 1, T, D]) of the new tokens."""
@@ -177,8 +203,9 @@ class StepModule(nn.Module):
 
     def _logits(self, x):
         logits = self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
-        scaling = self.family.logits_scaling
-        return logits if scaling == 1.0 else logits / scaling
+        scaling, cap = self.family.logits_scaling, self.family.final_softcap
+        logits = logits if scaling == 1.0 else logits / scaling
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 class StepLayer(nn.Module):
@@ -195,7 +222,9 @@ class StepLayer(nn.Module):
         q, k, v = self.qkv(x, cos, sin, rotate_half)
         keys = torch.cat([past_key, k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
         values = torch.cat([past_value, v], dim=2).unsqueeze(2)
-        scores = torch.matmul(q, keys.transpose(3, 4)).float() * layer.self_attn.scaling + bias  # [B, Hkv, g, T, S+T]
+        scores = torch.matmul(q, keys.transpose(3, 4)).float() * layer.self_attn.scaling  # [B, Hkv, g, T, S+T]
+        cap = self.family.attn_softcap
+        scores = (scores if cap is None else torch.tanh(scores / cap) * cap) + bias
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
         return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
@@ -208,7 +237,7 @@ class StepLayer(nn.Module):
         repeat_kv do), and attend to that head's keys."""
         batch, num_tokens = x.shape[:2]
         attn, hkv, dim, family = self.layer.self_attn, self.num_kv_heads, self.head_dim, self.family
-        h = x if family.post_norm else self.layer.input_layernorm(x)
+        h = x if family.post_norm else self.layer.input_layernorm(x)  # (sandwich: input_layernorm is the one before)
         if family.fused_qkv:
             q, k, v = attn.qkv_proj(h).split([hkv * self.groups * dim, hkv * dim, hkv * dim], dim=-1)
         else:
@@ -227,11 +256,13 @@ class StepLayer(nn.Module):
         """The rest of the decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
         layer, family, scale = self.layer, self.family, self.family.residual_multiplier
         a = layer.self_attn.o_proj(out.reshape(*x.shape[:2], -1))
-        if family.post_norm:
+        if family.post_norm or family.sandwich_norm:
             a = layer.post_attention_layernorm(a)
         x = x + (a if scale == 1.0 else a * scale)
         if family.post_norm:
             m = layer.post_feedforward_layernorm(layer.mlp(x))
+        elif family.sandwich_norm:
+            m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
         else:
             m = layer.mlp(layer.post_attention_layernorm(x))
         return x + (m if scale == 1.0 else m * scale)
@@ -264,6 +295,14 @@ class InPlaceStepModule(StepModule):
     StepModule's for the same tokens, positions and visibility; the scores are computed in float32
     (softmax_precision) whatever the weights' dtype.
     """
+
+    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None):
+        super().__init__(hf_model, prompt_embeddings)
+        f = self.family
+        if f.attn_softcap is not None or f.layer_windows:
+            raise UnsupportedModelError(f"model_type={hf_model.config.model_type!r}: the in-graph KV update's Attention "
+                                        "node has no per-layer window or score soft-capping here: use the runtime's "
+                                        "KV update (the exported step graphs)")
 
     def forward(self, input_ids, position_ids, attention_mask, write_indices, *past):
         x, cos, sin = self._begin(input_ids, position_ids)

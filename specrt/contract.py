@@ -26,6 +26,10 @@ A ragged step's shorter sequences fill their rows past their own with holes: tok
 HOLE_POSITION, seeing only itself. Nobody reads a hole's logits or commits its K/V, so a backend may leave holes
 out of its token-wise work (OrtBackend does: runtime/backends/packed_rows.py); computed, a hole is finite garbage.
 
+Cache slot s of a sequence holds the K/V of its position s (the runtime appends accepted rows in order from
+position 0): a family whose layers window their attention differently (Gemma 2) derives each layer's window in the
+graph from that and position_ids, on top of attention_mask.
+
 Binding names are built here and nowhere else.
 """
 
@@ -40,7 +44,7 @@ WRITE_INDICES = "write_indices"
 LOGITS = "logits"
 HOLE_POSITION = -1  # position_ids of a hole row (no real token has a negative position)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2")
 ROLES = ("target", "draft")
 
 

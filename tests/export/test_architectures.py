@@ -23,6 +23,10 @@ def _tiny(kind: str, out, **extra):
                                                                   "residual_multiplier": 0.3, "logits_scaling": 4.0}),
                "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
                "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.75, "tie_word_embeddings": True}),
+               "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 6,
+                                                                "query_pre_attn_scalar": 16,
+                                                                "attn_logit_softcapping": 5.0,
+                                                                "final_logit_softcapping": 3.0}),
                "llama3": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64}})}
@@ -36,7 +40,7 @@ def _tiny(kind: str, out, **extra):
     return model.eval()
 
 
-FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "phi3", "phi4-mini", "llama3"]
+FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "phi3", "phi4-mini", "gemma2", "llama3"]
 
 
 @pytest.mark.parametrize("kind,extra", [(k, {}) for k in FAMILIES] + [("mistral", {"sliding_window": 8})])
@@ -115,3 +119,12 @@ def test_a_checkpoint_windowing_some_layers_only_is_refused_in_one_line(tmp_path
     config = transformers.Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=8, max_window_layers=2)
     with pytest.raises(UnsupportedModelError, match="windows some layers only \\(2 of 4 sliding"):
         sliding_window(config)
+
+
+def test_the_in_graph_kv_update_refuses_what_its_attention_node_cannot_do(tmp_path):
+    from specrt.errors import UnsupportedModelError
+    from specrt.model.step import InPlaceStepModule
+
+    with pytest.raises(UnsupportedModelError, match="'gemma2': the in-graph KV update's Attention node has no "
+                                                    "per-layer window or score soft-capping"):
+        InPlaceStepModule(_tiny("gemma2", tmp_path / "g"))
