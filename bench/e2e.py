@@ -234,7 +234,8 @@ def run_e2e(cfg: E2EConfig) -> dict:
 
     def results_of(seconds, last) -> dict[str, MethodResult]:
         results = {}
-        for name, (outs, calls, host) in last.items():
+        for name in seconds:  # the rows' order (the last pass ran them in a shuffled one)
+            outs, calls, host = last[name]
             results[name] = MethodResult(name, list(seconds[name]), sum(map(len, outs)), calls, host, outs,
                                          list(joules.get(name, [])))
         return results
