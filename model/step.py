@@ -270,12 +270,13 @@ class StepLayer(nn.Module):
 
 def _rope(x, cos, sin, rotate_half):
     """x [..., D] rotated by the positions' cos and sin [..., R]: on its first R dimensions (all of them unless the
-    family's RoPE is partial), the rest passed through."""
+    family's RoPE is partial), the rest passed through; in x's dtype (OLMo 2's rotary embedding gives float32 cos
+    and sin, rotating in float32 then casting, as its own attention does)."""
     r = rotate_half.shape[0]
     if r == x.shape[-1]:
-        return x * cos + torch.matmul(x, rotate_half) * sin
+        return (x * cos + torch.matmul(x, rotate_half) * sin).to(x.dtype)
     head, rest = x[..., :r], x[..., r:]
-    return torch.cat([head * cos + torch.matmul(head, rotate_half) * sin, rest], dim=-1)
+    return torch.cat([(head * cos + torch.matmul(head, rotate_half) * sin).to(x.dtype), rest], dim=-1)
 
 
 class InPlaceStepModule(StepModule):

@@ -128,3 +128,39 @@ def test_the_in_graph_kv_update_refuses_what_its_attention_node_cannot_do(tmp_pa
     with pytest.raises(UnsupportedModelError, match="'gemma2': the in-graph KV update's Attention node has no "
                                                     "per-layer window or score soft-capping"):
         InPlaceStepModule(_tiny("gemma2", tmp_path / "g"))
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=() if k in ("gemma2", "phi4-mini", "olmo2") else pytest.mark.slow)
+                                  for k in FAMILIES])
+def test_float16_export_passes_parity(tmp_path, kind):
+    """Each family's step graph in float16 against its step module (export's own parity check, within float16's
+    documented tolerance); three families in the default suite, every one with -m slow."""
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.graphs.parity import PARITY_TOL
+
+    _tiny(kind, tmp_path / kind)
+    manifest = export_bundle(ExportConfig(target=tmp_path / kind, draft=tmp_path / kind, out=tmp_path / "b",
+                                          tokenizer=DEMO_DIR / "tokenizer", dtype="float16"), progress=False)
+    assert all(p["max_logit_err"] <= PARITY_TOL["float16"] for p in manifest["parity"].values())
+    assert manifest["models"]["target"]["dtype"] == "float16"
+
+
+def test_a_draft_of_another_family_sharing_the_tokenizer_speculates_for_the_target(tmp_path):
+    """A Llama draft for a Qwen3 target (the tokenizer check is all a pair needs): sd gives the target's own greedy
+    tokens."""
+    import torch
+
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    target = _tiny("qwen3", tmp_path / "target")
+    _tiny("llama3", tmp_path / "draft")
+    manifest = export_bundle(ExportConfig(target=tmp_path / "target", draft=tmp_path / "draft", out=tmp_path / "b",
+                                          tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+    assert (manifest["models"]["target"]["model_type"], manifest["models"]["draft"]["model_type"]) == ("qwen3", "llama")
+    prompt = torch.randint(1, 4096, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = target.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, 24:].tolist()
+    pipe = Pipeline.load(tmp_path / "b", threads=2)
+    for method in ("sd", "tree", "dynamic"):
+        assert pipe.generate([prompt[0].tolist()], method=method, max_new_tokens=16)[0].token_ids == want, method
