@@ -73,7 +73,7 @@ def _check(cfg: BatchBenchConfig, pipe) -> None:
     bad = [b for b in cfg.batchings if b not in BATCHINGS]
     if bad or not cfg.batchings:
         raise SpecrtError(f"--batchings takes {' and/or '.join(BATCHINGS)}, got {','.join(cfg.batchings) or 'none'}")
-    if "auto" in cfg.methods and not pipe.has_plan():
+    if "auto" in cfg.methods and not pipe.evidence.has_plan():
         raise SpecrtError(f"method auto needs {pipe.bundle}/plan.json: run `specrt calibrate`, `specrt profile` and "
                           f"`specrt tune` on the bundle, or leave auto out of --methods")
 
@@ -157,7 +157,7 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
         best = max(peers, key=lambda q: q["tokens_per_s"])
         ar = next((q for q in peers if q["method"] == "autoregressive"), None)
         out.append({"batch_size": r["batch_size"], "batching": r["batching"],
-                    "chosen": describe_auto(pipe.plan(), r["batch_size"]),
+                    "chosen": describe_auto(pipe.evidence.plan(), r["batch_size"]),
                     "tokens_per_s": r["tokens_per_s"], "vs_ar": round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None,
                     "best": best["method"], "vs_best": round(r["tokens_per_s"] / best["tokens_per_s"], 3)})
     return out
@@ -175,11 +175,11 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd
 
     try:
-        acceptance, latency = pipe.acceptance(), pipe.latency()
+        acceptance, latency = pipe.evidence.acceptance(), pipe.evidence.latency()
     except BundleError as e:  # said with the bundle as given: no machine path in a committed result
         return (lambda *a: (None, None, ())), str(e).replace(str(Path(pipe.bundle).resolve()), str(pipe.bundle))
     p = np.array(acceptance.depth_rank)
-    plan = pipe.plan() if pipe.has_plan() else None
+    plan = pipe.evidence.plan() if pipe.evidence.has_plan() else None
     backends = {"target": pipe.target, "draft": pipe.draft}
 
     def point(method: str, batch: int) -> CurvePoint | None:

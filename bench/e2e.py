@@ -95,7 +95,8 @@ class OurRunner:
         from specrt.runtime.methods import make_method
         from specrt.runtime.sampling import SamplingParams
 
-        built = make_method(method, options).build(pipe, SamplingParams(), 1)  # refuse a bad setting before any run
+        # refuse a bad setting before any run
+        built = make_method(method, options).build(pipe.method_context(), SamplingParams(), 1)
         if built.drafter is not None:
             built.drafter.close()  # give its runner back (a static engine's slot)
         self.pipe, self.method, self.cfg, self.options = pipe, method, cfg, options

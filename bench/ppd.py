@@ -60,7 +60,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
     if tokens is None:
         raise SpecrtError(pipe.prompt_tokens_refused)
     prompts = humaneval_prompts(cfg.num_prompts)
-    picked = pipe.ppd_tree(1)
+    picked = pipe.evidence.ppd_tree(pipe.prompt_tokens, 1)
     model = PathModel.of(tokens)
     configs = {"autoregressive": ("autoregressive", {})}
     configs.update({m: (m, {}) for m in cfg.methods})
@@ -111,7 +111,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
                                  ("no prompt tokens, if independent", PathModel(tokens.baseline_accuracy)))}
     predicted.update({f"{what} tree of {ablation} rows": t.expected_accepted for what, t in trees.items()})
     try:  # what `specrt calibrate` measured by decoding this tree on its own prompts, where it did
-        calibrated = pipe.acceptance().ppd_measured(tokens).get(picked.budget)
+        calibrated = pipe.evidence.acceptance().ppd_measured(tokens).get(picked.budget)
     except BundleError:
         calibrated = None
     picked_row = next(r for r in rows if r["name"] == f"ppd (picked: {picked.budget} rows)")

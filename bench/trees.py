@@ -80,7 +80,7 @@ def run_trees(cfg: TreesConfig) -> dict:
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
-    plan, acceptance = pipe.plan(), pipe.acceptance()
+    plan, acceptance = pipe.evidence.plan(), pipe.evidence.acceptance()
     if cfg.batch_size not in plan.choices:
         raise SpecrtError(f"the plan was tuned for batch sizes {', '.join(map(str, plan.choices))}, not {cfg.batch_size}: "
                           f"re-run `specrt profile` and `specrt tune` with it")

@@ -28,8 +28,10 @@ from typing import ClassVar
 
 from specrt.config import Config, option
 from specrt.errors import BundleError, InvalidRequestError
+from specrt.runtime.backends import Backend
 from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, Drafter, DynamicTreeDrafter, MergedDrafter,
                                      NgramDrafter, PromptTokenDrafter)
+from specrt.runtime.evidence import Evidence
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
@@ -44,6 +46,23 @@ DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), 
 # masks grow with its square, so a request asking for a hundred thousand drafted tokens is refused here, at once, not
 # by a MemoryError minutes into building them
 MAX_ROUND_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method builds its drafter from (Pipeline.method_context): not the Pipeline itself."""
+
+    draft: Backend  # the draft model: each build takes its own runner
+    bucket: int  # KV-cache growth, in slots
+    evidence: Evidence  # the bundle's plan, latency profile and acceptance on this machine
+    prompt_tokens: object  # PPD's PromptTokens where the target holds them, else None
+    prompt_tokens_refused: str  # why PPD cannot run where there are none
+
+    def draft_runner(self):
+        return self.draft.runner()
+
+    def ppd_tree(self, batch_size: int):
+        return self.evidence.ppd_tree(self.prompt_tokens, batch_size)
 
 
 @dataclass(frozen=True)
@@ -77,7 +96,7 @@ class Method(Config):
         bundle knows (a tuned tree)."""
         return None
 
-    def build(self, pipe, params: SamplingParams, batch_size: int) -> Built:
+    def build(self, ctx: MethodContext, params: SamplingParams, batch_size: int) -> Built:
         raise NotImplementedError
 
     @classmethod
@@ -118,7 +137,7 @@ class Autoregressive(Method):
     def round_tokens(self):
         return 1
 
-    def build(self, pipe, params, batch_size):
+    def build(self, ctx, params, batch_size):
         return Built(None, make_verifier(params), self.round_tokens())
 
 
@@ -163,10 +182,10 @@ class MergeOptions(NgramOptions):
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
 
 
-def static_tree_built(pipe, spec: TreeSpec | dict[int, TreeSpec], params: SamplingParams) -> Built:
+def static_tree_built(ctx: MethodContext, spec: TreeSpec | dict[int, TreeSpec], params: SamplingParams) -> Built:
     """The draft model filling a static tree (or, by live batch size, one of several: DraftModelDrafter)."""
     largest = max(map(len, spec.values())) if isinstance(spec, dict) else len(spec)
-    return Built(DraftModelDrafter(pipe.draft.runner(), spec, pipe.bucket), make_verifier(params), largest + 1)
+    return Built(DraftModelDrafter(ctx.draft_runner(), spec, ctx.bucket), make_verifier(params), largest + 1)
 
 
 @register
@@ -180,11 +199,11 @@ class Sd(MergeOptions):
     def _own_round_tokens(self):
         return self.num_draft_tokens + 1
 
-    def build(self, pipe, params, batch_size):
+    def build(self, ctx, params, batch_size):
         if self.ngram_tokens and not params.greedy:
             raise InvalidRequestError("ngram_tokens needs deterministic drafts, but sd samples its chain when "
                                       "temperature > 0: use method 'tree' or 'dynamic'")
-        return self._merge(static_tree_built(pipe, TreeSpec.chain(self.num_draft_tokens), params), params)
+        return self._merge(static_tree_built(ctx, TreeSpec.chain(self.num_draft_tokens), params), params)
 
 
 @register
@@ -209,17 +228,17 @@ class Tree(MergeOptions):
             return None
         return len(self.tree) + 1  # a TreeSpec's nodes, or its paths
 
-    def spec(self, pipe, batch_size: int) -> TreeSpec:
+    def spec(self, ctx: MethodContext, batch_size: int) -> TreeSpec:
         if isinstance(self.tree, TreeSpec):
             return self.tree
         if self.tree is not None:
             return TreeSpec.from_paths(self.tree)
-        if pipe.has_plan():
-            return TreeSpec.from_paths(pipe.plan().choice_for(batch_size).best_static.paths)
+        if ctx.evidence.has_plan():
+            return TreeSpec.from_paths(ctx.evidence.plan().choice_for(batch_size).best_static.paths)
         return TreeSpec.from_paths(DEFAULT_TREE)
 
-    def build(self, pipe, params, batch_size):
-        return self._merge(static_tree_built(pipe, self.spec(pipe, batch_size), params), params)
+    def build(self, ctx, params, batch_size):
+        return self._merge(static_tree_built(ctx, self.spec(ctx, batch_size), params), params)
 
 
 @register
@@ -245,10 +264,11 @@ class Dynamic(MergeOptions):
         width, depth = self.shape  # the verified nodes and root; the draft cache holds every fed beam node
         return max(self.num_draft_tokens + 1, width * (depth - 1) + 2)
 
-    def build(self, pipe, params, batch_size):
+    def build(self, ctx, params, batch_size):
         width, depth = self.shape
-        temperature = self.draft_temperature or pipe.draft_temperature()
-        drafter = DynamicTreeDrafter(pipe.draft.runner(), self.num_draft_tokens, width, depth, pipe.bucket, temperature)
+        temperature = self.draft_temperature or ctx.evidence.draft_temperature()
+        drafter = DynamicTreeDrafter(ctx.draft_runner(), self.num_draft_tokens, width, depth, ctx.bucket,
+                                     temperature)
         return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), params)
 
 
@@ -266,9 +286,9 @@ class Anpd(NgramOptions):
     def round_tokens(self):
         return self.num_draft_tokens + 1
 
-    def build(self, pipe, params, batch_size):
+    def build(self, ctx, params, batch_size):
         k = self.num_draft_tokens
-        costs = pipe.round_costs(k, batch_size) if self.ngram_hardware_aware else None
+        costs = ctx.evidence.ngram_round_costs(k, batch_size) if self.ngram_hardware_aware else None
         drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob, costs)
         return Built(drafter, make_verifier(params), self.round_tokens())
 
@@ -295,8 +315,8 @@ class Mtad(Method):
         gamma, beams = self.num_draft_tokens, self.num_beams
         return max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
 
-    def build(self, pipe, params, batch_size):
-        drafter = BeamDrafter(pipe.draft.runner(), self.num_beams, self.num_draft_tokens, pipe.bucket, self.verify_beams)
+    def build(self, ctx, params, batch_size):
+        drafter = BeamDrafter(ctx.draft_runner(), self.num_beams, self.num_draft_tokens, ctx.bucket, self.verify_beams)
         return Built(drafter, JointLikelihoodVerifier(self.tau), self.round_tokens())
 
 
@@ -349,10 +369,10 @@ class Ppd(MergeOptions):
     def _own_round_tokens(self):
         return None if self.ppd_budget is None else self.ppd_budget + 1
 
-    def build(self, pipe, params, batch_size):
-        tokens = pipe.prompt_tokens
+    def build(self, ctx, params, batch_size):
+        tokens = ctx.prompt_tokens
         if tokens is None:
-            raise BundleError(pipe.prompt_tokens_refused)
+            raise BundleError(ctx.prompt_tokens_refused)
         if self.ppd_tree is not None:
             paths, prompts = [tuple(p) for p in self.ppd_tree["paths"]], list(self.ppd_tree["prompts"])
             k = tokens.num_prompt_tokens
@@ -360,7 +380,7 @@ class Ppd(MergeOptions):
                 raise InvalidRequestError(f"ppd_tree: the bundle has {k} prompt tokens: no candidate deeper, no "
                                           "node with more")
         else:
-            tree = tokens.tree(self.ppd_budget) if self.ppd_budget is not None else pipe.ppd_tree(batch_size)
+            tree = tokens.tree(self.ppd_budget) if self.ppd_budget is not None else ctx.ppd_tree(batch_size)
             paths, prompts = tree.paths, tree.prompts
         drafter = PromptTokenDrafter(paths, prompts, tokens.vocab_size, tokens.num_prompt_tokens, tokens.num_ensemble)
         if self.ppd_acceptance == "typical":
@@ -380,9 +400,9 @@ class Auto(Method):
     summary: ClassVar[str] = ("what the bundle's plan.json chose for the batch size (static or dynamic tree, ANPD, PPD, "
                               "or none; static trees follow the live batch size round by round)")
 
-    def resolve(self, pipe, batch_size: int) -> Method:
+    def resolve(self, ctx: MethodContext, batch_size: int) -> Method:
         """The plan's choice for this batch size, as a concrete method."""
-        choice = pipe.plan().choice_for(batch_size)
+        choice = ctx.evidence.plan().choice_for(batch_size)
         best = choice.best
         if choice.method == "dynamic":
             merge = {"ngram_tokens": best.ngram_tokens} if best.ngram_tokens else {}
@@ -397,10 +417,10 @@ class Auto(Method):
             return Anpd(num_draft_tokens=best.num_nodes)
         return Autoregressive()
 
-    def build(self, pipe, params, batch_size):
+    def build(self, ctx, params, batch_size):
         """The plan's choice for batch_size; where the plan picked static trees at every tuned batch size up to it,
         the tree of the live batch size each round (a batch that drains or fills changes its tree)."""
-        trees = pipe.plan().trees_by_batch(batch_size)
+        trees = ctx.evidence.plan().trees_by_batch(batch_size)
         if trees is not None:
-            return static_tree_built(pipe, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
-        return self.resolve(pipe, batch_size).build(pipe, params, batch_size)
+            return static_tree_built(ctx, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
+        return self.resolve(ctx, batch_size).build(ctx, params, batch_size)

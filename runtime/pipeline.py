@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, variant_words
 from specrt.bundle.machine import Machine
-from specrt.errors import BundleError, InvalidRequestError
+from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import Backend
 from specrt.runtime.detokenize import TextStream
-from specrt.runtime.methods import Method, make_method
+from specrt.runtime.evidence import Evidence
+from specrt.runtime.methods import Method, MethodContext, make_method
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import Scheduler, SeqState
@@ -72,6 +71,7 @@ class Pipeline:
         self.target = target  # Backend (shared; each call makes its own Runner)
         self.draft = draft
         self.machine = machine  # where this pipeline runs: backend, threads, device (artifacts are checked against it)
+        self.evidence = Evidence(self.bundle, machine)  # its plan, latency profile and acceptance on this machine
         self.eos_id = manifest.get("eos_token_id")
         self.bucket = bucket
         self.max_context = min(target.max_context, draft.max_context)
@@ -97,66 +97,6 @@ class Pipeline:
         pipe = cls(r.bundle, r.manifest, r.tokenizer, r.load_model("target"), r.load_model("draft"), machine=r.machine)
         pipe.prompt_tokens, pipe.prompt_tokens_refused = r.prompt_tokens, r.prompt_tokens_refused
         return pipe
-
-    # -- the bundle's artifacts, checked against this bundle and machine ---------------------------
-    def plan(self) -> Plan:
-        picked, _ = artifacts.read(self.bundle, Plan)
-        if picked is not None and picked.quant != self.machine.quant:  # tuned over variants: it picked another
-            what, here = variant_words(picked.quant), variant_words(self.machine.quant)
-            load = f"quant={picked.quant!r} (--quant {picked.quant})" if picked.quant else "no quant"
-            raise BundleError(f"{self.bundle / Plan.FILE} picked {what}, this pipeline runs {here}: load with "
-                              f"{load} or quant='plan' (--quant plan), or re-run `specrt tune`")
-        return artifacts.load(self.bundle, Plan, self.machine)
-
-    def has_plan(self) -> bool:
-        return (self.bundle / Plan.FILE).is_file()
-
-    def latency(self) -> LatencyProfile:
-        return artifacts.load(self.bundle, LatencyProfile, self.machine)
-
-    def acceptance(self) -> Acceptance:
-        """acceptance.json, refused if it was measured on another variant of the step graphs (a quantized target
-        accepts other drafts than the exported one)."""
-        acc = artifacts.load(self.bundle, Acceptance, quant=self.machine.quant)
-        measured = acc.config.get("quant")
-        if measured != self.machine.quant:
-            what, here = variant_words(measured), variant_words(self.machine.quant)
-            flag = f" --quant {self.machine.quant}" if self.machine.quant else ""
-            raise BundleError(f"{self.bundle / Acceptance.file(self.machine.quant)} was measured on {what}, this "
-                              f"pipeline runs {here}: "
-                              f"re-run `specrt calibrate --bundle {self.bundle}{flag}`")
-        return acc
-
-    def draft_temperature(self) -> float:
-        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated: this
-        variant's calibration, else the exported graphs' (it scales the draft's scores; `specrt calibrate --quant
-        S` fits it to a quantized target)."""
-        for quant in dict.fromkeys((self.machine.quant, None)):  # this variant's, else the exported graphs'
-            if (self.bundle / Acceptance.file(quant)).is_file():
-                return artifacts.load(self.bundle, Acceptance, quant=quant).draft_temperature
-        return 1.0
-
-    def round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
-        """ANPD's hardware-aware round costs on this machine's latency profile (cost.ngram_round_costs)."""
-        from specrt.runtime.cost import ngram_round_costs
-
-        return ngram_round_costs(self.latency(), num_draft_tokens, batch_size)
-
-    def ppd_tree(self, batch_size: int):
-        """PPD's sparse tree for this machine: the one the latency profile predicts fastest at this batch size (the
-        default size where this machine is not profiled), with the acceptance `specrt calibrate` measured by decoding
-        where it measured these prompt tokens' trees (else the training-time table's)."""
-        from specrt.runtime.cost import choose_ppd_tree
-
-        try:
-            latency = self.latency()
-        except BundleError:
-            latency = None
-        try:
-            measured = self.acceptance().ppd_measured(self.prompt_tokens)
-        except BundleError:
-            measured = {}
-        return choose_ppd_tree(self.prompt_tokens, latency, batch_size, measured)
 
     # -- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -197,12 +137,16 @@ class Pipeline:
             raise InvalidRequestError("no prompts given")
         return list(prompts), False
 
+    def method_context(self) -> MethodContext:
+        """What a method's builder may use: the draft model, the cache bucket, the evidence, PPD's prompt tokens."""
+        return MethodContext(self.draft, self.bucket, self.evidence, self.prompt_tokens, self.prompt_tokens_refused)
+
     def _scheduler(self, method: str, options: dict, params: SamplingParams, batch_size: int,
                    padded: bool = False) -> tuple[Scheduler, int]:
         """(a scheduler with its own runners, drafter and verifier; the context slots a round may use beyond the
         text) for one call or server."""
         m: Method = make_method(method, options)
-        built = m.build(self, params, batch_size)
+        built = m.build(self.method_context(), params, batch_size)
         try:
             return Scheduler(self.target.runner(), built.drafter, built.verifier, self.eos_id, self.bucket,
                              padded), built.slack

@@ -125,8 +125,8 @@ def test_batch_predictions_price_the_running_rows_of_a_static_cache_prefill(tmp_
 
     def predict(static: bool, batching: str, alone: bool = False) -> float:
         backend = SimpleNamespace(static_cache=static, admits_alone=alone)
-        pipe = SimpleNamespace(acceptance=lambda: acc, latency=lambda: lat, has_plan=lambda: False, bundle=tmp_path,
-                               target=backend, draft=backend)
+        evidence = SimpleNamespace(acceptance=lambda: acc, latency=lambda: lat, has_plan=lambda: False)
+        pipe = SimpleNamespace(evidence=evidence, bundle=tmp_path, target=backend, draft=backend)
         return predictor(pipe, requests)[0]("autoregressive", 2, batching)[0]
 
     assert predict(True, "continuous") < predict(False, "continuous") == predict(True, "continuous", alone=True)

@@ -132,7 +132,7 @@ def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
     tuner's cost and in the hardware-aware drafter's round costs."""
     from specrt.bundle.artifacts import Acceptance
     from specrt.calibration.tune import candidates, point_cost_ms
-    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.cost import ngram_round_costs
 
     b = write_bundle(tmp_path, [[0.5]] * 4, lambda n: 1.0 + 0.1 * n, lambda n: 0.5,
                      host_ms={"tree": {0: 0.1, 16: 1.7}, "ngram": {2: 0.2, 10: 0.3}},
@@ -141,7 +141,7 @@ def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
     point = next(c for c in candidates(acc) if c.kind == "ngram")
     target, host = point_cost_ms(acc, lat, 1, point)
     assert target == pytest.approx(1.0 + 0.1 * 5) and host == pytest.approx(0.2 + 0.1 * 3 / 8)
-    costs = Pipeline.round_costs(type("P", (), {"latency": lambda self: lat})(), 3, 1)
+    costs = ngram_round_costs(lat, 3, 1)
     assert costs == pytest.approx([1.1 + 0.2, 1.2 + 0.2, 1.3 + 0.2, 1.4 + 0.2125])
 
 
@@ -199,7 +199,7 @@ def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundl
     assert {k: (c.method, c.best.num_nodes) for k, c in plan.choices.items()} == {1: ("tree", 6), 2: ("tree", 3),
                                                                                   4: ("tree", 3)}
     pipe = Pipeline.load(b, threads=2)
-    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 4).drafter
+    drafter = make_method("auto", {}).build(pipe.method_context(), SamplingParams(), 4).drafter
     assert isinstance(drafter, DraftModelDrafter)
     assert [len(drafter.layout_for(n).spec) for n in (1, 2, 3, 4, 8)] == [6, 3, 3, 3, 3]
     assert describe_auto(plan, 4) == "static trees by live batch size: 6 nodes at 1, 3 nodes at 2, 3 nodes at 4"
@@ -236,7 +236,7 @@ def test_measured_dynamic_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_
     assert dyn[0].predicted_tokens_per_s == pytest.approx(1e3 * 3.5 / (10.7 + 0.4), rel=1e-3)
     assert choice.best_static.kind in ("tree", "chain")  # method="tree" still gets a static tree
     pipe = Pipeline.load(b, threads=2)
-    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    drafter = make_method("auto", {}).build(pipe.method_context(), SamplingParams(), 1).drafter
     assert isinstance(drafter, DynamicTreeDrafter) and (drafter.num_nodes, drafter.num_beams, drafter.gamma) == (6, 4, 5)
     prompts = ["def add(a, b):", "import os\n"]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
@@ -266,7 +266,7 @@ def test_measured_ngram_drafts_are_a_candidate_and_auto_runs_anpd(demo_bundle, t
     assert row.predicted_tokens_per_s == pytest.approx(1e3 * 2.2 / 10.6, rel=1e-3)
     assert "ANPD: up to 7 n-gram drafted tokens" in describe_plan(plan)
     pipe = Pipeline.load(b, threads=2)
-    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    drafter = make_method("auto", {}).build(pipe.method_context(), SamplingParams(), 1).drafter
     assert isinstance(drafter, NgramDrafter) and drafter.num_draft_tokens == 7
     prompts = ["def add(a, b):", "import os\n"]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
@@ -301,7 +301,7 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     (row,) = [r for r in plan.curves[2] if r.kind == "merged"]
     assert row.target_ms == pytest.approx(2 * 11.0)
     pipe = Pipeline.load(b, threads=2)
-    drafter = make_method("auto", {}).build(pipe, SamplingParams(), 1).drafter
+    drafter = make_method("auto", {}).build(pipe.method_context(), SamplingParams(), 1).drafter
     assert isinstance(drafter, MergedDrafter)
     model, ngram = drafter.drafters
     assert isinstance(model, DynamicTreeDrafter) and model.num_nodes == 6 and isinstance(ngram, NgramDrafter)

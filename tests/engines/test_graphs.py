@@ -313,6 +313,6 @@ def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
     assert lat.cache_spans == (64, 128, 256)  # whose attention spans price a context
     plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
     pipe = Pipeline.load(b, backend="graphs", threads=2)
-    assert pipe.plan() == plan  # stamped with the graphs backend's machine, so it loads here
+    assert pipe.evidence.plan() == plan  # stamped with the graphs backend's machine, so it loads here
     # a request joining a running batch is prefilled beside it: bench batch prices those rows (test_batch_bench)
     assert pipe.target.static_cache and pipe.draft.static_cache

@@ -198,15 +198,15 @@ def test_an_acceptance_measured_on_one_variant_is_refused_by_another(quant_bundl
     shutil.copytree(quant_bundle, b)
     write_acceptance(b, [[0.5, 0.2]], quant="int4-weights")  # lies beside the variant's graphs
     assert (b / "quant/int4-weights/acceptance.json").is_file() and not (b / "acceptance.json").exists()
-    assert Pipeline.load(b, threads=2, quant="int4-weights").acceptance().config["quant"] == "int4-weights"
+    assert Pipeline.load(b, threads=2, quant="int4-weights").evidence.acceptance().config["quant"] == "int4-weights"
     with pytest.raises(BundleError, match=r"no quant/int8-weights/acceptance.json in .*: run `specrt calibrate "
                                           r"--bundle .* --quant int8-weights` first"):
-        Pipeline.load(b, threads=2, quant="int8-weights").acceptance()
+        Pipeline.load(b, threads=2, quant="int8-weights").evidence.acceptance()
     acc = write_acceptance(b, [[0.5, 0.2]])
     artifacts.save(b, replace(acc, config={"quant": "int4-weights"}))  # one measured before variants had places
     with pytest.raises(BundleError, match="measured on the int4-weights variant, this pipeline runs the exported step "
                                           "graphs: re-run `specrt calibrate --bundle .*`"):
-        Pipeline.load(b, threads=2).acceptance()
+        Pipeline.load(b, threads=2).evidence.acceptance()
 
 
 def _variant_evidence(bundle, variant_ms: float, threads: int = 2):
@@ -255,7 +255,7 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
         Pipeline.load(b, threads=2).generate(prompts[:1], method="auto", max_new_tokens=4)
     _variant_evidence(b, variant_ms=4.5)  # the variant's evidence changed: the plan is stale
     with pytest.raises(BundleError, match="made from an earlier (quant/int8-weights/)?(acceptance|latency).json"):
-        pipe.plan()
+        pipe.evidence.plan()
 
 
 def test_variants_are_profiled_side_by_side_each_into_its_own_profile(quant_bundle, tmp_path):

@@ -134,7 +134,7 @@ def test_sampling_ppd_uses_the_lossless_one_hot_verifier(ppd_bundle):
     from specrt.runtime.verify import RejectionVerifier
 
     pipe = Pipeline.load(ppd_bundle, threads=2)
-    built = Ppd(ppd_budget=4).build(pipe, SamplingParams(temperature=0.8), 1)
+    built = Ppd(ppd_budget=4).build(pipe.method_context(), SamplingParams(temperature=0.8), 1)
     assert isinstance(built.verifier, RejectionVerifier) and built.slack == pipe.prompt_tokens.tree(4).rows + 1
     a, b = (pipe.generate("def f(x):", method="ppd", max_new_tokens=16, temperature=0.8, seed=3, ppd_budget=4)
             for _ in range(2))
@@ -341,14 +341,14 @@ def test_tune_weighs_ppd_and_auto_runs_it_where_it_pays(ppd_bundle, tmp_path, hu
     # among the PPD trees, the flat latency makes the one accepting the most per round the fastest
     assert best.num_nodes == max(tokens.trees, key=lambda t: t.expected_accepted).budget
     pipe = Pipeline.load(b, threads=2)
-    assert Auto().resolve(pipe, 1) == Ppd(ppd_budget=best.num_nodes)
-    assert pipe.ppd_tree(1).budget == best.num_nodes  # method="ppd" without a budget: the same choice
+    assert Auto().resolve(pipe.method_context(), 1) == Ppd(ppd_budget=best.num_nodes)
+    assert pipe.evidence.ppd_tree(pipe.prompt_tokens, 1).budget == best.num_nodes  # method="ppd" without a budget: the same choice
     ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=16)
     assert [g.token_ids for g in pipe.generate(humaneval[:3], method="auto", max_new_tokens=16)] == [g.token_ids for g in ar]
     # the plan is refused once the prompt tokens it weighed change
     artifacts.save(b, replace(tokens, trees=tokens.trees[:1]))
     with pytest.raises(BundleError, match="made from an earlier ppd.json"):
-        pipe.plan()
+        pipe.evidence.plan()
 
 
 def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it_measured(ppd_bundle, demo_bundle,
@@ -403,13 +403,13 @@ def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it
     assert sorted(ppd_rows) == [2, 8] and ppd_rows[2].expected_accepted == pytest.approx(table[8] + 0.2)
     assert (plan.choices[1].method, plan.choices[1].best.num_nodes) == ("ppd", 2)
     pipe = Pipeline.load(b, threads=2)
-    assert pipe.ppd_tree(1).budget == 2
+    assert pipe.evidence.ppd_tree(pipe.prompt_tokens, 1).budget == 2
     # trees rebuilt (or the tokens trained again) since: the measurements no longer apply, the table decides
     artifacts.save(b, replace(tokens, trees=tuple(replace(t, expected_accepted=t.expected_accepted + 1e-3)
                                                   for t in tokens.trees)))
     pipe = Pipeline.load(b, threads=2)
-    assert pipe.acceptance().ppd_measured(pipe.prompt_tokens) == {}
-    assert pipe.ppd_tree(1).budget == max(tokens.trees, key=lambda t: t.expected_accepted).budget
+    assert pipe.evidence.acceptance().ppd_measured(pipe.prompt_tokens) == {}
+    assert pipe.evidence.ppd_tree(pipe.prompt_tokens, 1).budget == max(tokens.trees, key=lambda t: t.expected_accepted).budget
 
 
 def test_a_prompt_token_graph_that_changes_ordinary_logits_is_refused(demo_bundle, tmp_path, monkeypatch):

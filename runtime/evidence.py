@@ -1,0 +1,79 @@
+"""Evidence: what a bundle's measured artifacts say about this machine, read when a method or a bench asks.
+
+The plan (`specrt tune`), the latency profile (`specrt profile`) and the acceptance (`specrt calibrate`), each
+refused where it was made for another export, machine or variant of the step graphs (bundle/artifacts), and what
+the methods derive from them: the calibrated draft temperature, ANPD's hardware-aware round costs, PPD's tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.bundle import artifacts
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, variant_words
+from specrt.bundle.machine import Machine
+from specrt.errors import BundleError
+from specrt.runtime.cost import choose_ppd_tree, ngram_round_costs
+
+
+@dataclass(frozen=True)
+class Evidence:
+    bundle: Path
+    machine: Machine  # artifacts are checked against it (backend, threads, device, quantized variant)
+
+    def has_plan(self) -> bool:
+        return (self.bundle / Plan.FILE).is_file()
+
+    def plan(self) -> Plan:
+        picked, _ = artifacts.read(self.bundle, Plan)
+        if picked is not None and picked.quant != self.machine.quant:  # tuned over variants: it picked another
+            what, here = variant_words(picked.quant), variant_words(self.machine.quant)
+            load = f"quant={picked.quant!r} (--quant {picked.quant})" if picked.quant else "no quant"
+            raise BundleError(f"{self.bundle / Plan.FILE} picked {what}, this pipeline runs {here}: load with "
+                              f"{load} or quant='plan' (--quant plan), or re-run `specrt tune`")
+        return artifacts.load(self.bundle, Plan, self.machine)
+
+    def latency(self) -> LatencyProfile:
+        return artifacts.load(self.bundle, LatencyProfile, self.machine)
+
+    def acceptance(self) -> Acceptance:
+        """acceptance.json, refused if it was measured on another variant of the step graphs (a quantized target
+        accepts other drafts than the exported one)."""
+        acc = artifacts.load(self.bundle, Acceptance, quant=self.machine.quant)
+        measured = acc.config.get("quant")
+        if measured != self.machine.quant:
+            what, here = variant_words(measured), variant_words(self.machine.quant)
+            flag = f" --quant {self.machine.quant}" if self.machine.quant else ""
+            raise BundleError(f"{self.bundle / Acceptance.file(self.machine.quant)} was measured on {what}, this "
+                              f"pipeline runs {here}: "
+                              f"re-run `specrt calibrate --bundle {self.bundle}{flag}`")
+        return acc
+
+    def draft_temperature(self) -> float:
+        """The calibrated draft temperature (acceptance.json), 1.0 (raw draft scores) if not calibrated: this
+        variant's calibration, else the exported graphs' (it scales the draft's scores; `specrt calibrate --quant
+        S` fits it to a quantized target)."""
+        for quant in dict.fromkeys((self.machine.quant, None)):  # this variant's, else the exported graphs'
+            if (self.bundle / Acceptance.file(quant)).is_file():
+                return artifacts.load(self.bundle, Acceptance, quant=quant).draft_temperature
+        return 1.0
+
+    def ngram_round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
+        """ANPD's hardware-aware round costs on this machine's latency profile (cost.ngram_round_costs)."""
+        return ngram_round_costs(self.latency(), num_draft_tokens, batch_size)
+
+    def ppd_tree(self, prompt_tokens, batch_size: int):
+        """PPD's sparse tree for these prompt tokens on this machine: the one the latency profile predicts fastest at
+        this batch size (the default size where this machine is not profiled), with the acceptance `specrt
+        calibrate` measured by decoding where it measured these prompt tokens' trees (else the training-time
+        table's)."""
+        try:
+            latency = self.latency()
+        except BundleError:
+            latency = None
+        try:
+            measured = self.acceptance().ppd_measured(prompt_tokens)
+        except BundleError:
+            measured = {}
+        return choose_ppd_tree(prompt_tokens, latency, batch_size, measured)
