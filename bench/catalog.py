@@ -87,7 +87,7 @@ def bench_section(results: list[tuple[Path, str, dict]], page_dir: Path, level: 
                 md = "#" * (level + 1) + md[3:]
             lines += [md, "", f"Command: `{bench_command(verb, data)}` → `{path.as_posix()}`", ""]
             where = data.get("machine") or {}
-            if where.get("cpu"):  # recorded since 2026-11-24
+            if where.get("cpu"):  # older results did not record the machine
                 features = ", ".join(where.get("cpu_features") or []) or "none of those recorded"
                 lines += [f"Ran on: {where['cpu']}, {where.get('cpus')} cores ({features})", ""]
             png = path.with_suffix(".png")

@@ -45,7 +45,7 @@ class TuneConfig(BundleOptions):
     batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)")
     # bench/results/batch-tiny-min-gain-5pct: tuned with 0.05, the tiny pair ran ANPD at batch 8, predicted at 1.09x
     # AR, at 0.88x (its n-gram acceptance on the held-out text overstated HumanEval's): a gain inside the cost
-    # model's error band (issue 14 asks for +-15%) is no reason to speculate
+    # model's error band (+-15%) is no reason to speculate
     min_gain: float = option(0.15, "speculate only where predicted at least this much faster than no speculation "
                                    "(0.15: 15%, the cost model's error band); below it, autoregressive", ge=0)
     new_tokens: int | None = option(None, "tokens your requests typically generate: each candidate's acceptance over "

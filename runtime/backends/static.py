@@ -15,9 +15,9 @@ is how the padding, the spans and the static cache are tested without a GPU.
 With `specrt build --compile MODE` (EngineSet.compile) each decoder layer runs through torch.compile first, one
 compiled graph per shape serving every layer (PyTorch's regional compilation), compiled when the backend loads
 (in the captures' warm-up on CUDA): the CUDA graphs then replay inductor's fused kernels instead of the eager
-step's. Issue 11 measured on an H100 a 7B-class one-token step at 8.7 ms captured from the eager module and 5.36 ms
-with the whole module compiled (max-autotune-no-cudagraphs) then captured; these per-layer compiles are not yet
-measured on a GPU.
+step's. On an H200 the captured eager one-token step of the 7b shape took 9.55 ms where the measured bandwidth allows
+2.8 ms (docs/gpu.md): the fused kernels are what would close that gap; these per-layer compiles are not yet measured
+on a GPU.
 
 Concurrency: each of the engine's `slots` holds one static cache and the static inputs of every shape;
 a runner takes a slot for its lifetime (slots.SlotPool) and further calls wait for one. A call that

@@ -125,7 +125,7 @@ def test_a_corrupted_data_file_is_caught_by_the_manifest(bf16_bundle, tmp_path):
 
 @pytest.mark.slow
 def test_a_1b_class_target_exports_in_bfloat16_with_external_data(tmp_path):
-    """The issue's goal on the CPU: a 1B-class inflated target (hidden 2048, 22 layers) in bfloat16, its 2.1 GB
+    """On the CPU: a 1B-class inflated target (hidden 2048, 22 layers) in bfloat16, its 2.1 GB
     of weights as external data, parity in ONNX Runtime. About 5 minutes and 11 GB of memory on 2 cores here."""
     from specrt.checkpoints.inflate import InflateConfig, inflate
 
