@@ -110,6 +110,9 @@ def add_config(parser, cls, *, exclude=(), defaults: dict | None = None) -> None
             help += _default_text(default)
         add_flag(parser, f.name, flag_name(f), hints[f.name], default, help, f.metadata.get("choices"),
                  f.metadata.get("metavar"))
+    # which configs a verb's flags come from (an argument group shares its parser's defaults): what the flag
+    # round-trip test walks
+    parser.set_defaults(configs=(*(parser.get_default("configs") or ()), cls))
 
 
 def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None, metavar=None) -> None:
