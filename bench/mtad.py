@@ -26,8 +26,8 @@ from specrt.plotting import pyplot, save_figure
 class MtadConfig(BenchConfig):
     gamma: int = option(4, "tokens per beam", ge=1)
     tau: float = option(0.5, "threshold of the beam-count rows", ge=0, le=1)
-    taus: tuple[float, ...] = option((0.1, 0.3, 0.5, 0.7, 0.9), "thresholds of the sweeps")
-    beams: tuple[int, ...] = option((2, 8), "W run at tau with the best beam only ('' for none)")
+    taus: tuple[float, ...] = option((0.1, 0.3, 0.5, 0.7, 0.9), "thresholds of the sweeps", ge=0, le=1)
+    beams: tuple[int, ...] = option((2, 8), "W run at tau with the best beam only ('' for none)", ge=1)
     sweeps: tuple[tuple[int, ...], ...] = option(((4, 1), (4, 4), (8, 8)), "W:k pairs run at every tau (k > 1: the top "
                                                                           "k of W beams verified as one tree)")
     reference_beams: int = option(8, "W of the exact MJGD reference row (0: none)", ge=0)

@@ -26,9 +26,9 @@ from specrt.plotting import finish_figure, pyplot
 
 @dataclass(frozen=True)
 class NgramConfig(BenchConfig):
-    orders: tuple[int, ...] = option((2, 3, 4, 5, 6), "n-gram orders N to try")
-    lengths: tuple[int, ...] = option((1, 3, 5, 7, 9), "draft lengths K to try")
-    tree_branches: tuple[int, ...] = option((2, 3), "continuations per node of the n-gram trees to try ('' for none)")
+    orders: tuple[int, ...] = option((2, 3, 4, 5, 6), "n-gram orders N to try", ge=2)
+    lengths: tuple[int, ...] = option((1, 3, 5, 7, 9), "draft lengths K to try", ge=1)
+    tree_branches: tuple[int, ...] = option((2, 3), "continuations per node of the n-gram trees to try ('' for none)", ge=1)
     tree_order: int = option(5, "N of the tree, pruned and hardware-aware rows", ge=2)
     min_prob: float = option(0.2, "pruned rows: chains and 2-way trees drafting no token below this (0: no such rows)",
                              ge=0, le=1)

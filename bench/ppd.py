@@ -35,7 +35,7 @@ from specrt.runtime.backends import BackendOptions
 @dataclass(frozen=True)
 class PpdBenchConfig(BenchConfig, BackendOptions):
     methods: tuple[str, ...] = option(("sd", "dynamic", "anpd"), "methods to compare with (defaults of each)")
-    budgets: tuple[int, ...] = option((4, 8, 16, 32), "PPD tree sizes measured besides the picked one ('' for none)")
+    budgets: tuple[int, ...] = option((4, 8, 16, 32), "PPD tree sizes measured besides the picked one ('' for none)", ge=1)
     ablations: bool = option(True, "also the naive and random trees at the picked size")
     temperature: float = option(0.7, "also AR and the picked PPD tree sampled at this temperature, PPD verified by "
                                      "lossless rejection and by typical acceptance (0: none)", ge=0)

@@ -35,13 +35,13 @@ TREE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 @dataclass(frozen=True)
 class TreesConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(5, "first N HumanEval prompts", ge=1)
-    tree_sizes: tuple[int, ...] = option(TREE_SIZES, "calibrated best static trees to measure (the tuned one always is)")
+    tree_sizes: tuple[int, ...] = option(TREE_SIZES, "calibrated best static trees to measure (the tuned one always is)", ge=1)
     max_chain: int = option(8, "chains of 1..this many tokens are measured", ge=1)
     long_chains: tuple[int, ...] = option((12, 16), "chain lengths past the calibrated depth to measure, for "
-                                                    "equal-width comparisons ('' for none)")
-    dynamic_sizes: tuple[int, ...] = option((4, 8, 12, 16), "dynamic tree sizes to measure ('' for none)")
+                                                    "equal-width comparisons ('' for none)", ge=1)
+    dynamic_sizes: tuple[int, ...] = option((4, 8, 12, 16), "dynamic tree sizes to measure ('' for none)", ge=1)
     merged_sizes: tuple[int, ...] = option((6, 8, 10), "dynamic tree sizes to measure with n-gram drafts merged in "
-                                                      "('' for none)")
+                                                      "('' for none)", ge=1)
     batch_size: int = option(1, "sequences per ragged batch; predictions and the tuned choice are the plan's for it",
                              ge=1)
 

@@ -80,14 +80,14 @@ class CalibrationConfig(BundleOptions, BackendOptions):
     max_nodes: int = option(64, "largest static tree built", ge=1)
     seed: int = option(0, "seed of the prompt sampler", ge=0)
     dynamic_sizes: tuple[int, ...] = option((2, 4, 6, 8, 10, 12, 16, 24, 32),
-                                            "dynamic tree sizes whose acceptance is measured by decoding ('' for none)")
+                                            "dynamic tree sizes whose acceptance is measured by decoding ('' for none)", ge=1)
     merged_sizes: tuple[int, ...] = option((4, 6, 8, 10, 12, 16),
-                                           "dynamic tree sizes measured with n-gram drafts merged in ('' for none)")
-    ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)")
+                                           "dynamic tree sizes measured with n-gram drafts merged in ('' for none)", ge=1)
+    ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)", ge=1)
     ppd_budgets: tuple[int, ...] | None = option(None, "PPD sparse trees (step rows) measured by decoding where the "
                                                        "bundle has prompt tokens (`specrt ppd train`); the tuner and "
                                                        "PPD's tree choice then weigh only these (default: every tree "
-                                                       "it built; '' for none: the training-time table's predictions)")
+                                                       "it built; '' for none: the training-time table's predictions)", ge=1)
     prompts: Path | None = option(None, "calibrate on your own prompts: a JSON Lines file, one {\"prompt\": \"...\"} "
                                         "per line (the first --num-prompts, whole unless --prompt-tokens); default: "
                                         "held-out stdlib text. Acceptance depends on the text: "

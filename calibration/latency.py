@@ -55,9 +55,9 @@ HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32
 
 @dataclass(frozen=True)
 class ProfileConfig(BundleOptions, BackendOptions):
-    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile")
-    contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at")
-    num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile")
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile", ge=1)
+    contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at", ge=0)
+    num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile", ge=1)
     repeats: int = option(3, "timed steps per point per pass (the median over all passes is kept)", ge=1)
     warmup: int = option(1, "untimed steps per point per pass", ge=0)
     passes: int = option(3, "passes over every point (and host-work configuration), each in a new random order",
@@ -65,7 +65,7 @@ class ProfileConfig(BundleOptions, BackendOptions):
     max_tokens_per_step: int = option(512, "skip points with batch * new tokens above this", ge=1)
     prefill_tokens: tuple[int, ...] = option(PREFILL_TOKENS, "prompt tokens per sequence of the prefill steps to "
                                                              "profile (from an empty cache; none above the pipeline's "
-                                                             "prefill chunk)")
+                                                             "prefill chunk)", ge=1)
     prefill_repeats: int = option(1, "timed prefill steps per point per pass", ge=1)
     max_prefill_tokens: int = option(2048, "skip prefill points with batch * prompt tokens above this", ge=1)
     variants: tuple[str, ...] = option((), "profile these variants of the step graphs (exported and quantized schemes) "

@@ -29,16 +29,16 @@ class BuildConfig(BundleOptions, ThreadOptions):
     device: str | None = option(None, "where the engines run: cpu (graphs only: static steps, no graphs) or cuda[:N] "
                                       "(default where present)")
     token_profiles: tuple[int, ...] = option((1, 8, 16, 32, 64, 128), "the largest new-token count of each profile "
-                                                                       "(the largest is also the prefill chunk)")
+                                                                       "(the largest is also the prefill chunk)", ge=1)
     batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
-                                                       "batch 1 to the largest)")
+                                                       "batch 1 to the largest)", ge=1)
     capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
     spans: tuple[int, ...] | None = option(None, "graphs: attention spans below the capacity, ascending (e.g. "
                                                  "256,512,1024): a step whose sequences' cached contexts fit one "
                                                  "attends over that many slots of the static cache, not all of them, "
                                                  "so attention costs what the context needs; each span adds a set of "
                                                  "shapes to capture (and compile). Default: 512, 1024, ... below the "
-                                                 "capacity; '' for none")
+                                                 "capacity; '' for none", ge=1)
     slots: int = option(1, "calls served at once: each holds a static cache (graphs) or execution contexts (trt) per "
                            "model (a model drafting for itself needs 2)", ge=1)
     hardware_compatibility: str = option("none", "trt: GPUs the plans may run on besides this one's model: "

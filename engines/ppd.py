@@ -74,7 +74,7 @@ class PpdConfig(BundleOptions):
                                         "cut to its last --window / 2 tokens and continued by the target's greedy "
                                         "tokens; prompts like your traffic predict it best (never those you benchmark on)")
     max_rank: int = option(8, "guesses per distance ranked (top-k)", ge=1)
-    budgets: tuple[int, ...] = option(BUDGETS, "tree sizes (step rows beyond the root) to build sparse trees for")
+    budgets: tuple[int, ...] = option(BUDGETS, "tree sizes (step rows beyond the root) to build sparse trees for", ge=1)
     seed: int = option(0, "seed of initialisation, windows and insertion points", ge=0)
     prompts_from: Path | None = option(None, "a bundle whose target computes the same function (the demo target this "
                                              "one inflates): take its trained prompt tokens (zero-padded to this hidden "

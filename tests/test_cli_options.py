@@ -130,3 +130,32 @@ def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
     with pytest.raises(Seen):
         args.func(args)
     assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"]) == ("ort", 3, "int8-weights", "graph")
+
+
+def test_a_value_out_of_bounds_is_refused_as_the_flag_is_parsed(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(["profile"], "--batch-sizes 1,0")
+    assert e.value.code == 2
+    assert "argument --batch-sizes: item 2 must be an integer >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["generate"], "--prompt x --max-new-tokens 0")
+    assert "argument --max-new-tokens: the value must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_errors_name_the_flags_a_cli_user_typed_not_the_python_fields(capsys, demo_bundle):
+    from specrt.cli import main
+
+    flags = ["--bundle", str(demo_bundle), "--prompt", "x", "--threads", "1"]
+    assert main(["generate", *flags, "--method", "mtad", "--verify-beams", "9"]) == 2
+    assert capsys.readouterr().err.strip() == ("specrt: error: --verify-beams must be an integer in [1, --num-beams=4], "
+                                               "got 9")
+    assert main(["generate", *flags, "--method", "ppd", "--ppd-budget", "3", "--ppd-tree", "{}"]) == 2
+    assert capsys.readouterr().err.strip() == "specrt: error: give --ppd-budget or --ppd-tree, not both"
+
+
+def test_only_field_names_become_flags():
+    from specrt.cli.args import name_flags
+
+    flags = {"max_new_tokens": "--max-new-tokens", "bundle": "--bundle", "threads": "--threads"}
+    assert name_flags("max_new_tokens=3 in build/max_new_tokens/x, bundle b, threads=9 threads", flags) == (
+        "--max-new-tokens=3 in build/max_new_tokens/x, bundle b, --threads=9 threads")

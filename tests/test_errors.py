@@ -93,7 +93,7 @@ def test_prompt_longer_than_context(pipelines):
     (dict(top_p=0.0), "top_p must be a finite number in \\(0, 1\\]"),
     (dict(top_k=-2), "top_k must be an integer >= 0"),
     (dict(top_k=1.5), "top_k must be an integer >= 0, got 1.5"),
-    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
+    (dict(seed=-1), "argument --seed: the value must be an integer >= 0, got -1"),
     (dict(seed=1.5), "seed must be an integer"),
     (dict(method="beam"), "unknown method 'beam'"),
     (dict(method=None), "unknown method None"),
@@ -175,8 +175,8 @@ def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pip
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(threads=0), "threads must be an integer >= 1"),
-    (dict(threads=1.5), "threads must be an integer >= 1"),
+    (dict(threads=0), "argument --threads: the value must be an integer >= 1"),
+    (dict(threads=1.5), "argument --threads: the value must be an integer >= 1"),
     (dict(threads=10000), "threads=10000 is more than 4 per core of the .* this process may use"),  # it hung
     (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, graphs, trt\\)"),
     (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
@@ -211,15 +211,15 @@ def _cli(*args, timeout=300):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["generate", "--prompt", "x", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
-    (["generate", "--prompt", "x", "--threads", "0"], "threads must be an integer >= 1"),
-    (["generate", "--prompt", "x", "--threads", "10000"], "threads=10000 is more than 4 per core"),
+    (["generate", "--prompt", "x", "--seed", "-1"], "argument --seed: the value must be an integer >= 0, got -1"),
+    (["generate", "--prompt", "x", "--threads", "0"], "argument --threads: the value must be an integer >= 1"),
+    (["generate", "--prompt", "x", "--threads", "10000"], "--threads=10000 is more than 4 per core"),
     (["generate", "--prompt", "x", "--method", "sd", "--tau", "0.2"], "tau do not apply to method 'sd'"),
     (["generate", "--prompt", "x", "--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
     (["generate", "--prompt", "x", "--method", "tree", "--tree", "[[0], [1"], "argument --tree: invalid JSON"),
     (["profile", "--batch-sizes", "1,x"], "argument --batch-sizes: invalid list of int: '1,x'"),
     (["generate", "--prompt", "x", "--device", "cuda:0"], "device 'cuda:0': the ort backend runs on the CPU"),
-    (["build", "--token-profiles", "8,4"], "token_profiles must be distinct integers >= 1 in ascending order"),
+    (["build", "--token-profiles", "8,4"], "--token-profiles must be distinct integers >= 1 in ascending order"),
     (["generate", "--prompt", "x", "--backend", "graphs"], "no engines.json in .*: run `specrt build --bundle"),
 ])
 def test_cli_errors_are_one_line_with_status_2(demo_bundle, args, match):

@@ -27,7 +27,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from specrt.cli.args import ArgumentParser, add_config, add_flag, config_from
+from specrt.cli.args import ArgumentParser, add_config, add_flag, config_from, name_flags
 from specrt.config import field_types, format_value
 from specrt.errors import SpecrtError
 
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except SpecrtError as e:
-        print(f"specrt: error: {e}", file=sys.stderr)
+        print(f"specrt: error: {name_flags(str(e), getattr(args, 'flags', None) or {})}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

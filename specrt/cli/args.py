@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from specrt.config import field_types, flag_name, format_value, unwrap_optional
+from specrt.config import coerce, field_types, flag_name, format_value, unwrap_optional
+from specrt.errors import InvalidRequestError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -109,13 +111,33 @@ def add_config(parser, cls, *, exclude=(), defaults: dict | None = None) -> None
         if "(default:" not in help:  # a help that names its default in words (the demo target) keeps only that
             help += _default_text(default)
         add_flag(parser, f.name, flag_name(f), hints[f.name], default, help, f.metadata.get("choices"),
-                 f.metadata.get("metavar"))
+                 f.metadata.get("metavar"), f.metadata)
     # which configs a verb's flags come from (an argument group shares its parser's defaults): what the flag
     # round-trip test walks
     parser.set_defaults(configs=(*(parser.get_default("configs") or ()), cls))
 
 
-def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None, metavar=None) -> None:
+def _checked(parse, tp, meta):
+    """`parse`, refusing a value out of the field's bounds as argparse refuses a malformed one (naming the flag)."""
+    base, _ = unwrap_optional(tp)
+    item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else None
+
+    def parse_checked(text: str):
+        value = parse(text)
+        try:
+            if item is not None:
+                return tuple(coerce(f"item {i + 1}", item, v, meta) for i, v in enumerate(value))
+            return coerce("the value", tp, value, meta)
+        except InvalidRequestError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse_checked.__name__ = getattr(parse, "__name__", "value")
+    return parse_checked
+
+
+def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None, metavar=None, meta=None) -> None:
+    """One flag; `meta`: the field's metadata, whose bounds are checked as the flag is parsed."""
+    # the flag each dest is typed as: what an error naming the field is rewritten to (name_flags)
+    parser.set_defaults(flags={**(parser.get_default("flags") or {}), dest: flag})
     base, _ = unwrap_optional(tp)
     kw = {"dest": dest, "default": default, "help": help.replace("%", "%%")}
     if base is bool:
@@ -129,7 +151,23 @@ def add_flag(parser, dest: str, flag: str, tp, default, help: str, choices=None,
             kw["metavar"] = metavar or "{" + ",".join(map(str, choices)) + "},..."
         elif choices:
             kw["choices"] = choices
+        if meta and any(meta.get(k) is not None for k in ("ge", "gt", "le", "lt")):
+            kw["type"] = _checked(kw["type"], tp, meta)
     parser.add_argument(flag, **kw)
+
+
+def name_flags(message: str, flags: dict[str, str]) -> str:
+    """An error message with each field name a CLI user typed as a flag (max_new_tokens) named as the flag
+    (--max-new-tokens): the configs and methods name their fields, shared with the Python API."""
+    # a one-word field (threads) is a flag only as name=value: as a word it is English
+    snake = sorted((d for d in flags if "_" in d), key=len, reverse=True)
+    words = sorted((d for d in flags if "_" not in d), key=len, reverse=True)
+    alternatives = [f"(?:{'|'.join(map(re.escape, snake))})(?![\\w/-])"] if snake else []
+    alternatives += [f"(?:{'|'.join(map(re.escape, words))})(?==)"] if words else []
+    if not alternatives:
+        return message
+    pattern = re.compile(r"(?<![\w/.-])(" + "|".join(alternatives) + ")")
+    return pattern.sub(lambda m: flags[m.group(1)], message)
 
 
 def config_from(cls, args: argparse.Namespace, **extra):
