@@ -218,6 +218,7 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
 
 def run_e2e(cfg: E2EConfig) -> dict:
     from specrt.bench.hardware import EnergyMeter
+    from specrt.bundle.artifacts.latency import roofline_ms
     from specrt.calibration.latency import copy_bandwidth
     from specrt.runtime.pipeline import Pipeline
 
@@ -230,7 +231,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
     bandwidth = copy_bandwidth(pipe.machine.device)
     meter, joules = EnergyMeter(pipe.machine.device), {}
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
-                "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(1e3 * weight_bytes / bandwidth, 3),
+                "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),
                 "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
 
     def results_of(seconds, last) -> dict[str, MethodResult]:

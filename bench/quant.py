@@ -27,6 +27,7 @@ import numpy as np
 from specrt.bench.e2e import VARIANTS, OurRunner
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, ratio_text, timed_runs, write_report
+from specrt.bundle.artifacts.latency import roofline_ms
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.contract import TORCH_QUANT_SCHEMES
@@ -194,7 +195,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
         kept = getattr(variants.get(variant, {}).get("target"), "kept", ())  # `specrt quantize --keep`
         row = {"variant": variant, "kept": list(kept), "target_mb": round(target_bytes / 2**20, 1),
                "draft_mb": round(draft_bytes / 2**20, 1),
-               "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(1e3 * target_bytes / bandwidth, 3),
+               "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(roofline_ms(target_bytes, bandwidth), 3),
                **_quality_row(q, ref), "methods": {}}
         for m in cfg.methods:
             outs, calls, _ = last[(variant, m)]

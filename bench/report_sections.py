@@ -87,9 +87,6 @@ def recommendation(facts: dict) -> list[str]:
                       f"faster than {roof:.3f} ms, so batch-b autoregressive decoding is bounded by b x {1e3 / roof:.0f} "
                       "tok/s. \"Of roofline\" is the predicted tok/s over that bound; speculation emits several tokens "
                       "per weight read, so it can pass 100%."]
-    else:
-        lines += ["", "Roofline: unknown (this latency profile predates bandwidth measurement: re-run "
-                      f"`{facts['artifacts']['latency.json']['command']}`)."]
     return lines + [""]
 
 
@@ -164,7 +161,7 @@ def latency_section(facts: dict, plots: dict) -> list[str]:
         lines += ["", "Host work per decode round (outside model calls, batch 1), ms by tree size: " + "; ".join(
             f"{kind}: " + ", ".join(f"{n}: {ms:.2f}" for n, ms in table.items()) for kind, table in lat["host_ms"].items())]
     bw = lat["copy_bandwidth_gb_s"]
-    lines += ["", f"Copy bandwidth: {bw} GB/s." if bw else "Copy bandwidth: not measured by this profile.", "",
+    lines += ["", f"Copy bandwidth: {bw} GB/s.", "",
               f"Command: `{lat['command']}`", ""]
     return lines
 

@@ -62,15 +62,13 @@ def _plain(obj):
     return json.loads(json.dumps(to_data(obj)))
 
 
-def by_position_series(acceptance: Acceptance) -> dict | None:
+def by_position_series(acceptance: Acceptance) -> dict:
     """Accepted drafted tokens per round by the output position rounds start at (acceptance grows along an output):
-    sd's chain, ANPD's n-gram drafts and the merged trees; None where the calibration predates these estimates."""
+    sd's chain, ANPD's n-gram drafts and the merged trees."""
     from specrt.bundle.artifacts import CurvePoint
     from specrt.calibration.acceptance import position_acceptance
     from specrt.runtime.methods import Sd
 
-    if not acceptance.position_bucket:
-        return None
     g = Sd.num_draft_tokens
     series = {f"sd (chain of {g})": position_acceptance(acceptance, CurvePoint(
         "chain", g, 0.0, 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))}
@@ -114,7 +112,7 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
                           for b, per in sorted(latency.models[role].items())} for role in latency.models},
         "contexts": sorted({c for per in latency.models["target"].values() for c in per}),
         "host_ms": _plain(latency.host_ms),
-        "copy_bandwidth_gb_s": round(latency.copy_bandwidth / 1e9, 2) if latency.copy_bandwidth else None,
+        "copy_bandwidth_gb_s": round(latency.copy_bandwidth / 1e9, 2),
         "roofline_ms": {role: latency.roofline_ms(m["weight_bytes"]) for role, m in facts["models"].items()},
         "command": rebuild_command("specrt profile", ProfileConfig, latency.config, bundle)}
     facts["acceptance"] = None if acceptance is None else {

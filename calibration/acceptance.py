@@ -155,7 +155,7 @@ def depth_rank_by_position(rank_seqs: list[np.ndarray], max_depth: int, max_rank
 def position_acceptance(acceptance: Acceptance, point: CurvePoint) -> tuple[float, ...]:
     """Expected drafted tokens accepted per round of a candidate by the bucket of output positions the round starts
     at (acceptance.position_bucket positions each; the last: every later one); () where the calibration has no such
-    estimate (made before they were measured; autoregressive accepts nothing)."""
+    estimate (autoregressive accepts nothing; PPD's trees where the bundle had none)."""
     if point.kind in ("tree", "chain"):
         return tuple(tree_expectation(np.array(p), point.paths) for p in acceptance.depth_rank_by_position)
     measured = {"dynamic": acceptance.dynamic, "merged": acceptance.merged, "ngram": acceptance.ngram,
@@ -255,8 +255,8 @@ def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, t
                                 draft_temperature=temperature, ngram_tokens=ngram_tokens)
             width, depth = method.shape
             *measured, by_position, interval = measured
-            out.append(MeasuredTree(n, width, depth, *measured, ngram_tokens,
-                                    method.ngram_min_prob if ngram_tokens else None, by_position, interval))
+            out.append(MeasuredTree(n, width, depth, *measured, by_position, interval, ngram_tokens,
+                                    method.ngram_min_prob if ngram_tokens else None))
     return out
 
 

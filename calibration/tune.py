@@ -81,9 +81,6 @@ def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int
     the acceptance calibrated where each round starts (None: the calibration's average over its own outputs)."""
     if new_tokens is None:
         return point.expected_accepted
-    if not acceptance.position_bucket:
-        raise SpecrtError("tuning for --max-new-tokens needs acceptance by output position, which this acceptance.json "
-                          "predates: re-run `specrt calibrate`")
     by_position = position_acceptance(acceptance, point)
     return new_tokens / rounds_needed(new_tokens, point.expected_accepted, by_position, acceptance.position_bucket,
                                       whole=False) - 1

@@ -81,7 +81,7 @@ def ngram_round_costs(latency: LatencyProfile, num_draft_tokens: int, batch_size
 def ppd_round_cost_ms(latency: LatencyProfile, batch: float, tree, rows: float | None = None) -> tuple[float, float]:
     """Predicted (target ms, host ms) of a PPD round of a sparse tree (PromptTokens' trees): the target step of `rows`
     step rows beyond the root (default: the tree's steady-state average) and PPD's host work at the tree's budget
-    (profiles before it was measured: a static draft tree's of that many rows); there is no draft model."""
+    (where the bundle had no prompt tokens when profiled: a static draft tree's of that many rows); there is no draft model."""
     rows = tree.expected_rows if rows is None else rows
     host = (latency.host(tree.budget, "ppd", batch) if "ppd" in latency.host_ms
             else latency.host(rows, batch=batch))
@@ -154,7 +154,7 @@ def target_step_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) ->
 def ngram_round_cost_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> tuple[float, float]:
     """(target ms, host ms) of one ANPD round (measured n-gram drafts): the target step as wide as the batch's
     widest draft (target_step_ms), no draft model, and ANPD's own host work (n-gram lookups and updates, verification) at its
-    draft length (a static tree's where the profile predates it)."""
+    draft length (LatencyProfile.host)."""
     return target_step_ms(latency, batch, tree), latency.host(tree.num_nodes, "ngram", batch=batch)
 
 

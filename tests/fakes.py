@@ -117,7 +117,8 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
     models = {"target": {b: {128: {n: b * target_ms(n) for n in ns}} for b in batches},
               "draft": {b: {128: {n: b * draft_ms(n) for n in ns}} for b in batches}}
     machine = machine or Machine.here("ort", 2)
-    lat = LatencyProfile(Stamp.make(bundle, machine), {}, models, host_ms or {}, host_batch=host_batch)
+    lat = LatencyProfile(Stamp.make(bundle, machine), {}, models, host_ms or {}, copy_bandwidth=1e10,
+                         host_batch=host_batch or {}, packed_rows=False, cache_bucket=1)
     artifacts.save(bundle, lat, quant=machine.quant)  # a quantized variant's beside its graphs
     return lat
 
@@ -126,7 +127,7 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
                      ngram=(), quant: str | None = None, by_position=(), ppd=(), ppd_source=None):
     """An acceptance.json from a depth x rank table (and measured dynamic / merged trees / PPD trees of the prompt
     tokens whose identity is `ppd_source`), of variant `quant`; `by_position`: the tables by bucket of 16 output
-    positions (none: calibrated before they were measured)."""
+    positions."""
     from specrt.bundle import artifacts
     from specrt.bundle.artifacts import Acceptance, Stamp
     from specrt.calibration.acceptance import best_trees, chain_expectation
@@ -135,14 +136,14 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
     acc = Acceptance(Stamp.make(bundle), {"quant": quant} if quant else {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
                      tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram),
-                     16 if by_position else 0, tuple(tuple(map(tuple, t)) for t in by_position), tuple(ppd), ppd_source)
+                     16, tuple(tuple(map(tuple, t)) for t in by_position), tuple(ppd), ppd_source)
     artifacts.save(bundle, acc, quant=quant)
     return acc
 
 
 def measured_tree(num_nodes, width, depth, accepted, calls, per_round=None, hist=None, ngram_tokens=0, min_prob=None,
-                  by_position=(), interval=None):
+                  by_position=(), interval=(0.0, 0.0)):
     from specrt.bundle.artifacts import MeasuredTree
 
     return MeasuredTree(num_nodes, width, depth, accepted, calls, per_round if per_round is not None else num_nodes,
-                        hist or {}, ngram_tokens, min_prob, tuple(by_position), interval)
+                        hist or {}, tuple(by_position), interval, ngram_tokens, min_prob)

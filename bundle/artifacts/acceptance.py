@@ -32,20 +32,20 @@ class MeasuredTree:
     draft_calls_per_round: float
     nodes_per_round: float  # nodes verified per round (merged trees vary)
     nodes_hist: dict[int, int]  # nodes verified in a round -> rounds
+    # drafted tokens accepted per round by the output position a round starts at, per bucket of
+    # Acceptance.position_bucket positions (the last bucket: every later position)
+    accepted_by_position: tuple[float, ...]
+    # 5th-95th percentile of expected_accepted over resamples of the calibration prompts (calibration.acceptance.
+    # ratio_interval): how far the text alone moves it
+    accepted_interval: tuple[float, float]
     ngram_tokens: int = 0  # n-gram drafts merged in (0: a plain dynamic tree)
     ngram_min_prob: float | None = None
-    # drafted tokens accepted per round by the output position a round starts at, per bucket of
-    # Acceptance.position_bucket positions (the last bucket: every later position); () before it was measured
-    accepted_by_position: tuple[float, ...] = ()
-    # 5th-95th percentile of expected_accepted over resamples of the calibration prompts (calibration.acceptance.
-    # ratio_interval): how far the text alone moves it; None before it was measured
-    accepted_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
 class Acceptance(Artifact):
     FILE: ClassVar[str] = "acceptance.json"
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2  # 2: ngram, the by-position estimates and measured trees' intervals always recorded
     COMMAND: ClassVar[str] = "specrt calibrate --bundle {bundle}"
     PER_VARIANT: ClassVar[bool] = True  # a quantized target accepts other drafts
 
@@ -62,11 +62,10 @@ class Acceptance(Artifact):
     dynamic: tuple[MeasuredTree, ...]
     merged: tuple[MeasuredTree, ...]
     seconds: float
-    ngram: tuple[MeasuredTree, ...] = ()  # ANPD (n-gram drafts, no draft model) by K; () before it was measured
-    # output positions per bucket of the by-position estimates (0: calibrated before they were measured)
-    position_bucket: int = 0
+    ngram: tuple[MeasuredTree, ...]  # ANPD (n-gram drafts, no draft model) by K
+    position_bucket: int  # output positions per bucket of the by-position estimates
     # [buckets][D][K]: depth_rank over the rounds that start in each bucket of output positions
-    depth_rank_by_position: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    depth_rank_by_position: tuple[tuple[tuple[float, ...], ...], ...]
     # PPD's sparse trees by budget (num_nodes; width: candidates, depth: the deepest), measured by decoding, and the
     # PromptTokens.identity() of the prompt tokens and trees measured; () / None where the bundle had none then
     ppd: tuple[MeasuredTree, ...] = ()

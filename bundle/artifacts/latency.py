@@ -13,9 +13,14 @@ from specrt.errors import SpecrtError
 
 
 HOST_KINDS = ("tree", "dynamic", "merged", "ngram", "ppd")
-# a kind not in a profile (profiled before it was measured, or PPD without prompt tokens then) is costed as the next
-# simpler one's host work
+# a kind not in a profile (PPD where the bundle had no prompt tokens then; a kind whose every size was wider than the
+# target's largest step) is costed as the next simpler one's host work
 HOST_FALLBACK = {"merged": "dynamic", "dynamic": "tree", "ngram": "tree", "ppd": "tree"}
+
+
+def roofline_ms(weight_bytes: int, copy_bandwidth: float) -> float:
+    """The least time a step can take: every weight read once at a copy bandwidth (bytes per second)."""
+    return 1e3 * weight_bytes / copy_bandwidth
 
 
 @functools.lru_cache(maxsize=4096)
@@ -35,37 +40,35 @@ def nondecreasing(values: tuple[float, ...]) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class LatencyProfile(Artifact):
     FILE: ClassVar[str] = "latency.json"
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2  # 2: copy_bandwidth, host_batch, packed_rows, cache_bucket always recorded
     COMMAND: ClassVar[str] = "specrt profile --bundle {bundle} {flags}"
     PER_VARIANT: ClassVar[bool] = True  # a quantized step costs less
 
     config: dict  # the ProfileConfig it was made with
     models: dict[str, dict[int, dict[int, dict[int, float]]]]  # role -> batch -> context -> new tokens -> ms
     host_ms: dict[str, dict[int, float]]  # kind (HOST_KINDS) -> tree nodes -> host ms per round, batch 1
-    # the device's measured copy bandwidth, bytes read + written per second (None: profiled before it was measured)
-    copy_bandwidth: float | None = None
-    # kind -> batch size (> 1) -> tree nodes -> host ms per round: host work grows with the batch (None: profiled
-    # at batch 1 only, before this was measured)
-    host_batch: dict[str, dict[int, dict[int, float]]] | None = None
+    copy_bandwidth: float  # the device's measured copy bandwidth, bytes read + written per second
+    # kind -> batch size (> 1) -> tree nodes -> host ms per round: host work grows with the batch ({}: batch 1 only)
+    host_batch: dict[str, dict[int, dict[int, float]]]
     # the target's backend left holes out of its token-wise work (Backend.packs_rows): a ragged step costs about L at
-    # its mean width, not its widest (False: it computes them, or it was profiled before rows were packed)
-    packed_rows: bool = False
+    # its mean width, not its widest (False: it computes them)
+    packed_rows: bool
     # slots the profiled KV caches grew by (capacity: a multiple of it; a static cache's: its whole capacity): what
-    # at_context prices a context by (None: profiled before it was recorded)
-    cache_bucket: int | None = None
+    # at_context prices a context by
+    cache_bucket: int
     # a static cache's attention spans (the graphs engines' EngineSet.spans): a step over c cached tokens attends over
-    # the smallest span >= c, which at_context prices it by instead (None: no spans, or profiled before them)
+    # the smallest span >= c, which at_context prices it by instead (None: no spans)
     cache_spans: tuple[int, ...] | None = None
     # role -> batch -> tokens per sequence -> ms of one prefill step of that many prompt tokens per sequence into an
     # empty cache (a prompt's tokens cost more there than in a decode-shaped step of as many rows: attention over the
     # step's own tokens grows with them); prefill_chunk: the tokens per sequence per step the pipeline prefilled in
-    # (None: profiled before prefill was; prefill_step_ms then prices it from the decode curves)
+    # (None: profiled with no --prefill-tokens; prefill_step_ms then prices it from the decode curves)
     prefill: dict[str, dict[int, dict[int, float]]] | None = None
     prefill_chunk: int | None = None
 
-    def roofline_ms(self, weight_bytes: int) -> float | None:
-        """The least time one step can take: every weight read once at the measured bandwidth (None: unknown)."""
-        return 1e3 * weight_bytes / self.copy_bandwidth if self.copy_bandwidth else None
+    def roofline_ms(self, weight_bytes: int) -> float:
+        """The least time one step can take: every weight read once at the measured bandwidth."""
+        return roofline_ms(weight_bytes, self.copy_bandwidth)
 
     def batch_sizes(self, role: str = "target") -> list[int]:
         return sorted(self.models[role])
@@ -74,14 +77,13 @@ class LatencyProfile(Artifact):
         """This profile with one curve per batch size, each point at `context` cached tokens per sequence (a batch's:
         its longest sequence's). A step attends over the cache's capacity, which grows by `cache_bucket` slots: each
         point is the profiled one at the same capacity, linear between profiled capacities, the smallest's below
-        them, along the line through the two largest (never falling) above them; without a recorded bucket, linear
-        in the context the same way. Engines with attention spans (cache_spans) attend over the span the cached
+        them, along the line through the two largest (never falling) above them. Engines with attention spans (cache_spans) attend over the span the cached
         context fits, which stands for the capacity. Without it, step_ms averages over the profiled contexts."""
         def capacity(cached: float, new: int) -> float:
             if self.cache_spans:
                 return next((s for s in self.cache_spans if cached <= s), self.cache_spans[-1])
             tokens = cached + new
-            return -(-tokens // self.cache_bucket) * self.cache_bucket if self.cache_bucket else tokens
+            return -(-tokens // self.cache_bucket) * self.cache_bucket
 
         models = {}
         for role, per_batch in self.models.items():
@@ -157,7 +159,7 @@ class LatencyProfile(Artifact):
         while k is not None:
             table = self.host_ms.get(k)
             if table:
-                tables = {1: table, **(self.host_batch or {}).get(k, {})}
+                tables = {1: table, **self.host_batch.get(k, {})}
                 sizes = sorted(tables)
                 ys = [float(np.interp(num_nodes, sorted(tables[b]),
                                       nondecreasing(tuple(tables[b][n] for n in sorted(tables[b]))))) for b in sizes]

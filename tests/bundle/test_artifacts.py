@@ -79,8 +79,8 @@ def test_a_profile_at_a_context_is_linear_between_the_profiled_ones(bundle):
 @pytest.mark.parametrize("corrupt,match", [
     (lambda p: p.unlink(), "no latency.json in .*: run `specrt profile --bundle .* --backend ort --threads 2` first"),
     (lambda p: p.write_text(p.read_text()[:50]), "is not valid JSON \\(truncated or edited\\?.*re-run `specrt profile"),
-    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 0})),
-     "has format 0, this specrt reads format 1: re-run"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 1})),  # before bandwidth was recorded
+     "has format 1, this specrt reads format 2: re-run `specrt profile"),
     (lambda p: p.write_text("[1, 2]"), "has format None"),
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "models": {"target": {"x": {}}}})),
      "is malformed \\(models.target.x: expected an integer key\\)"),

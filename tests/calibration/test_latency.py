@@ -139,6 +139,7 @@ def test_ppd_host_work_is_profiled_where_the_bundle_has_prompt_tokens_and_costs_
     assert sorted(out.host_batch["ppd"][2]) == [4, 16]
     tree = artifacts.load(b, PromptTokens).tree(8)
     assert ppd_round_cost_ms(out, 1, tree)[1] == pytest.approx(0.08)  # its own kind, at its budget
-    older = LatencyProfile(**{**out.__dict__, "host_ms": {k: v for k, v in out.host_ms.items() if k != "ppd"},
-                              "host_batch": {k: v for k, v in out.host_batch.items() if k != "ppd"}})
-    assert ppd_round_cost_ms(older, 1, tree)[1] == pytest.approx(out.host(tree.expected_rows))  # a draft tree's, as before
+    # profiled where the bundle had no prompt tokens: a draft tree's of as many rows
+    without = LatencyProfile(**{**out.__dict__, "host_ms": {k: v for k, v in out.host_ms.items() if k != "ppd"},
+                                "host_batch": {k: v for k, v in out.host_batch.items() if k != "ppd"}})
+    assert ppd_round_cost_ms(without, 1, tree)[1] == pytest.approx(out.host(tree.expected_rows))
