@@ -93,7 +93,7 @@ def test_prompt_longer_than_context(pipelines):
     (dict(top_p=0.0), "top_p must be a finite number in \\(0, 1\\]"),
     (dict(top_k=-2), "top_k must be an integer >= 0"),
     (dict(top_k=1.5), "top_k must be an integer >= 0, got 1.5"),
-    (dict(seed=-1), "argument --seed: the value must be an integer >= 0, got -1"),
+    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
     (dict(seed=1.5), "seed must be an integer"),
     (dict(method="beam"), "unknown method 'beam'"),
     (dict(method=None), "unknown method None"),
@@ -175,8 +175,8 @@ def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pip
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(threads=0), "argument --threads: the value must be an integer >= 1"),
-    (dict(threads=1.5), "argument --threads: the value must be an integer >= 1"),
+    (dict(threads=0), "threads must be an integer >= 1"),
+    (dict(threads=1.5), "threads must be an integer >= 1"),
     (dict(threads=10000), "threads=10000 is more than 4 per core of the .* this process may use"),  # it hung
     (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, graphs, trt\\)"),
     (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
