@@ -61,13 +61,13 @@ def _spawned(cfg: LoadBenchConfig, bundle: Path, verify: str, prompt: str) -> di
 def layout(bundle: Path) -> dict:
     """What the load reads: the bytes of the step graphs the ort backend loads (with their external data), and which
     keep their weights beside the graph (as the manifest says export wrote them)."""
-    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.bundle.manifest import load_manifest
 
     m = load_manifest(bundle, verify=False)
-    graphs = {role: model_entry(m, role).onnx for role in ("target", "draft")}
-    return {"graph_bytes": sum((Path(bundle) / rel).stat().st_size for rel in m["files"]
+    graphs = {role: m.models[role].onnx for role in ("target", "draft")}
+    return {"graph_bytes": sum((Path(bundle) / rel).stat().st_size for rel in m.files
                                if any(rel.startswith(g) for g in graphs.values())),
-            "external_data": [g for role, g in graphs.items() if m.get("export", {}).get(role, {}).get("external_data")]}
+            "external_data": [g for role, g in graphs.items() if m.export.get(role, {}).get("external_data")]}
 
 
 def read_through(directory: Path) -> int:

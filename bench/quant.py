@@ -143,7 +143,7 @@ def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: st
 
         return module_bytes(backend.module), backend.quant.seconds if backend.quant else 0.0
     v = variants.get(variant, {}).get(role)
-    return graph_bytes(cfg.bundle / (v.file if v else pipe.manifest["models"][role]["onnx"])), v.seconds if v else 0.0
+    return graph_bytes(cfg.bundle / (v.file if v else pipe.manifest.models[role].onnx)), v.seconds if v else 0.0
 
 
 def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):

@@ -27,7 +27,7 @@ from specrt.bench.report_sections import (acceptance_section, bench_overview, co
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, PromptTokens, QuantSet, TrtEngineSet
 from specrt.bundle.files import write_atomic, write_json_atomic
-from specrt.bundle.manifest import MANIFEST, BundleOptions, load_manifest, manifest_sha256
+from specrt.bundle.manifest import MANIFEST, BundleOptions, ModelEntry, load_manifest, manifest_sha256
 from specrt.calibration.acceptance import CalibrationConfig
 from specrt.calibration.latency import ProfileConfig
 from specrt.config import option, to_flags
@@ -44,8 +44,8 @@ class ReportConfig(BundleOptions):
 
 
 # -- facts -----------------------------------------------------------------------------------------
-def _weight_bytes(entry: dict) -> int:
-    return int(entry["num_params"]) * np.dtype({"bfloat16": "float16"}.get(entry["dtype"], entry["dtype"])).itemsize
+def _weight_bytes(entry: ModelEntry) -> int:
+    return entry.num_params * np.dtype({"bfloat16": "float16"}.get(entry.dtype, entry.dtype)).itemsize
 
 
 def _file_bytes(bundle: Path, name: str | None) -> int:
@@ -85,14 +85,14 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
     manifest = load_manifest(bundle, verify=False)
     sha = manifest_sha256(bundle)
     facts: dict = {"format": FORMAT, "bundle": bundle.as_posix(), "manifest_sha256": sha,
-                   "created": time.strftime("%Y-%m-%d %H:%M"), "versions": manifest.get("versions", {}),
+                   "created": time.strftime("%Y-%m-%d %H:%M"), "versions": manifest.versions,
                    "models": {}, "artifacts": {}}
-    for role, entry in manifest["models"].items():
-        facts["models"][role] = {k: entry.get(k) for k in ("num_params", "dtype", "num_layers", "num_heads",
+    for role, entry in manifest.models.items():
+        facts["models"][role] = {k: getattr(entry, k) for k in ("num_params", "dtype", "num_layers", "num_heads",
                                                              "num_kv_heads", "head_dim", "vocab_size", "model_type")}
         facts["models"][role]["weight_bytes"] = _weight_bytes(entry)
-        facts["models"][role]["onnx_bytes"] = _file_bytes(bundle, entry["onnx"])
-        facts["models"][role]["export"] = manifest.get("export", {}).get(role, {})
+        facts["models"][role]["onnx_bytes"] = _file_bytes(bundle, entry.onnx)
+        facts["models"][role]["export"] = manifest.export.get(role, {})
     read = {}
     for cls in artifacts.ARTIFACTS:
         artifact, state = artifacts.read(bundle, cls)

@@ -26,7 +26,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from specrt.bundle.files import write_atomic
@@ -155,9 +155,9 @@ def hash_tree(bundle: Path, rel_paths: list[str], record: bool = False) -> dict[
     return out
 
 
-def write_manifest(bundle: Path, data: dict) -> Path:
+def write_manifest(bundle: Path, manifest: Manifest) -> Path:
     path = bundle / MANIFEST
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(manifest.to_data(), indent=1, sort_keys=True) + "\n")
     return path
 
 
@@ -166,7 +166,7 @@ def manifest_sha256(bundle: Path) -> str:
     return sha256_file(Path(bundle) / MANIFEST)
 
 
-def load_manifest(bundle: str | Path, verify: bool | str = True) -> dict:
+def load_manifest(bundle: str | Path, verify: bool | str = True) -> Manifest:
     bundle = Path(bundle)
     path = bundle / MANIFEST
     if not bundle.is_dir():
@@ -179,53 +179,79 @@ def load_manifest(bundle: str | Path, verify: bool | str = True) -> dict:
         raise BundleError(f"{path} is not UTF-8 text (re-run `specrt export`)") from None
     except json.JSONDecodeError as e:
         raise BundleError(f"{path} is not valid JSON ({e}); re-run `specrt export`") from None
-    check_manifest(path, data)
-    bad = verify_files(bundle, data["files"], verify)
+    manifest = Manifest.from_data(path, data)
+    bad = verify_files(bundle, manifest.files, verify)
     if bad is not None and not (bundle / bad).is_file():
         raise BundleError(f"bundle {bundle} is missing {bad} (listed in {MANIFEST}); re-run `specrt export`")
     if bad is not None:
         raise BundleError(f"bundle {bundle}: {bad} does not match its sha256 in {MANIFEST} (corrupt or modified)")
-    return data
+    return manifest
 
 
 _ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None)), "str | None": (str, type(None))}
 
 
-def check_manifest(path: Path, data) -> None:
-    """Refuse, in one line naming the field, a manifest of the wrong shape: what a load reads must be there, of its
-    type (a hand-edited or truncated file fails here, not as a KeyError deep in a load)."""
-    def bad(what: str):
-        return BundleError(f"{path}: {what}; re-run `specrt export`")
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, typed: what `specrt export` wrote and a load reads, its shape checked (Manifest.from_data)."""
 
-    if not isinstance(data, dict):
-        raise bad(f"expected a JSON object, found {type(data).__name__}")
-    if data.get("format") != MANIFEST_FORMAT:
-        raise BundleError(f"{path}: manifest format {data.get('format')!r}, this specrt reads {MANIFEST_FORMAT}")
-    if not isinstance(data.get("tokenizer"), str):
-        raise bad('"tokenizer" (the tokenizer directory) is missing or not a string')
-    files = data.get("files")
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
-                                              for k, v in files.items()):
-        raise bad('"files" must map each file\'s path to its sha256 (64 hex digits)')
-    models = data.get("models")
-    if not isinstance(models, dict):
-        raise bad('"models" is missing or not an object')
-    for role in ROLES:
-        entry = models.get(role)
-        if not isinstance(entry, dict):
-            raise BundleError(f"{path}: no {role!r} model in the manifest")
-        for f in fields(ModelEntry):
-            if f.name not in entry and f.default is MISSING:
-                raise bad(f"models.{role}.{f.name} is missing")
-            if f.name in entry and (not isinstance(entry[f.name], _ENTRY_TYPES[f.type])
-                                    or isinstance(entry[f.name], bool)):
-                raise bad(f"models.{role}.{f.name} is {entry[f.name]!r}, not {f.type}")
-        unknown = set(entry) - {f.name for f in fields(ModelEntry)}
+    created: str  # when the export finished, %Y-%m-%dT%H:%M:%S%z
+    tokenizer: str  # the tokenizer directory, relative to the bundle
+    models: dict[str, ModelEntry]  # role -> its step graph, checkpoint and shape
+    files: dict[str, str]  # every file of the bundle (relative path) -> its sha256
+    eos_token_id: int | None = None
+    versions: dict = field(default_factory=dict)  # package -> version the export ran with
+    export: dict = field(default_factory=dict)  # role -> how it was exported (exporter, seconds, source)
+    io: dict = field(default_factory=dict)  # the step graphs' input and output names
+    parity: dict = field(default_factory=dict)  # role -> the exported graph's logit error against its checkpoint
+    format: int = MANIFEST_FORMAT
+
+    def to_data(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "models": {role: asdict(entry) for role, entry in self.models.items()}}
+
+    @classmethod
+    def from_data(cls, path: Path, data) -> Manifest:
+        """The manifest of this JSON data, or a BundleError in one line naming the field of the wrong shape (a
+        hand-edited or truncated file fails here, not as a KeyError deep in a load)."""
+        def bad(what: str):
+            return BundleError(f"{path}: {what}; re-run `specrt export`")
+
+        if not isinstance(data, dict):
+            raise bad(f"expected a JSON object, found {type(data).__name__}")
+        if data.get("format") != MANIFEST_FORMAT:
+            raise BundleError(f"{path}: manifest format {data.get('format')!r}, this specrt reads {MANIFEST_FORMAT}")
+        unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise bad(f"models.{role} has fields this specrt does not know: {', '.join(sorted(unknown))}")
-    if not isinstance(data.get("eos_token_id", 0), (int, type(None))):
-        raise bad('"eos_token_id" is not an integer')
-
-
-def model_entry(manifest: dict, role: str) -> ModelEntry:
-    return ModelEntry(**manifest["models"][role])
+            raise bad(f"fields this specrt does not know: {', '.join(sorted(unknown))}")
+        if not isinstance(data.get("created"), str):
+            raise bad('"created" is missing or not a string')
+        if not isinstance(data.get("tokenizer"), str):
+            raise bad('"tokenizer" (the tokenizer directory) is missing or not a string')
+        files = data.get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
+                                                  for k, v in files.items()):
+            raise bad('"files" must map each file\'s path to its sha256 (64 hex digits)')
+        models = data.get("models")
+        if not isinstance(models, dict):
+            raise bad('"models" is missing or not an object')
+        for role in ROLES:
+            entry = models.get(role)
+            if not isinstance(entry, dict):
+                raise BundleError(f"{path}: no {role!r} model in the manifest")
+            for f in fields(ModelEntry):
+                if f.name not in entry and f.default is MISSING:
+                    raise bad(f"models.{role}.{f.name} is missing")
+                if f.name in entry and (not isinstance(entry[f.name], _ENTRY_TYPES[f.type])
+                                        or isinstance(entry[f.name], bool)):
+                    raise bad(f"models.{role}.{f.name} is {entry[f.name]!r}, not {f.type}")
+            unknown = set(entry) - {f.name for f in fields(ModelEntry)}
+            if unknown:
+                raise bad(f"models.{role} has fields this specrt does not know: {', '.join(sorted(unknown))}")
+        eos = data.get("eos_token_id")
+        if eos is not None and (not isinstance(eos, int) or isinstance(eos, bool)):
+            raise bad('"eos_token_id" is not an integer')
+        for name in ("versions", "export", "io", "parity"):
+            if not isinstance(data.get(name, {}), dict):
+                raise bad(f'"{name}" is not an object')
+        return cls(**{**data, "models": {role: ModelEntry(**models[role]) for role in ROLES}})

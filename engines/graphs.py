@@ -30,7 +30,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import EngineSet, Stamp, environment
 from specrt.bundle.machine import resolve_threads
-from specrt.bundle.manifest import load_manifest, model_entry
+from specrt.bundle.manifest import load_manifest
 from specrt.engines.config import BuildConfig
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import resolve_device
@@ -127,7 +127,7 @@ def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     rng = np.random.default_rng(0)
     seconds, parity, weight_bytes = {}, {}, {}
     for role in tqdm(("target", "draft"), desc="build", unit="model", disable=not progress):
-        entry = model_entry(manifest, role)
+        entry = manifest.models[role]
         t0 = time.perf_counter()
         backend = StaticTorchBackend(entry, cfg.bundle / entry.hf_dir, device, threads, engines)
         err, scale = check_engine_step(backend, rng, check_shapes(cfg))

@@ -42,7 +42,7 @@ from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import PathHit, PromptTokens, Stamp
 from specrt.bundle.files import write_atomic
-from specrt.bundle.manifest import BundleOptions, load_manifest, model_entry, sha256_file
+from specrt.bundle.manifest import BundleOptions, load_manifest, sha256_file
 from specrt.config import config_dict, option
 from specrt.engines.ppd_trees import PathModel, sparse_tree
 from specrt.errors import SpecrtError
@@ -311,7 +311,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
 
     bundle = Path(cfg.bundle)
     manifest = load_manifest(bundle, cfg.verify_mode)
-    entry = model_entry(manifest, "target")
+    entry = manifest.models["target"]
     if entry.dtype != "float32" and (cfg.prompts_from is None or entry.onnx):
         raise SpecrtError(f"{bundle}'s target is {entry.dtype}: train PPD's prompt tokens on a float32 export (a "
                           f"{entry.dtype} export without ONNX graphs, --no-onnx, can take them with --prompts-from)")
@@ -322,7 +322,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     module = StepModule(load_checkpoint(bundle / entry.hf_dir, "float32", cfg.device)).eval()
     vocab, hidden = entry.vocab_size, module.hf.config.hidden_size
     k, e = cfg.num_prompt_tokens, cfg.num_ensemble
-    encode = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json")).encode
+    encode = Tokenizer.from_file(str(bundle / manifest.tokenizer / "tokenizer.json")).encode
     ids = (lambda text: encode(text).ids)
     text = cfg.window // 2
     val = greedy_windows(module, validation_windows(cfg, ids), text)

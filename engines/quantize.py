@@ -59,7 +59,7 @@ import numpy as np
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
-from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, model_entry, sha256_file
+from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
 from specrt.graphs.passes import data_file, graph_bytes, save_graph
@@ -285,14 +285,14 @@ def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:
     bundle = Path(cfg.bundle)
     manifest = load_manifest(bundle, cfg.verify_mode)
     roles = contract.ROLES if cfg.model == "both" else (cfg.model,)
-    entries = {role: model_entry(manifest, role) for role in roles}
+    entries = {role: manifest.models[role] for role in roles}
     for e in entries.values():
         if not e.onnx:
             raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
         if e.dtype != "float32":
             raise SpecrtError(f"the {e.role} was exported in {e.dtype}: quantize a float32 export (ONNX Runtime's CPU "
                               "8-bit kernels take float32 activations)")
-    tok = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(bundle / manifest.tokenizer / "tokenizer.json"))
     encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
     previous = {}
     if (bundle / QuantSet.FILE).is_file():

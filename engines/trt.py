@@ -37,7 +37,7 @@ from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
 from specrt.bundle.files import write_atomic
-from specrt.bundle.manifest import ModelEntry, load_manifest, model_entry, sha256_file
+from specrt.bundle.manifest import ModelEntry, load_manifest, sha256_file
 from specrt.engines.config import BuildConfig
 from specrt.engines.graphs import QUANT_TOL, check_engine_step, check_shapes, check_tolerance
 from specrt.errors import BundleError, SpecrtError
@@ -236,7 +236,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
 
     bundle = Path(cfg.bundle)
     manifest = load_manifest(bundle, cfg.verify_mode)
-    entries = {role: model_entry(manifest, role) for role in contract.ROLES}
+    entries = {role: manifest.models[role] for role in contract.ROLES}
     graphs = {role: e.onnx for role, e in entries.items()}
     if cfg.kv_update == "graph":
         graphs = _in_graph_sources(trt, bundle)

@@ -33,7 +33,7 @@ from pathlib import Path
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import InPlaceGraph, InPlaceGraphs, Stamp
-from specrt.bundle.manifest import BundleOptions, load_manifest, model_entry, sha256_file
+from specrt.bundle.manifest import BundleOptions, load_manifest, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
 from specrt.export.onnx_export import EXTERNAL_DATA
@@ -58,7 +58,7 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
     from specrt.model.checkpoint import load_checkpoint
     from specrt.model.step import StepModule
 
-    entry = model_entry(load_manifest(bundle, verify=False), role)
+    entry = load_manifest(bundle, verify=False).models[role]
     t0 = time.perf_counter()
     model = load_checkpoint(bundle / entry.hf_dir, entry.dtype)
     done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="graph")
@@ -94,7 +94,7 @@ def in_place(cfg: InPlaceConfig, progress: bool = True) -> InPlaceGraphs:
         except BundleError:
             previous = {}  # made for another export: stale
     for role in roles:
-        if not model_entry(manifest, role).hf_dir:
+        if not manifest.models[role].hf_dir:
             raise BundleError(f"{bundle} holds no checkpoint of its {role} to export from: re-export it")
     staging = bundle / f".{INPLACE_DIR}-{int(time.time() * 1e6)}"
     staging.mkdir()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specrt import contract
 from specrt.bundle.files import UMASK, replace_dir
-from specrt.bundle.manifest import MANIFEST, MANIFEST_FORMAT, ModelEntry, hash_tree, write_manifest
+from specrt.bundle.manifest import MANIFEST, Manifest, ModelEntry, hash_tree, write_manifest
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
@@ -239,7 +239,7 @@ def check_inputs(cfg: ExportConfig) -> None:
                                                                               "--tokenizer DIR)"))
 
 
-def export_bundle(cfg: ExportConfig, progress: bool = True) -> dict:
+def export_bundle(cfg: ExportConfig, progress: bool = True) -> Manifest:
     from tqdm import tqdm
 
     check_inputs(cfg)
@@ -290,7 +290,7 @@ def _check_graph(role: str, path: Path, model, dtype: str, external: bool) -> di
             "computed_in": check_dtype}
 
 
-def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
+def _build(cfg: ExportConfig, dest: Path, stages) -> Manifest:
     """Write a complete bundle into the (empty) directory `dest`."""
     import onnx
     import onnxruntime
@@ -320,27 +320,26 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> dict:
         stages.set_postfix_str(f"{role}: checkpoint copy")
         model.save_pretrained(dest / hf_rel, safe_serialization=True)
         stages.update()
-        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype).__dict__
+        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype)
         if cfg.check and cfg.onnx:
             stages.set_postfix_str(f"{role}: parity in ONNX Runtime")
             parity[role] = _check_graph(role, dest / onnx_rel, model, cfg.dtype, how["external_data"])
         stages.update()
         export[role] = {"export_seconds": round(time.perf_counter() - t0, 2), "source": src.name, **how}
     onnx_files = [f for role in contract.ROLES for f in (f"{role}.onnx", f"{role}.onnx.data") if (dest / f).is_file()]
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": {"specrt": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-                     "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
-        "tokenizer": "tokenizer",
-        "eos_token_id": tokenizer.eos_token_id,
-        "models": models,
-        "export": export,
-        "io": {"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
-               "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
-        "parity": parity,
-        "files": hash_tree(dest, ["tokenizer", "hf"] + onnx_files, record=True),  # dest: staging, written once
-    }
+    manifest = Manifest(
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        versions={"specrt": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+                  "torch": torch.__version__, "transformers": transformers.__version__,
+                  "python": platform.python_version()},
+        tokenizer="tokenizer",
+        eos_token_id=tokenizer.eos_token_id,
+        models=models,
+        export=export,
+        io={"inputs": contract.input_names(target.config.num_hidden_layers)[:3] + ["past_key.{l}", "past_value.{l}"],
+            "outputs": [contract.LOGITS, "new_key.{l}", "new_value.{l}"]},
+        parity=parity,
+        files=hash_tree(dest, ["tokenizer", "hf"] + onnx_files, record=True),  # dest: staging, written once
+    )
     write_manifest(dest, manifest)
     return manifest

@@ -14,7 +14,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import ENGINE_SETS, InPlaceGraphs, Plan, PromptTokens, QuantSet, variant_words
 from specrt.bundle.machine import Machine, resolve_threads
-from specrt.bundle.manifest import load_manifest, model_entry, verify_files
+from specrt.bundle.manifest import Manifest, load_manifest, verify_files
 from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends import Backend, ModelSource, load_backend, resolve_device
@@ -23,7 +23,7 @@ from specrt.runtime.backends import Backend, ModelSource, load_backend, resolve_
 @dataclass(frozen=True)
 class ResolvedBundle:
     bundle: Path
-    manifest: dict
+    manifest: Manifest
     tokenizer: object  # tokenizers.Tokenizer
     backend: str
     threads: int
@@ -41,7 +41,7 @@ class ResolvedBundle:
         return Machine.here(self.backend, self.threads, self.device, self.quant, self.kv_update)
 
     def load_model(self, role: str) -> Backend:
-        source = ModelSource(model_entry(self.manifest, role), self.threads, self.device, self.engines,
+        source = ModelSource(self.manifest.models[role], self.threads, self.device, self.engines,
                              self.graphs.get(role), self.embeddings if role == "target" else None, self.kv_update,
                              self.quant)
         return load_backend(self.backend, self.bundle, source)
@@ -68,7 +68,7 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
     if engines is not None:  # the engines say what runs: their variant and device, and (trt) KV update
         quant, device = engines.quant, device or engines.device
         kv_update = engines.kv_update if backend == "trt" else kv_update
-    tok_file = bundle / manifest["tokenizer"] / "tokenizer.json"
+    tok_file = bundle / manifest.tokenizer / "tokenizer.json"
     try:
         tokenizer = Tokenizer.from_file(str(tok_file))
     except Exception as e:  # the tokenizers library raises its own exception type

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specrt.bundle.machine import Machine
+from specrt.bundle.manifest import Manifest
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import Backend
 from specrt.runtime.detokenize import TextStream
@@ -63,7 +64,7 @@ def _is_token_ids(p) -> bool:
 
 
 class Pipeline:
-    def __init__(self, bundle: Path, manifest: dict, tokenizer, target: Backend, draft: Backend, machine: Machine,
+    def __init__(self, bundle: Path, manifest: Manifest, tokenizer, target: Backend, draft: Backend, machine: Machine,
                  bucket: int = 128):
         self.bundle = Path(bundle)
         self.manifest = manifest
@@ -72,7 +73,7 @@ class Pipeline:
         self.draft = draft
         self.machine = machine  # where this pipeline runs: backend, threads, device (artifacts are checked against it)
         self.evidence = Evidence(self.bundle, machine)  # its plan, latency profile and acceptance on this machine
-        self.eos_id = manifest.get("eos_token_id")
+        self.eos_id = manifest.eos_token_id
         self.bucket = bucket
         self.max_context = min(target.max_context, draft.max_context)
         self.prompt_tokens = None  # PPD's PromptTokens when the target backend holds them (`specrt ppd train`)

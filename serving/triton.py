@@ -33,7 +33,7 @@ from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import TrtEngineSet
 from specrt.bundle.files import UMASK, replace_dir, write_atomic
-from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, manifest_sha256, model_entry
+from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, manifest_sha256
 from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BACKENDS
@@ -177,7 +177,7 @@ def write_repository(cfg: TritonConfig) -> dict:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
         raise SpecrtError(f"{out} exists and is not a model repository specrt wrote: refusing to replace it (choose "
                           "another --out, or empty it)")
-    entries = [model_entry(manifest, role) for role in contract.ROLES]
+    entries = [manifest.models[role] for role in contract.ROLES]
     if not all(e.onnx for e in entries):
         raise SpecrtError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
     # the engines run where Triton runs, which need not be here: checked against the bundle, not this machine

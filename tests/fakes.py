@@ -13,13 +13,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from specrt.bundle.machine import Machine
-from specrt.bundle.manifest import MANIFEST, ModelEntry
+from specrt.bundle.manifest import Manifest, ModelEntry, write_manifest
 from specrt.runtime.backends import Backend
 from specrt.runtime.pipeline import Pipeline
 
@@ -100,8 +99,9 @@ class CharTokenizer:
 
 def fake_pipeline(tmp_path: Path, target: Backend, draft: Backend, eos_id: int | None = None) -> Pipeline:
     """A Pipeline over fake backends; tmp_path stands in for the bundle (a manifest is written there)."""
-    manifest = {"eos_token_id": eos_id, "models": {}}
-    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    manifest = Manifest(created="", tokenizer="tokenizer", eos_token_id=eos_id,
+                        models={role: m.entry for role, m in (("target", target), ("draft", draft))}, files={})
+    write_manifest(tmp_path, manifest)
     return Pipeline(tmp_path, manifest, CharTokenizer(target.entry.vocab_size), target, draft,
                     Machine.here("ort", 1), bucket=16)
 

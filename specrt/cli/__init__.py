@@ -81,7 +81,7 @@ def cmd_export(args) -> None:
 
     cfg = config_from(ExportConfig, args)
     manifest = export_bundle(cfg)
-    for role, p in manifest["parity"].items():
+    for role, p in manifest.parity.items():
         print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")
     print(f"bundle written to {cfg.out}")
 
@@ -257,8 +257,8 @@ def cmd_inspect(args) -> None:
     o = config_from(BackendOptions, args)
     machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device), o.quant,
                            o.kv_update)
-    sizes = ", ".join(f"{role} {m['num_params'] / 1e6:.2f}M params" for role, m in manifest["models"].items())
-    print(f"{args.bundle}: specrt bundle made {manifest['created']} ({sizes}); files match their hashes")
+    sizes = ", ".join(f"{role} {m.num_params / 1e6:.2f}M params" for role, m in manifest.models.items())
+    print(f"{args.bundle}: specrt bundle made {manifest.created} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")
     for name, state in artifacts.status(args.bundle, machine):
         print(f"  {name:<16} {state}")

@@ -112,7 +112,7 @@ def test_an_export_records_what_it_hashed_so_the_first_load_hashes_nothing(tmp_p
     m = export_bundle(ExportConfig(target=DEMO_DIR / "target", draft=DEMO_DIR / "draft", out=tmp_path / "b",
                                    tokenizer=DEMO_DIR / "tokenizer", exporter="torchscript"), progress=False)
     record = json.loads((tmp_path / "b" / VERIFIED).read_text())
-    assert {rel: r[3] for rel, r in record.items()} == m["files"]
+    assert {rel: r[3] for rel, r in record.items()} == m.files
     hashed = counting(monkeypatch)
     load_manifest(tmp_path / "b")
     assert hashed == []
@@ -141,6 +141,9 @@ def _edited(manifest: dict, edit) -> dict:
     (lambda m: m["models"]["draft"].update(vocab_size=True), "models.draft.vocab_size is True, not int"),
     (lambda m: m["models"]["draft"].update(colour="red"), "fields this specrt does not know: colour"),
     (lambda m: m.update(eos_token_id="0"), '"eos_token_id" is not an integer'),
+    (lambda m: m.pop("created"), '"created" is missing or not a string'),
+    (lambda m: m.update(parity=[1]), '"parity" is not an object'),
+    (lambda m: m.update(colour="red"), "fields this specrt does not know: colour"),
 ])
 def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_field(bundle, content, message, capsys):
     """Each was a raw AttributeError, KeyError or UnicodeDecodeError, from `specrt inspect` or a load."""
@@ -184,3 +187,13 @@ def test_verify_full_on_the_cli_catches_an_edit_that_kept_the_files_identity(bun
     flags = {path: {s for a in p._actions for s in a.option_strings} for path, p in leaves(parser)}
     missing = [" ".join(v) for v, f in flags.items() if "--bundle" in f and "--verify" not in f]
     assert not missing, f"verbs reading a bundle without --verify: {missing}"
+
+
+def test_the_typed_manifest_round_trips_what_export_wrote(bundle):
+    from specrt.bundle.manifest import Manifest, ModelEntry, load_manifest
+
+    data = json.loads((bundle / "manifest.json").read_text())
+    manifest = load_manifest(bundle)
+    assert isinstance(manifest.models["target"], ModelEntry) and manifest.files == data["files"]
+    assert manifest.to_data() == data
+    assert Manifest.from_data(bundle / "manifest.json", manifest.to_data()) == manifest

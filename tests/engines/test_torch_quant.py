@@ -40,10 +40,10 @@ def test_a_quantized_linear_is_close_and_computes_each_row_on_its_own(scheme):
 
 @pytest.mark.parametrize("scheme", quant_schemes())
 def test_quantize_step_swaps_every_projection_and_shrinks_the_weights(demo_bundle, scheme):
-    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.bundle.manifest import load_manifest
     from specrt.model.quant import Fp8Linear, Int8WeightLinear, load_step_module
 
-    entry = model_entry(load_manifest(demo_bundle), "target")
+    entry = load_manifest(demo_bundle).models["target"]
     module, report = load_step_module(demo_bundle / entry.hf_dir, "float32", "cpu", quant=scheme)
     assert report.quantized == 7 * entry.num_layers and report.kept == 0  # q, k, v, o, gate, up, down
     assert report.bytes_after < report.bytes_before

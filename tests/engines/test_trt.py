@@ -47,13 +47,13 @@ def _pipeline(bundle, engines):
     from tokenizers import Tokenizer
 
     from specrt.bundle.machine import Machine
-    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.bundle.manifest import load_manifest
     from specrt.runtime.backends.trt import TrtBackend
     from specrt.runtime.pipeline import Pipeline
 
     manifest = load_manifest(bundle)
-    models = [TrtBackend(model_entry(manifest, r), bundle, "cpu", engines) for r in ("target", "draft")]
-    tokenizer = Tokenizer.from_file(str(bundle / manifest["tokenizer"] / "tokenizer.json"))
+    models = [TrtBackend(manifest.models[r], bundle, "cpu", engines) for r in ("target", "draft")]
+    tokenizer = Tokenizer.from_file(str(bundle / manifest.tokenizer / "tokenizer.json"))
     return Pipeline(bundle, manifest, tokenizer, *models, machine=Machine.here("trt", 1, "cpu"))
 
 
@@ -85,10 +85,10 @@ def test_the_builder_gets_a_strongly_typed_network_a_profile_per_token_range_and
 def test_hardware_compatibility_reaches_the_builder_and_the_artifact_checks_the_gpu(trt, trt_bundle, tmp_path):
     from specrt.engines.config import BuildConfig
     from specrt.engines.trt import compile_plan
-    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.bundle.manifest import load_manifest
 
     b, engines, _ = trt_bundle
-    entry = model_entry(load_manifest(b), "draft")
+    entry = load_manifest(b).models["draft"]
     for level in ("ampere_plus", "same_compute_capability"):
         compile_plan(fake, b / entry.onnx, entry, BuildConfig(bundle=b, backend="trt", hardware_compatibility=level,
                                                                **TABLE), progress=False)
@@ -336,16 +336,16 @@ def test_plans_for_another_tensorrt_or_gpu_are_refused_in_one_line(trt, trt_bund
     with pytest.raises(BundleError, match="built with tensorrt 10.13.0"):
         artifacts.load(b, TrtEngineSet)
     # the plan itself also refuses to load in another version (what TensorRT's runtime does)
-    from specrt.bundle.manifest import load_manifest, model_entry
+    from specrt.bundle.manifest import load_manifest
     from specrt.runtime.backends.trt import TrtBackend
 
     with pytest.raises(BundleError, match=r"TensorRT 10.14.1 cannot load .*target-.*\.plan \(the plan was built with "
                                           r"TensorRT 10.13.0, this is 10.14.1\)"):
-        TrtBackend(model_entry(load_manifest(b), "target"), b, "cpu", replace(engines, version_compatible=False))
+        TrtBackend(load_manifest(b).models["target"], b, "cpu", replace(engines, version_compatible=False))
     fake.reset("10.13.0")
     (b / engines.plans["draft"]).write_bytes(b"truncated")
     with pytest.raises(BundleError, match="draft-.*plan is missing or not the plan trt-engines.json describes"):
-        TrtBackend(model_entry(load_manifest(b), "draft"), b, "cpu", engines)
+        TrtBackend(load_manifest(b).models["draft"], b, "cpu", engines)
 
 
 def test_an_engine_refusing_a_shape_says_so(trt, trt_bundle):

@@ -53,7 +53,7 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
     model = _tiny(kind, tmp_path / kind, **extra)
     manifest = export_bundle(ExportConfig(target=tmp_path / kind, draft=tmp_path / kind, out=tmp_path / "b",
                                           tokenizer=DEMO_DIR / "tokenizer"), progress=False)
-    assert manifest["models"]["target"]["sliding_window"] == extra.get("sliding_window")
+    assert manifest.models["target"].sliding_window == extra.get("sliding_window")
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 4096, (1, n), generator=gen) for n in (30, 17)]  # a ragged batch of two
     with torch.no_grad():
@@ -141,8 +141,8 @@ def test_float16_export_passes_parity(tmp_path, kind):
     _tiny(kind, tmp_path / kind)
     manifest = export_bundle(ExportConfig(target=tmp_path / kind, draft=tmp_path / kind, out=tmp_path / "b",
                                           tokenizer=DEMO_DIR / "tokenizer", dtype="float16"), progress=False)
-    assert all(p["max_logit_err"] <= PARITY_TOL["float16"] for p in manifest["parity"].values())
-    assert manifest["models"]["target"]["dtype"] == "float16"
+    assert all(p["max_logit_err"] <= PARITY_TOL["float16"] for p in manifest.parity.values())
+    assert manifest.models["target"].dtype == "float16"
 
 
 def test_a_draft_of_another_family_sharing_the_tokenizer_speculates_for_the_target(tmp_path):
@@ -157,7 +157,7 @@ def test_a_draft_of_another_family_sharing_the_tokenizer_speculates_for_the_targ
     _tiny("llama3", tmp_path / "draft")
     manifest = export_bundle(ExportConfig(target=tmp_path / "target", draft=tmp_path / "draft", out=tmp_path / "b",
                                           tokenizer=DEMO_DIR / "tokenizer"), progress=False)
-    assert (manifest["models"]["target"]["model_type"], manifest["models"]["draft"]["model_type"]) == ("qwen3", "llama")
+    assert (manifest.models["target"].model_type, manifest.models["draft"].model_type) == ("qwen3", "llama")
     prompt = torch.randint(1, 4096, (1, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = target.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, 24:].tolist()

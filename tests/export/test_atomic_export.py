@@ -79,8 +79,8 @@ def test_a_bundle_without_onnx_serves_the_torch_backend_and_refuses_ort(tmp_path
     from specrt.export.onnx_export import ExportConfig, export_bundle
 
     manifest = export_bundle(ExportConfig(out=tmp_path / "b", onnx=False), progress=False)
-    assert not list((tmp_path / "b").glob("*.onnx")) and manifest["models"]["target"]["onnx"] == ""
-    assert not any(f.endswith(".onnx") for f in manifest["files"])
+    assert not list((tmp_path / "b").glob("*.onnx")) and manifest.models["target"].onnx == ""
+    assert not any(f.endswith(".onnx") for f in manifest.files)
     with pytest.raises(BundleError, match="has no ONNX step graphs \\(exported with --no-onnx\\): load it with backend torch"):
         Pipeline.load(tmp_path / "b")
     pipe = Pipeline.load(tmp_path / "b", backend="torch", threads=2)

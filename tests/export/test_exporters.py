@@ -31,7 +31,7 @@ def test_the_default_export_is_the_dynamo_exporter_and_matches_torchscript(demo_
     assert {r: (e["exporter"], e["opset"], e["external_data"]) for r, e in m["export"].items()} == {
         "target": ("dynamo", 18, False), "draft": ("dynamo", 18, False)}
     ts = _export(tmp_path / "ts", exporter="torchscript")
-    assert ts["export"]["target"]["exporter"] == "torchscript" and "fallback" not in ts["export"]["target"]
+    assert ts.export["target"]["exporter"] == "torchscript" and "fallback" not in ts.export["target"]
     prompts = humaneval[:4]
     dyn = Pipeline.load(demo_bundle, threads=2).generate(prompts, method="autoregressive", max_new_tokens=24)
     old = Pipeline.load(tmp_path / "ts", threads=2).generate(prompts, method="autoregressive", max_new_tokens=24)
@@ -47,7 +47,7 @@ def test_auto_keeps_the_weights_of_large_models_beside_the_graph_and_they_decode
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 8 << 20)  # between the draft's 5 MB and the target's 14 MB
     m = _export(tmp_path / "b", exporter="torchscript")
-    assert {r: e["external_data"] for r, e in m["export"].items()} == {"target": True, "draft": False}
+    assert {r: e["external_data"] for r, e in m.export.items()} == {"target": True, "draft": False}
     assert (tmp_path / "b" / "target.onnx.data").is_file() and not (tmp_path / "b" / "draft.onnx.data").exists()
     prompts = humaneval[:2]
     ours = Pipeline.load(tmp_path / "b", threads=2)
@@ -65,9 +65,9 @@ def test_auto_falls_back_to_torchscript_and_says_why(tmp_path, monkeypatch):
 
     monkeypatch.setattr(onnx_export, "_export_dynamo", broken)
     m = _export(tmp_path / "a")
-    assert m["export"]["draft"]["exporter"] == "torchscript"
-    assert m["export"]["draft"]["fallback"] == "data-dependent control flow"
-    assert m["parity"]["draft"]["max_logit_err"] < 1e-4
+    assert m.export["draft"]["exporter"] == "torchscript"
+    assert m.export["draft"]["fallback"] == "data-dependent control flow"
+    assert m.parity["draft"]["max_logit_err"] < 1e-4
     with pytest.raises(SpecrtError, match="the dynamo exporter cannot export the llama step module: data-dependent "
                                           "control flow \\(try --exporter torchscript\\)"):
         _export(tmp_path / "b", exporter="dynamo")
@@ -134,5 +134,5 @@ def test_a_1b_class_target_exports_in_bfloat16_with_external_data(tmp_path):
 
     m = export_bundle(ExportConfig(target=tmp_path / "t1b", draft=DEMO_DIR / "draft", tokenizer=DEMO_DIR / "tokenizer",
                                    out=tmp_path / "b", dtype="bfloat16"), progress=False)
-    assert m["export"]["target"]["external_data"] and (tmp_path / "b" / "target.onnx.data").stat().st_size > 2e9
-    assert m["parity"]["target"]["max_logit_err"] < 1e-4
+    assert m.export["target"]["external_data"] and (tmp_path / "b" / "target.onnx.data").stat().st_size > 2e9
+    assert m.parity["target"]["max_logit_err"] < 1e-4

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specrt.bundle.manifest import load_manifest, model_entry
+from specrt.bundle.manifest import load_manifest
 from specrt.checkpoints import DEMO_DIR
 from specrt.model.checkpoint import load_checkpoint
 from specrt.model.quant import load_step_module
@@ -65,7 +65,7 @@ def test_the_torch_backends_load_and_step_on_the_device(demo_bundle, backend, qu
     from specrt.runtime.backends.pytorch import TorchBackend
     from specrt.runtime.backends.static import StaticTorchBackend
 
-    entry = model_entry(load_manifest(demo_bundle), "target")
+    entry = load_manifest(demo_bundle).models["target"]
     hf_dir = demo_bundle / entry.hf_dir
     if backend == "torch":
         model = TorchBackend(entry, hf_dir, "meta", 1, quant=quant)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from specrt import contract
-from specrt.bundle.manifest import load_manifest, model_entry
+from specrt.bundle.manifest import load_manifest
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.backends.packed_rows import PREFIX, pack_rows
 from specrt.runtime.kv_cache import KVCache
@@ -49,7 +49,7 @@ def _ragged_feed(session, counts: list[int], past: int, seed: int = 0) -> tuple[
 
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_packed_graph_computes_every_real_row_as_the_step_graph_does(demo_bundle, role):
-    model = onnx.load(str(demo_bundle / model_entry(load_manifest(demo_bundle), role).onnx))
+    model = onnx.load(str(demo_bundle / load_manifest(demo_bundle).models[role].onnx))
     packed = _packed(model)
     onnx.checker.check_model(packed)
     plain, fast = _session(model), _session(packed)
@@ -66,7 +66,7 @@ def test_packed_graph_computes_every_real_row_as_the_step_graph_does(demo_bundle
 
 
 def test_packed_graph_runs_the_weight_matmuls_on_the_real_rows_only(demo_bundle):
-    entry = model_entry(load_manifest(demo_bundle), "target")
+    entry = load_manifest(demo_bundle).models["target"]
     packed = _packed(onnx.load(str(demo_bundle / entry.onnx)))
     weights = {t.name for t in packed.graph.initializer if len(t.dims) == 2 and min(t.dims) > 1}
     products = [n for n in packed.graph.node if n.op_type == "MatMul" and n.input[1] in weights
@@ -141,7 +141,7 @@ def test_holes_sit_at_the_hole_position_unless_the_batch_computes_them():
 def test_ort_backend_packs_the_rows_of_the_graphs_it_loads(demo_bundle, tmp_path, external):
     """Also of a graph whose weights are external data (graphs over 2 GiB): the packed graph is handed to ONNX
     Runtime in memory, which reads the weights from beside the file."""
-    entry = model_entry(load_manifest(demo_bundle), "target")
+    entry = load_manifest(demo_bundle).models["target"]
     path = demo_bundle / entry.onnx
     if external:
         path = tmp_path / "target.onnx"
