@@ -72,7 +72,7 @@ tune-variants: $(STAMP)
 	$(BIN)/specrt profile --bundle $(OUT) --threads $(THREADS) --variants exported,$(SCHEMES)
 	$(BIN)/specrt tune --bundle $(OUT) --variants exported,$(SCHEMES)
 
-# step graphs that write their K/V into the cache in place (TensorRT's KV-cache route); run with --kv-update graph
+# step graphs that write their K/V into the cache in place (TensorRT's KV-cache route); run with --kv-update inplace
 inplace: $(STAMP)
 	$(BIN)/specrt inplace --bundle $(OUT)
 

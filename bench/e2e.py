@@ -183,7 +183,7 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
     torch.set_num_threads(threads)
     runners = our_runners(cfg, pipe, cfg.methods)
     if cfg.in_graph:
-        twin = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "kv_update": "graph"})
+        twin = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "kv_update": "inplace"})
         runners.update(our_runners(cfg, twin, cfg.in_graph, " (in-graph)"))
     skipped = {}
     why = {"optimum": optimum_missing() if "optimum" in cfg.baselines else None,

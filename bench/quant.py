@@ -2,7 +2,7 @@
 the same run.
 
 Variants: on the ort backend `specrt quantize`'s step graphs (int8-weights, int4-weights, dynamic-int8,
-static-int8); on the torch and graphs backends the PyTorch step's 8-bit projections (int8-wo, fp8; graphs: engines
+static-int8); on the torch and static backends the PyTorch step's 8-bit projections (int8-wo, fp8; static: engines
 built with `specrt build --quant S`). Per variant (both models quantized), on HumanEval prompts, greedy, batch 1: model
 bytes; tokens/s of each of our rows (autoregressive and the lossless methods asked for; timed runs interleaved
 across every variant and row, medians) and the ratio to the float pair's autoregressive; tokens per target call;
@@ -43,12 +43,12 @@ REFERENCE_DTYPES = ("bfloat16", "float16")
 class QuantBenchConfig(BenchConfig):
     num_prompts: int = option(5, "first N HumanEval prompts (speed)", ge=1)
     backend: str = option("ort", "ort = `specrt quantize`'s step graphs on ONNX Runtime; torch = the PyTorch step's "
-                                 "8-bit projections, eager; graphs = the same in the bundle's engines (`specrt build "
-                                 "--quant S` for each scheme, and once without)", choices=("ort", "torch", "graphs"))
-    device: str | None = option(None, "torch and graphs: the device (default: CUDA where present; graphs: the engines')")
+                                 "8-bit projections, eager; static = the same in the bundle's engines (`specrt build "
+                                 "--quant S` for each scheme, and once without)", choices=("ort", "torch", "static"))
+    device: str | None = option(None, "torch and static: the device (default: CUDA where present; static: the engines')")
     schemes: tuple[str, ...] | None = option(None, "variants to measure (default: ort: int8-weights, int4-weights, "
                                                    "dynamic-int8, static-int8, each made by `specrt quantize "
-                                                   "--scheme S`; torch and graphs: int8-wo, fp8)")
+                                                   "--scheme S`; torch and static: int8-wo, fp8)")
     methods: tuple[str, ...] = option(("autoregressive", "sd", "dynamic-ngram"), "our rows: methods or e2e variants")
     quality_prompts: int = option(8, "held-out prompts for perplexity and greedy agreement", ge=1)
     quality_tokens: int = option(128, "greedy tokens compared per held-out prompt", ge=1)
@@ -130,7 +130,7 @@ def _quality_row(q: dict, ref: dict) -> dict:
 def _load(cfg: QuantBenchConfig, scheme: str | None):
     from specrt.runtime.pipeline import Pipeline
 
-    # refuses a scheme not made (ort: `specrt quantize`; graphs: `specrt build --quant`), saying how
+    # refuses a scheme not made (ort: `specrt quantize`; static: `specrt build --quant`), saying how
     return Pipeline.load(cfg.bundle, backend=cfg.backend, threads=cfg.threads, device=cfg.device, quant=scheme,
                          verify=cfg.verify_mode)
 
@@ -156,7 +156,7 @@ def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):
     if cfg.backend == "ort":
         v = variants.get(scheme, {}).get("draft")
         return None if v is None else load_backend("ort", cfg.bundle, ModelSource(entry, cfg.threads, device, graph=v.file))
-    engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "graphs" else None
+    engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "static" else None
     return load_backend(cfg.backend, cfg.bundle, ModelSource(entry, cfg.threads, device, engines, quant=scheme))
 
 
@@ -247,7 +247,7 @@ def markdown(data: dict) -> str:
     methods = c["methods"]
     backend = c.get("backend", "ort")  # results before the torch backends were measured: ort
     where = {"ort": f"ONNX Runtime, {c['threads']} threads", "torch": f"PyTorch eager on {data.get('device')}",
-             "graphs": f"static engines on {data.get('device')}"}[backend]
+             "static": f"static engines on {data.get('device')}"}[backend]
     energy = any(m.get("joules_per_token") for r in data["rows"] for m in r["methods"].values())
     lines = [f"### quant `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {where}, median of {c['runs']} runs; quality on "

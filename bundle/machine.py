@@ -80,9 +80,9 @@ class Machine:
     device: str  # "cpu" or "cuda:N"
     gpu: str | None = None  # CUDA device name when device is a GPU
     # the quantized variant of the step graphs run (`specrt quantize`), or of the PyTorch step's projections
-    # (TORCH_QUANT_SCHEMES: torch and graphs backends); None: as exported
+    # (TORCH_QUANT_SCHEMES: torch and static backends); None: as exported
     quant: str | None = None
-    kv_update: str = "runtime"  # "graph": the step graphs' in-graph variant (`specrt inplace`), another step cost
+    kv_update: str = "runtime"  # "inplace": the step graphs' in-graph variant (`specrt inplace`), another step cost
 
     @staticmethod
     def here(backend: str, threads: int, device: str = "cpu", quant: str | None = None,
@@ -99,11 +99,11 @@ class Machine:
         where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
         what = "projections" if self.quant in TORCH_QUANT_SCHEMES else "step graphs"
         quant = f", {self.quant} {what}" if self.quant else ""
-        quant += ", in-graph KV update" if self.kv_update == "graph" else ""
+        quant += ", in-graph KV update" if self.kv_update == "inplace" else ""
         return f"{self.cpu} ({self.cores} cores), backend {self.backend}{quant}, {self.threads} threads, {where}"
 
     def flags(self) -> str:
         """The CLI flags that select this backend, variant, thread count and device."""
         return (f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu"
                                                                           else "") + (f" --quant {self.quant}" if self.quant else "")
-                + (" --kv-update graph" if self.kv_update == "graph" else ""))
+                + (" --kv-update inplace" if self.kv_update == "inplace" else ""))

@@ -12,6 +12,6 @@ def build(cfg: BuildConfig, progress: bool = True) -> EngineSet:
         from specrt.engines.trt import build_trt
 
         return build_trt(cfg, progress)
-    from specrt.engines.graphs import build_graphs
+    from specrt.engines.static import build_static
 
-    return build_graphs(cfg, progress)
+    return build_static(cfg, progress)

@@ -1,6 +1,6 @@
 """`specrt build`: what to build (BuildConfig); engines/build.py hands it to the backend that builds it.
 
-    backend graphs  engines/graphs.py  the step module at static shapes, CUDA graphs on CUDA -> engines.json
+    backend static  engines/static.py  the step module at static shapes, CUDA graphs on CUDA -> engines.json
     backend trt     engines/trt.py     TensorRT plans of the step ONNX                       -> trt-engines.json
 
 Both share the profile table: token-count profiles (a step of T new tokens runs at the smallest profile
@@ -18,28 +18,28 @@ from specrt.contract import KV_UPDATES, TORCH_COMPILE_MODES, TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import ThreadOptions
 
-ENGINE_BACKENDS = ("graphs", "trt")
+ENGINE_BACKENDS = ("static", "trt")
 
 
 @dataclass(frozen=True)
 class BuildConfig(BundleOptions, ThreadOptions):
-    backend: str = option("graphs", "graphs = the step module at static shapes, captured as CUDA graphs on CUDA (eager "
+    backend: str = option("static", "graphs = the step module at static shapes, captured as CUDA graphs on CUDA (eager "
                                     "on the CPU); trt = TensorRT plans of the step ONNX (TensorRT >= 10.1, CUDA)",
                           choices=ENGINE_BACKENDS)
-    device: str | None = option(None, "where the engines run: cpu (graphs only: static steps, no graphs) or cuda[:N] "
+    device: str | None = option(None, "where the engines run: cpu (static only: the static steps run eagerly, no CUDA graphs) or cuda[:N] "
                                       "(default where present)")
     token_profiles: tuple[int, ...] = option((1, 8, 16, 32, 64, 128), "the largest new-token count of each profile "
                                                                        "(the largest is also the prefill chunk)", ge=1)
     batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
                                                        "batch 1 to the largest)", ge=1)
     capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
-    spans: tuple[int, ...] | None = option(None, "graphs: attention spans below the capacity, ascending (e.g. "
+    spans: tuple[int, ...] | None = option(None, "static: attention spans below the capacity, ascending (e.g. "
                                                  "256,512,1024): a step whose sequences' cached contexts fit one "
                                                  "attends over that many slots of the static cache, not all of them, "
                                                  "so attention costs what the context needs; each span adds a set of "
                                                  "shapes to capture (and compile). Default: 512, 1024, ... below the "
                                                  "capacity; '' for none", ge=1)
-    slots: int = option(1, "calls served at once: each holds a static cache (graphs) or execution contexts (trt) per "
+    slots: int = option(1, "calls served at once: each holds a static cache (static) or execution contexts (trt) per "
                            "model (a model drafting for itself needs 2)", ge=1)
     hardware_compatibility: str = option("none", "trt: GPUs the plans may run on besides this one's model: "
                                                  "ampere_plus (any GPU of compute capability >= 8.0) or "
@@ -50,10 +50,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
     workspace_mib: int | None = option(None, "trt: the builder's workspace limit in MiB (default: TensorRT's, the "
                                              "device's memory)", ge=1)
     kv_update: str = option("runtime", "trt: runtime = from the exported step graphs (the runtime writes the K/V); "
-                                       "graph = from `specrt inplace`'s graphs: the engine writes each step's K/V into "
+                                       "inplace = from `specrt inplace`'s graphs: the engine writes each step's K/V into "
                                        "a static cache of --capacity in place (IKVCacheUpdateLayer + IAttention, "
                                        "TensorRT >= 10.15)", choices=KV_UPDATES)
-    quant: str | None = option(None, "graphs: 8-bit projections, int8-wo (INT8 weight-only) or fp8 (FP8 e4m3 weights "
+    quant: str | None = option(None, "static: 8-bit projections, int8-wo (INT8 weight-only) or fp8 (FP8 e4m3 weights "
                                      "and activations, row-wise scales; compute capability >= 8.9); trt: build from a "
                                      "quantized variant's step graphs: int8-qdq or fp8-qdq (`specrt quantize --scheme S`), "
                                      "TensorRT's explicit INT8 / FP8 from symmetric Q/DQ (strongly typed: no precision "
@@ -76,24 +76,24 @@ class BuildConfig(BundleOptions, ThreadOptions):
             raise InvalidRequestError(f"spans must lie below the capacity ({self.capacity}), which is the last span, "
                                       f"got {self.spans!r}")
         if self.spans and self.backend == "trt":
-            raise InvalidRequestError("--spans sets the graphs engines' attention spans; TensorRT's profiles range "
+            raise InvalidRequestError("--spans sets the static engines' attention spans; TensorRT's profiles range "
                                       "over the cache size already (--backend trt takes no --spans)")
-        if self.kv_update == "graph" and self.backend != "trt":
-            raise InvalidRequestError("--kv-update graph builds TensorRT engines (--backend trt); the ort backend runs "
-                                      "the in-graph step graphs without a build (`specrt inplace`, then --kv-update graph)")
-        if self.backend == "graphs" and self.quant not in (None, *TORCH_QUANT_SCHEMES):
-            raise InvalidRequestError(f"--quant {self.quant}: the graphs engines quantize their projections with "
+        if self.kv_update == "inplace" and self.backend != "trt":
+            raise InvalidRequestError("--kv-update inplace builds TensorRT engines (--backend trt); the ort backend runs "
+                                      "the in-graph step graphs without a build (`specrt inplace`, then --kv-update inplace)")
+        if self.backend == "static" and self.quant not in (None, *TORCH_QUANT_SCHEMES):
+            raise InvalidRequestError(f"--quant {self.quant}: the static engines quantize their projections with "
                                       f"{' or '.join(TORCH_QUANT_SCHEMES)} (`specrt quantize`'s variants run on the ort "
                                       "backend, or in TensorRT plans with --backend trt)")
         if self.backend == "trt" and self.compile is not None:
-            raise InvalidRequestError("--compile compiles the graphs engines' layers with torch.compile; TensorRT "
+            raise InvalidRequestError("--compile compiles the static engines' layers with torch.compile; TensorRT "
                                       "compiles its plans itself (--backend trt takes no --compile)")
         if self.backend == "trt" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
-                                                                  or self.kv_update == "graph"):
+                                                                  or self.kv_update == "inplace"):
             raise InvalidRequestError("--quant with --backend trt builds TensorRT plans from a quantized variant's Q/DQ "
                                       "graphs (`specrt quantize`; --kv-update runtime); the ort backend runs the "
                                       "variants without a build")
-        if self.kv_update == "graph" and self.token_profiles[-1] > self.capacity:
+        if self.kv_update == "inplace" and self.token_profiles[-1] > self.capacity:
             raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
                                       f"({self.capacity}): an in-graph step writes all its rows into the cache")
 

@@ -39,7 +39,7 @@ from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
 from specrt.bundle.files import write_atomic
 from specrt.bundle.manifest import ModelEntry, load_manifest, sha256_file
 from specrt.engines.config import BuildConfig
-from specrt.engines.graphs import QUANT_TOL, check_engine_step, check_shapes, check_tolerance
+from specrt.engines.static import QUANT_TOL, check_engine_step, check_shapes, check_tolerance
 from specrt.errors import BundleError, SpecrtError
 from specrt.graphs.passes import graph_bytes
 from specrt.runtime.backends import resolve_device
@@ -54,13 +54,13 @@ IN_GRAPH_TENSORRT = (10, 15)  # the first release importing ONNX TensorScatter a
 
 def profile_ranges(cfg: BuildConfig, entry: ModelEntry) -> tuple[dict[str, tuple[Shape, Shape, Shape]], ...]:
     """Per token-count profile: (min, opt, max) of each input class (input_ids and position_ids share one,
-    every past_key/past_value another). kv_update "graph": the cache's capacity is static (IKVCacheUpdateLayer
+    every past_key/past_value another). kv_update "inplace": the cache's capacity is static (IKVCacheUpdateLayer
     needs it), the mask spans it, and write_indices [B] is one more input."""
     bmax, cap, hkv, d = cfg.batch_buckets[-1], cfg.capacity, entry.num_kv_heads, entry.head_dim
     s_opt = max(1, cap // 2)
     ranges, lo = [], 1
     for hi in cfg.token_profiles:
-        if cfg.kv_update == "graph":
+        if cfg.kv_update == "inplace":
             ranges.append({
                 "tokens": ((1, lo), (1, hi), (bmax, hi)),
                 contract.ATTENTION_MASK: ((1, lo, cap), (1, hi, cap), (bmax, hi, cap)),  # [B, T, C]
@@ -122,7 +122,7 @@ def compile_plan(trt, onnx_path: Path, entry: ModelEntry, cfg: BuildConfig, prog
                           + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     names = [network.get_input(i).name for i in range(network.num_inputs)]
     if sorted(names) != sorted(contract.input_names(entry.num_layers, cfg.kv_update)):
-        redo = "re-run `specrt inplace`" if cfg.kv_update == "graph" else "re-export the bundle"
+        redo = "re-run `specrt inplace`" if cfg.kv_update == "inplace" else "re-export the bundle"
         raise BundleError(f"{onnx_path} does not have the step contract's inputs (found {', '.join(names[:5])}...): "
                           f"{redo}")
     config = builder.create_builder_config()
@@ -238,7 +238,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
     manifest = load_manifest(bundle, cfg.verify_mode)
     entries = {role: manifest.models[role] for role in contract.ROLES}
     graphs = {role: e.onnx for role, e in entries.items()}
-    if cfg.kv_update == "graph":
+    if cfg.kv_update == "inplace":
         graphs = _in_graph_sources(trt, bundle)
     quantized = _quantized_sources(bundle, cfg.quant) if cfg.quant else {}
     cc = environment(device)["compute_capability"]

@@ -3,7 +3,7 @@
 The exported step graphs return the K/V of their T new tokens and the runtime copies the accepted rows into
 its cache (DESIGN.md's contract). Their attention concatenates the whole cached K/V with the new rows in
 every layer of every step, and no engine can fuse that into an attention kernel reading the cache where it
-lies. The in-graph variant (contract.py, kv_update "graph") takes the cache at its capacity C and the slots
+lies. The in-graph variant (contract.py, kv_update "inplace") takes the cache at its capacity C and the slots
 to write at, and in each layer writes the new K/V into the cache with ONNX's TensorScatter and attends over
 the updated cache with ONNX's Attention (opset 24), both standard operators:
 
@@ -61,14 +61,14 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
     entry = load_manifest(bundle, verify=False).models[role]
     t0 = time.perf_counter()
     model = load_checkpoint(bundle / entry.hf_dir, entry.dtype)
-    done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="graph")
+    done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="inplace")
     if entry.dtype == "bfloat16":  # ONNX Runtime has no bfloat16 kernels on the CPU: nothing here can check it
         parity = {"cases": 0, "checked": False, "why": "bfloat16: ONNX Runtime has no bfloat16 CPU kernels"}
     else:
         opts = onnxruntime.SessionOptions()
         opts.log_severity_level = 3  # TensorScatter warns on every copy the check's unbound outputs cause
         session = onnxruntime.InferenceSession(str(dest), opts, providers=["CPUExecutionProvider"])
-        report = check_parity(session, StepModule(model).eval(), kv_update="graph")
+        report = check_parity(session, StepModule(model).eval(), kv_update="inplace")
         del session
         tol = PARITY_TOL[entry.dtype]
         if not report.ok(tol):

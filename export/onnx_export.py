@@ -79,7 +79,7 @@ def _example_inputs(step, dtype, kv_update: str = "runtime") -> tuple:
     pos = torch.arange(num_tokens).expand(batch, num_tokens).contiguous()
     past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype)
             for _ in range(2 * step.num_layers)]
-    if kv_update == "graph":  # mask over the cache's slots; the new tokens are written at slots 1..3 and 2..4
+    if kv_update == "inplace":  # mask over the cache's slots; the new tokens are written at slots 1..3 and 2..4
         mask = torch.ones((batch, num_tokens, capacity), dtype=torch.bool)
         return (ids, pos, mask, torch.tensor([1, 2]), *past)
     mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
@@ -114,7 +114,7 @@ def _export_dynamo(step, args, path: Path, opset: int, kv_update: str = "runtime
 
     batch, tokens, capacity = Dim("batch"), Dim("num_tokens"), Dim("capacity")
     past = tuple({0: batch, 2: capacity} for _ in range(2 * step.num_layers))
-    if kv_update == "graph":
+    if kv_update == "inplace":
         dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: capacity}, {0: batch}, past)
     else:
         dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: Dim("capacity_plus_tokens")},
@@ -140,7 +140,7 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
     and shape-inferred. exporter "auto" is the dynamo exporter (torch.export + onnxscript), falling back to the
     TorchScript one where it fails. Returns what was done: {"exporter", "external_data", and "fallback": why}.
 
-    kv_update "graph": the InPlaceStepModule (contract.py's in-graph variant) at opset >= 24, dynamo only (the
+    kv_update "inplace": the InPlaceStepModule (contract.py's in-graph variant) at opset >= 24, dynamo only (the
     TorchScript exporter has no TensorScatter)."""
     import shutil
     import tempfile
@@ -153,12 +153,12 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
     if exporter not in EXPORTERS or external_data not in EXTERNAL_DATA or kv_update not in contract.KV_UPDATES:
         raise SpecrtError(f"exporter must be one of {EXPORTERS}, external_data one of {EXTERNAL_DATA} and kv_update "
                           f"one of {contract.KV_UPDATES}")
-    if kv_update == "graph":
+    if kv_update == "inplace":
         if exporter == "torchscript":
             raise SpecrtError("the in-graph KV update is exported by the dynamo exporter only (TorchScript has no "
                               "TensorScatter)")
         exporter, opset = "dynamo", max(opset, IN_GRAPH_OPSET)
-    step = (InPlaceStepModule if kv_update == "graph" else StepModule)(model).eval()
+    step = (InPlaceStepModule if kv_update == "inplace" else StepModule)(model).eval()
     dtype = next(model.parameters()).dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = external_data == "always" or (external_data == "auto" and weight_bytes > EXTERNAL_DATA_BYTES)

@@ -4,7 +4,7 @@ Feeds cover what the runtime will send: B > 1 with ragged cache lengths (garbage
 masked out), random token trees in the new-token block (each node sees its ancestors and itself), and
 capacity S = 0 (prefill). Each call draws fresh shapes from the generator it is given.
 
-An in-graph variant (kv_update "graph", contract.py) is checked against the same module on the same feeds,
+An in-graph variant (kv_update "inplace", contract.py) is checked against the same module on the same feeds,
 rewritten to its inputs (`in_graph_feeds`): its logits must match, its present cache must hold the module's
 new K/V at each sequence's write index, and every other slot must be as it was.
 """
@@ -86,7 +86,7 @@ def in_graph_feeds(feeds: dict[str, np.ndarray], num_layers: int, rng: np.random
 
 def check_parity(session, step_module, num_cases: int = 6, seed: int = 0, kv_update: str = "runtime") -> ParityReport:
     """Run `num_cases` random feeds through an onnxruntime session and the StepModule; report errors.
-    kv_update "graph": the session runs the in-graph variant (contract.py) of the same step."""
+    kv_update "inplace": the session runs the in-graph variant (contract.py) of the same step."""
     import torch
 
     rng = np.random.default_rng(seed)
@@ -103,7 +103,7 @@ def check_parity(session, step_module, num_cases: int = 6, seed: int = 0, kv_upd
         with torch.no_grad():
             ref = m(*(torch.from_numpy(feeds[n]) for n in contract.input_names(m.num_layers)))
         wanted = [r.float().numpy() for r in ref[1:]]
-        if kv_update == "graph":
+        if kv_update == "inplace":
             feeds = in_graph_feeds(feeds, m.num_layers, rng)
             slots = feeds[contract.WRITE_INDICES][:, None] + np.arange(num_tokens)  # [B, T]
             wanted = []  # the past with the module's new K/V written at each sequence's slots

@@ -1,4 +1,4 @@
-"""8-bit weights for the PyTorch step (backends torch and graphs): the decoder layers' projections swapped for
+"""8-bit weights for the PyTorch step (backends torch and static): the decoder layers' projections swapped for
 quantized linears when a backend loads the checkpoint, so the bundle stores nothing new (`specrt build --quant S`
 records the scheme in quant/S/engines.json). Quantizing the 148M-parameter inflated target on this project's
 2-core CPU took 2.1 s (int8-wo) and 0.6 s (fp8), QuantReport.seconds of one load each; not yet timed on a GPU.
@@ -157,7 +157,7 @@ def quantize_step(step_module: nn.Module, scheme: str) -> QuantReport:
 
 def load_step_module(hf_dir, dtype: str, device: str, prompt_embeddings=None, quant: str | None = None):
     """(StepModule of the checkpoint in hf_dir, in eval mode on `device`, QuantReport or None): what the torch
-    and graphs backends run; `quant` one of TORCH_SCHEMES or None (the weights as exported)."""
+    and static backends run; `quant` one of TORCH_SCHEMES or None (the weights as exported)."""
     from specrt.model.checkpoint import load_checkpoint
     from specrt.model.step import StepModule
 

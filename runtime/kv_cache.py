@@ -17,7 +17,7 @@ Invariants:
   CUDA graphs read fixed addresses) never reallocates: its capacity is C from the start.
 - Slot i of a sequence holds position i (committed rows are appended in order and accepted paths are
   compacted), which is how a sliding `window` becomes part of each step's mask.
-- A step whose graph updates the cache itself (kv_update "graph") has already written its T new rows at
+- A step whose graph updates the cache itself (kv_update "inplace") has already written its T new rows at
   slots lengths[b] .. lengths[b] + T - 1 (garbage slots until committed); it returns `CacheRows` instead of
   new K/V, and committing them moves only the accepted rows that are not already in place.
 - Padding (`pad_to`; the vanilla batched speculative decoding EMS-SD measures itself against, for

@@ -73,10 +73,10 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
         tokenizer = Tokenizer.from_file(str(tok_file))
     except Exception as e:  # the tokenizers library raises its own exception type
         raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-    if kv_update == "graph" and backend == "trt":
+    if kv_update == "inplace" and backend == "trt":
         graphs = {}  # the plans hold the graphs they were built from
         prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
-    elif kv_update == "graph":
+    elif kv_update == "inplace":
         graphs = _in_place_graphs(bundle, backend, quant, verify)
         prompt_tokens, refused, embeddings = None, ("PPD's prompt tokens are rows of the exported target graph, "
                                                     "not of its in-graph variant: load with kv_update='runtime'"), None
@@ -103,9 +103,9 @@ def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, 
     if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
         raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
                                   f"with that device or re-run `{kind.command(bundle)} --device {device}`")
-    if backend == "trt" and kv_update == "graph" and engines.kv_update != "graph":
+    if backend == "trt" and kv_update == "inplace" and engines.kv_update != "inplace":
         raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
-                                  f"with `{engines.command(bundle)} --kv-update graph` to run the in-graph update")
+                                  f"with `{engines.command(bundle)} --kv-update inplace` to run the in-graph update")
     return engines
 
 
@@ -139,11 +139,11 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool |
 def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool | str) -> dict[str, str]:
     """role -> the in-graph step graph (relative to the bundle; `specrt inplace`), checked against inplace.json."""
     if backend != "ort":
-        raise InvalidRequestError(f"the in-graph KV update (kv_update='graph') runs on the ort backend (and trt, "
-                                  f"built with --kv-update graph), not {backend!r}")
+        raise InvalidRequestError(f"the in-graph KV update (kv_update='inplace') runs on the ort backend (and trt, "
+                                  f"built with --kv-update inplace), not {backend!r}")
     if quant is not None:
         raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) update the KV cache in the runtime: load "
-                                  "them without kv_update='graph'")
+                                  "them without kv_update='inplace'")
     graphs = artifacts.load(bundle, InPlaceGraphs).graphs
     missing = [role for role in ("target", "draft") if role not in graphs]
     if missing:
@@ -161,7 +161,7 @@ def _check_quant(backend: str, quant: str | None) -> None:
     projections when they load (model/quant.py); the ort backend runs `specrt quantize`'s step graphs."""
     if quant is None or backend == "trt":
         return
-    if backend in ("torch", "graphs") and quant not in TORCH_QUANT_SCHEMES:
+    if backend in ("torch", "static") and quant not in TORCH_QUANT_SCHEMES:
         raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
                                   f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
                                   "graphs run on the ort backend")

@@ -90,8 +90,8 @@ class Pipeline:
         quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
         models it has a variant for run it, the others their exported graph; "plan": the variant plan.json picked
         (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported
-        graphs return new K/V, the runtime writes the accepted rows) or "graph" (`specrt inplace`'s variants write
-        them into the cache in place; ort backend, and trt engines built with --kv-update graph)."""
+        graphs return new K/V, the runtime writes the accepted rows) or "inplace" (`specrt inplace`'s variants write
+        them into the cache in place; ort backend, and trt engines built with --kv-update inplace)."""
         from specrt.runtime.loader import resolve
 
         r = resolve(bundle, backend, threads, device, verify, quant, kv_update)

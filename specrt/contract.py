@@ -11,7 +11,7 @@ A step feeds T new tokens per sequence against that sequence's cached K/V:
     new_key.{l}      [B, Hkv, T, D]  float  K/V of the T new tokens only
     new_value.{l}    [B, Hkv, T, D]
 
-The in-graph KV update (kv_update "graph", `specrt inplace`) is the same step with the cache written inside
+The in-graph KV update (kv_update "inplace", `specrt inplace`) is the same step with the cache written inside
 the graph (ONNX TensorScatter + Attention, opset 24; TensorRT's IKVCacheUpdateLayer + IAttention):
 
     input_ids, position_ids          as above
@@ -78,10 +78,10 @@ def present_value(layer: int) -> str:
     return f"present_value.{layer}"
 
 
-KV_UPDATES = ("runtime", "graph")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
+KV_UPDATES = ("runtime", "inplace")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
 # 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
-# torch.compile modes of the graphs engines' decoder layers (`specrt build --compile`; runtime/backends/static.py)
+# torch.compile modes of the static engines' decoder layers (`specrt build --compile`; runtime/backends/static.py)
 TORCH_COMPILE_MODES = ("default", "max-autotune")
 # max |logit| (and new K/V) difference between two correct computations of one step, per dtype: an exported graph
 # against its module (graphs.parity), or a step of another shape (batched, padded, a tree: another summation order)
@@ -91,7 +91,7 @@ PARITY_TOL = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 4e-1}
 
 
 def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
-    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK] + ([WRITE_INDICES] if kv_update == "graph" else [])
+    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK] + ([WRITE_INDICES] if kv_update == "inplace" else [])
     for layer in range(num_layers):
         names += [past_key(layer), past_value(layer)]
     return names
@@ -100,7 +100,7 @@ def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
 def output_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
     names = [LOGITS]
     for layer in range(num_layers):
-        names += [present_key(layer), present_value(layer)] if kv_update == "graph" else [new_key(layer), new_value(layer)]
+        names += [present_key(layer), present_value(layer)] if kv_update == "inplace" else [new_key(layer), new_value(layer)]
     return names
 
 

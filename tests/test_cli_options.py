@@ -125,11 +125,11 @@ def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
     monkeypatch.setattr(Pipeline, "load", staticmethod(load))
     monkeypatch.setattr(machine.Machine, "here", staticmethod(here))
     monkeypatch.setattr(manifest, "load_manifest", lambda bundle, verify=True: {})
-    flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update graph"
+    flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update inplace"
     args = parse([verb], flags + (" --prompt x" if verb == "generate" else ""))
     with pytest.raises(Seen):
         args.func(args)
-    assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"]) == ("ort", 3, "int8-weights", "graph")
+    assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"]) == ("ort", 3, "int8-weights", "inplace")
 
 
 def test_a_value_out_of_bounds_is_refused_as_the_flag_is_parsed(capsys):

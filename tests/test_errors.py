@@ -178,7 +178,7 @@ def test_stream_takes_one_prompt_and_checks_arguments_before_the_first_piece(pip
     (dict(threads=0), "threads must be an integer >= 1"),
     (dict(threads=1.5), "threads must be an integer >= 1"),
     (dict(threads=10000), "threads=10000 is more than 4 per core of the .* this process may use"),  # it hung
-    (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, graphs, trt\\)"),
+    (dict(backend="tensorrt"), "unknown backend 'tensorrt' \\(choose from ort, torch, static, trt\\)"),
     (dict(device="cuda:0"), "device 'cuda:0': the ort backend runs on the CPU"),
     (dict(backend="torch", device="gpu"), "device 'gpu' is not a device PyTorch knows"),
     (dict(backend="torch", device=0), "device must be a string"),
@@ -220,7 +220,7 @@ def _cli(*args, timeout=300):
     (["profile", "--batch-sizes", "1,x"], "argument --batch-sizes: invalid list of int: '1,x'"),
     (["generate", "--prompt", "x", "--device", "cuda:0"], "device 'cuda:0': the ort backend runs on the CPU"),
     (["build", "--token-profiles", "8,4"], "--token-profiles must be distinct integers >= 1 in ascending order"),
-    (["generate", "--prompt", "x", "--backend", "graphs"], "no engines.json in .*: run `specrt build --bundle"),
+    (["generate", "--prompt", "x", "--backend", "static"], "no engines.json in .*: run `specrt build --bundle"),
 ])
 def test_cli_errors_are_one_line_with_status_2(demo_bundle, args, match):
     import re

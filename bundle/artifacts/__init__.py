@@ -40,7 +40,7 @@ __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HO
            "variant_quant", "variant_words"]
 
 ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs)
-ENGINE_SETS = {"graphs": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by
+ENGINE_SETS = {"static": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by
 
 
 def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]]:

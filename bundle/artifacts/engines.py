@@ -20,11 +20,11 @@ class EngineSet(Artifact):
     so the file records what was built and checked, and where. TensorRT engines will share the profile table."""
 
     FILE: ClassVar[str] = "engines.json"
-    FORMAT: ClassVar[int] = 3  # 2: quant; 3: compile, spans
+    FORMAT: ClassVar[int] = 4  # 2: quant; 3: compile, spans; 4: kind "static" (was "graphs")
     PER_VARIANT: ClassVar[bool] = True  # each scheme's engines (`specrt build --quant S`) at quant/S/engines.json
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle}"
 
-    kind: str  # "graphs": the step module at static shapes (CUDA graphs on CUDA, eager on the CPU)
+    kind: str  # "static": the step module at static shapes (CUDA graphs on CUDA, eager on the CPU)
     token_profiles: tuple[int, ...]  # the largest new-token count of each profile, ascending
     batch_buckets: tuple[int, ...]  # the largest batch of each bucket, ascending
     capacity: int  # static KV cache capacity (positions per sequence)
@@ -132,7 +132,7 @@ class TrtEngineSet(EngineSet):
     with the TensorRT version and on the GPU it was built for, unless built version- or hardware-compatible."""
 
     FILE: ClassVar[str] = "trt-engines.json"
-    FORMAT: ClassVar[int] = 2  # 2: compile (None), spans ((capacity,))
+    FORMAT: ClassVar[int] = 3  # 2: compile (None), spans ((capacity,)); 3: kv_update "inplace" (was "graph")
     PER_VARIANT: ClassVar[bool] = False  # one set of plans, built from the variant `quant` names
     COMMAND: ClassVar[str] = "specrt build --bundle {bundle} --backend trt"
 
@@ -143,7 +143,7 @@ class TrtEngineSet(EngineSet):
     hardware_compatibility: str  # HARDWARE_COMPATIBILITY
     version_compatible: bool  # runs with later TensorRT versions (TensorRT's lean runtime in the plan)
     workspace_bytes: int
-    kv_update: str = "runtime"  # "graph": built from `specrt inplace`'s graphs (a static cache the engine writes)
+    kv_update: str = "runtime"  # "inplace": built from `specrt inplace`'s graphs (a static cache the engine writes)
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:

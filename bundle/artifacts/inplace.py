@@ -10,7 +10,7 @@ from specrt.bundle.artifacts.base import Artifact
 
 @dataclass(frozen=True)
 class InPlaceGraph:
-    """One model's in-graph variant of its step graph (contract.py, kv_update "graph")."""
+    """One model's in-graph variant of its step graph (contract.py, kv_update "inplace")."""
 
     file: str  # relative to the bundle
     bytes: int  # of the graph and its external data
@@ -24,7 +24,7 @@ class InPlaceGraph:
 class InPlaceGraphs(Artifact):
     """Step graphs whose cache update is in the graph (`specrt inplace`): ONNX TensorScatter + Attention (opset
     24), which ONNX Runtime runs in place on the CPU and TensorRT >= 10.15 imports as IKVCacheUpdateLayer and
-    IAttention. Run with --kv-update graph."""
+    IAttention. Run with --kv-update inplace."""
 
     FILE: ClassVar[str] = "inplace.json"
     FORMAT: ClassVar[int] = 1

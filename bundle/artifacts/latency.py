@@ -56,7 +56,7 @@ class LatencyProfile(Artifact):
     # slots the profiled KV caches grew by (capacity: a multiple of it; a static cache's: its whole capacity): what
     # at_context prices a context by
     cache_bucket: int
-    # a static cache's attention spans (the graphs engines' EngineSet.spans): a step over c cached tokens attends over
+    # a static cache's attention spans (the static engines' EngineSet.spans): a step over c cached tokens attends over
     # the smallest span >= c, which at_context prices it by instead (None: no spans)
     cache_spans: tuple[int, ...] | None = None
     # role -> batch -> tokens per sequence -> ms of one prefill step of that many prompt tokens per sequence into an

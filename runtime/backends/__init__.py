@@ -1,5 +1,5 @@
 """Backends: OrtBackend (ONNX Runtime, the CPU default), TorchBackend (PyTorch eager, CUDA where present),
-StaticTorchBackend ("graphs": static-shape steps per the bundle's engines.json, CUDA graphs on CUDA) and
+StaticTorchBackend ("static": static-shape steps per the bundle's engines.json, CUDA graphs on CUDA) and
 TrtBackend ("trt": TensorRT plans per the bundle's trt-engines.json, CUDA only).
 
 `load_backend` resolves what the caller left open (threads, device) the same way everywhere, so a
@@ -17,7 +17,7 @@ from specrt.contract import KV_UPDATES
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
 
-BACKENDS = ("ort", "torch", "graphs", "trt")
+BACKENDS = ("ort", "torch", "static", "trt")
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "Runner", "ThreadOptions", "load_backend", "resolve_device"]
 
@@ -31,16 +31,16 @@ class ThreadOptions(Config):
 class BackendOptions(ThreadOptions):
     """Which backend runs the step graphs, where: Pipeline.load's arguments, shared by every verb that runs one."""
 
-    backend: str = option("ort", "ort = ONNX Runtime (CPU); torch = PyTorch, eager (CUDA where present); graphs = the "
+    backend: str = option("ort", "ort = ONNX Runtime (CPU); torch = PyTorch, eager (CUDA where present); static = the "
                                  "bundle's static-shape engines (`specrt build`; CUDA graphs on CUDA); trt = its TensorRT "
                                  "engines (`specrt build --backend trt`)", choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
     quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
                                      "int8-weights, int4-weights, dynamic-int8 or static-int8; torch backend: 8-bit "
-                                     "projections, int8-wo or fp8 (graphs: the scheme its engines were built with); "
+                                     "projections, int8-wo or fp8 (static: the scheme its engines were built with); "
                                      "plan: the one plan.json picked (`specrt tune --variants`)")
     kv_update: str = option("runtime", "runtime = the step graphs return new K/V and the runtime writes the accepted "
-                                       "rows; graph = their in-graph variants (`specrt inplace`) write them into the "
+                                       "rows; inplace = their in-graph variants (`specrt inplace`) write them into the "
                                        "cache in place (ort backend)", choices=KV_UPDATES)
 
     def pipeline_options(self) -> dict:
@@ -89,11 +89,11 @@ def resolve_device(backend: str, device: str | None) -> str:
 @dataclass(frozen=True)
 class ModelSource:
     """What one model's backend is made from, resolved (runtime/loader.py): its manifest entry, `threads` and
-    `device`; `engines` (an EngineSet) for kind "graphs", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the
+    `device`; `engines` (an EngineSet) for kind "static", a TrtEngineSet for kind "trt"; `graph` (kind "ort"): the
     step graph to run instead of the exported one (a quantized variant, or the target with PPD's prompt tokens),
-    relative to the bundle; `prompt_embeddings` (kinds "torch" and "graphs"): PPD's prompt tokens, [P, hidden];
-    kv_update "graph" (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit
-    projections (contract.TORCH_QUANT_SCHEMES; kind "graphs" takes its engines' scheme)."""
+    relative to the bundle; `prompt_embeddings` (kinds "torch" and "static"): PPD's prompt tokens, [P, hidden];
+    kv_update "inplace" (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit
+    projections (contract.TORCH_QUANT_SCHEMES; kind "static" takes its engines' scheme)."""
 
     entry: ModelEntry
     threads: int
@@ -108,7 +108,7 @@ class ModelSource:
 def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
     """A backend of kind `kind` for one model of `bundle`, made from `source`."""
     s, entry = source, source.entry
-    if kind == "graphs":
+    if kind == "static":
         from specrt.runtime.backends.static import StaticTorchBackend
 
         return StaticTorchBackend(entry, bundle / entry.hf_dir, device=s.device, threads=s.threads, engines=s.engines,
@@ -125,7 +125,7 @@ def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
                               "torch or graphs, or re-export it with the graphs")
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
-                              "bfloat16 kernels): load it with backend torch, graphs or trt, or export in float32")
+                              "bfloat16 kernels): load it with backend torch, static or trt, or export in float32")
         return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend

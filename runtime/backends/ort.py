@@ -11,7 +11,7 @@ the largest one; the memory-pattern planner, which keeps an allocation plan per 
 Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
 ragged step's holes are left out of its projections and MLPs.
 
-kv_update "graph" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
+kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
 lengths[b] + j), binds write_indices = the lengths, and binds each present_key/present_value output to the
 same memory as its past input, so ONNX Runtime's TensorScatter writes the new K/V into the runtime's cache in
@@ -53,7 +53,7 @@ class _Binding:
         self.new_kv = _GrowingBuffer(dtype)
         self.bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
         self.bound_out = None  # (logits, new_kv) arrays bound as outputs
-        self.mask = _GrowingBuffer(np.bool_)  # kv_update "graph": the mask over the cache's slots
+        self.mask = _GrowingBuffer(np.bool_)  # kv_update "inplace": the mask over the cache's slots
 
     def bind_in(self, name: str, arr: np.ndarray) -> None:
         self.io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
@@ -88,7 +88,7 @@ class OrtBackend(Backend):
                 source = self._packed(Path(onnx_path), opts, Path(scratch))
                 self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
-            if kv_update != "graph":
+            if kv_update != "inplace":
                 raise
             raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
                               f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
@@ -129,7 +129,7 @@ class OrtBackend(Backend):
         return _Binding(self.session, np.dtype(self.entry.dtype))
 
     def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
-        if self.kv_update == "graph":
+        if self.kv_update == "inplace":
             return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache)
         # Bindings persist across a runner's steps: only what changed since its last step is re-bound
         # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).

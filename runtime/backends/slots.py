@@ -1,5 +1,5 @@
 """SlotPool: the fixed set of per-call resources an engine backend holds (static caches, execution contexts);
-EngineBackend: what the engine backends (graphs, trt) share: torch buffers, a slot per runner, the engines'
+EngineBackend: what the engine backends (static, trt) share: torch buffers, a slot per runner, the engines'
 capacity as the context limit.
 
 A runner takes a slot for its lifetime (Runner.close gives it back); further callers wait for one. A caller

@@ -1,4 +1,4 @@
-"""StaticTorchBackend (backend "graphs"): the step module at static shapes, replayed as CUDA graphs on CUDA.
+"""StaticTorchBackend (backend "static"): the step module at static shapes, replayed as CUDA graphs on CUDA.
 
 The bundle's engines.json (EngineSet, made by `specrt build`) fixes a table of token-count profiles (e.g.
 1, 8, 16, 32, 64, 128), of batch buckets (e.g. 1, 2, 4) and one static KV capacity C. A step of B
@@ -144,7 +144,7 @@ class _Slot:
 
 
 class StaticTorchBackend(EngineBackend):
-    name = "graphs"
+    name = "static"
     static_cache = True
     admits_alone = True
 

@@ -12,7 +12,7 @@ concurrent calls never share a context or a profile. A step of B sequences and T
         slot's preallocated output buffers (contiguous views of the largest step's size)
     execute_async_v3 on the device's current torch stream; logits come back to the host (one copy)
 
-Engines built with --kv-update graph (from `specrt inplace`'s graphs, TensorRT >= 10.15) write each step's K/V
+Engines built with --kv-update inplace (from `specrt inplace`'s graphs, TensorRT >= 10.15) write each step's K/V
 into the cache themselves (IKVCacheUpdateLayer): each slot then holds a static cache of the engines' capacity,
 the step's mask is moved to the cache's slots (contract.in_graph_mask), write_indices are the sequences'
 lengths, each present_key/present_value output is bound to its past input's address (TensorRT requires the
@@ -45,7 +45,7 @@ class TensorRTUnavailableError(SpecrtError):
 
 def import_tensorrt():
     """The tensorrt module, or one line saying why not and what still runs."""
-    elsewhere = ("the ONNX step graphs run with --backend ort, and `specrt build` (backend graphs) makes CUDA-graph "
+    elsewhere = ("the ONNX step graphs run with --backend ort, and `specrt build` (backend static) makes CUDA-graph "
                  "engines without TensorRT")
     try:
         import tensorrt
@@ -103,7 +103,7 @@ class _Slot:
         self.new_kv = torch.zeros(e.num_layers * 2 * bmax * e.num_kv_heads * tmax * e.head_dim, dtype=backend.dtype,
                                   device=dev)
         self.kv = self.write = None
-        if eng.kv_update == "graph":  # the static cache the engine writes, and where each sequence's rows go
+        if eng.kv_update == "inplace":  # the static cache the engine writes, and where each sequence's rows go
             self.kv = backend.allocate((e.num_layers, 2, bmax, e.num_kv_heads, cap, e.head_dim))
             self.write = torch.zeros(bmax, dtype=torch.int64, device=dev)
             self.new_kv = None
@@ -126,7 +126,7 @@ class TrtBackend(EngineBackend):
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
         self.max_step_tokens = engines.token_profiles[-1]
-        self.static_cache = engines.kv_update == "graph"  # else each call's cache grows like ONNX Runtime's
+        self.static_cache = engines.kv_update == "inplace"  # else each call's cache grows like ONNX Runtime's
         # a sequence joining a running batch is prefilled alone in the static store's next free row: TensorRT binds
         # the cache's address per step, so that row is a cache of its own (KVCache.row_view)
         self.admits_alone = self.static_cache
@@ -169,7 +169,7 @@ class TrtBackend(EngineBackend):
 
     def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
         torch, e = self.torch, self.entry
-        in_graph = self.engines.kv_update == "graph"
+        in_graph = self.engines.kv_update == "inplace"
         batch, num_tokens = input_ids.shape
         capacity = cache.capacity
         if capacity < 1:

@@ -109,7 +109,7 @@ def cmd_build(args) -> None:
             print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; {e.weight_bytes[role] / 2**20:.1f} MiB "
                   f"of weights{' (' + e.quant + ')' if e.quant else ''}; static vs eager step: max |logit err| "
                   f"{e.parity[role]:.2e}")
-    flag = f" --quant {e.quant}" if e.quant and e.kind == "graphs" else ""
+    flag = f" --quant {e.quant}" if e.quant and e.kind == "static" else ""
     print(f"wrote {cfg.bundle}/{e.file(e.quant)} (load it with --backend {e.kind}{flag})")
 
 
@@ -136,7 +136,7 @@ def cmd_inplace(args) -> None:
             check = (f"parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}, "
                      f"max |K/V err| {p['max_kv_err']:.2e}") if p.get("checked") else f"not checked ({p['why']})"
             print(f"{role}: {g.file} (opset {g.opset}, {g.bytes / 2**20:.1f} MiB) in {g.seconds:.1f} s; {check}")
-    print(f"wrote {cfg.bundle}/inplace.json (run it with --kv-update graph)")
+    print(f"wrote {cfg.bundle}/inplace.json (run it with --kv-update inplace)")
 
 
 def cmd_triton(args) -> None:
@@ -366,7 +366,7 @@ def build_parser() -> ArgumentParser:
                                                        "-> quant.json (run them with --quant)"),
             ("inplace", InPlaceConfig, cmd_inplace, "step graphs that write their K/V into the cache in place (ONNX "
                                                     "TensorScatter + Attention, opset 24) -> inplace.json (run them "
-                                                    "with --kv-update graph)"),
+                                                    "with --kv-update inplace)"),
             ("report", ReportConfig, cmd_report, "one page (HTML and Markdown) tying a bundle's latency profile, "
                                                  "acceptance, plan, engines and bench runs together; --vs compares two"),
             ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "

@@ -78,7 +78,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
     calibrate = ("--num-prompts", "2", "--max-new-tokens", "16", "--dynamic-sizes", "4", "--merged-sizes", "4",
                  "--ngram-sizes", "5") if cfg.quick else ("--num-prompts", "8")
     profile = ("--repeats", "1", "--passes", "1") if cfg.quick else ()
-    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "graphs", "--out", results, *sizes)
+    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", results, *sizes)
     made = [Stage("inflate", ("models", "inflate", *SHAPES[cfg.shape], "--dtype", "float16", "--device", d, "--out",
                               str(out / "target")), makes="target/config.json", estimate_s=60),
             Stage("export", ("export", "--target", str(out / "target"), "--draft", str(DEMO_DIR / "draft"),
@@ -94,9 +94,9 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                      "--baselines", "hf,hf-assisted,hf-lookup"), needs=("build",), estimate_s=240)]
     if cfg.call == "2":
         return made + [
-            Stage("calibrate", ("calibrate", "--bundle", bundle, "--backend", "graphs", *calibrate), needs=("build",),
+            Stage("calibrate", ("calibrate", "--bundle", bundle, "--backend", "static", *calibrate), needs=("build",),
                   estimate_s=90),
-            Stage("profile", ("profile", "--bundle", bundle, "--backend", "graphs", "--batch-sizes", "1", "--contexts",
+            Stage("profile", ("profile", "--bundle", bundle, "--backend", "static", "--batch-sizes", "1", "--contexts",
                               "512", *profile), needs=("build",), estimate_s=120),
             Stage("tune", ("tune", "--bundle", bundle, "--batch-sizes", "1"), needs=("calibrate", "profile"),
                   estimate_s=10),
@@ -113,7 +113,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
             Stage("build-compiled", ("build", "--bundle", compiled, "--device", d, "--batch-buckets", "1", "--spans",
                                      "512", "--compile", "default"), makes="bundle-compiled/engines.json",
                   needs=("copy-compiled",), estimate_s=240),
-            Stage("e2e-compiled", ("bench", "e2e", "--bundle", compiled, "--backend", "graphs", "--out", results,
+            Stage("e2e-compiled", ("bench", "e2e", "--bundle", compiled, "--backend", "static", "--out", results,
                                    *sizes, "--label", f"{label}-compiled", "--methods",
                                    "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf"),
                   needs=("build-compiled",), estimate_s=240),
@@ -128,11 +128,11 @@ def stages(cfg: SessionConfig) -> list[Stage]:
             Stage("build-batch", ("build", "--bundle", batch, "--device", d, "--batch-buckets", "1,2,4,8", "--spans",
                                   "512", "--slots", "1"), makes="bundle-batch/engines.json", needs=("copy-batch",),
                   estimate_s=150),
-            Stage("profile-batch", ("profile", "--bundle", batch, "--backend", "graphs", "--batch-sizes", "1,2,4,8",
+            Stage("profile-batch", ("profile", "--bundle", batch, "--backend", "static", "--batch-sizes", "1,2,4,8",
                                     "--contexts", "512", *profile), makes="bundle-batch/latency.json",
                   needs=("build-batch",),
                   estimate_s=180),
-            Stage("batch", ("bench", "batch", "--bundle", batch, "--backend", "graphs", "--label", f"{label}-batch",
+            Stage("batch", ("bench", "batch", "--bundle", batch, "--backend", "static", "--label", f"{label}-batch",
                             "--runs", runs, "--batch-sizes", "1,8", "--methods", "autoregressive,sd", "--padded", "sd",
                             "--out", results), needs=("profile-batch",), estimate_s=240)]
     if cfg.call == "ppd":
@@ -145,7 +145,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                   needs=("export-demo",), estimate_s=120),
             Stage("ppd-train", ("ppd", "train", "--bundle", bundle, "--prompts-from", demo, "--device", d),
                   needs=("ppd-demo", "export"), estimate_s=60),
-            Stage("ppd", ("bench", "ppd", "--bundle", bundle, "--backend", "graphs", "--label", f"{label}-ppd",
+            Stage("ppd", ("bench", "ppd", "--bundle", bundle, "--backend", "static", "--label", f"{label}-ppd",
                           "--num-prompts", prompts, "--runs", runs, "--budgets", "8,32", "--out", results),
                   needs=("ppd-train", "build"), estimate_s=240)]
     if cfg.call == "quant":
@@ -153,7 +153,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
         return made + [
             Stage("build-fp8", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "",
                                 "--quant", "fp8"), needs=("export",), estimate_s=90),
-            Stage("quant", ("bench", "quant", "--bundle", bundle, "--backend", "graphs", "--label", label,
+            Stage("quant", ("bench", "quant", "--bundle", bundle, "--backend", "static", "--label", label,
                             "--num-prompts", prompts, "--runs", runs, "--methods", "autoregressive,sd,anpd",
                             "--schemes", "fp8", "--out", results), needs=("build", "build-fp8"), estimate_s=300)]
     # export: the 7B-class target's ONNX export, timed (float16, external data, parity in ONNX Runtime)

@@ -112,7 +112,7 @@ def test_batch_predictions_follow_the_workload(tmp_path):
 def test_batch_predictions_price_the_running_rows_of_a_static_cache_prefill(tmp_path):
     """On engines without an admission cache (Backend.static_cache, not admits_alone) a request joining a running
     batch is prefilled beside it: the prediction pays the running rows too, where a request joins a running batch
-    (continuous) and nowhere else; with one (the graphs backend), it pays what a cache of its own would."""
+    (continuous) and nowhere else; with one (the static backend), it pays what a cache of its own would."""
     from types import SimpleNamespace
 
     from specrt.bench.batch import predictor

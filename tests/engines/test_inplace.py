@@ -1,5 +1,5 @@
 """`specrt inplace`: the step graphs' in-graph KV update (ONNX TensorScatter + Attention, opset 24), run by the
-ort backend with kv_update="graph". The same function as the exported graphs: every method gives the tokens it
+ort backend with kv_update="inplace". The same function as the exported graphs: every method gives the tokens it
 gives there, and the new K/V land in the runtime's cache in place."""
 
 import shutil
@@ -27,7 +27,7 @@ def inplace_bundle(demo_bundle, tmp_path_factory):
 def inplace_pipe(inplace_bundle):
     from specrt.runtime.pipeline import Pipeline
 
-    return Pipeline.load(inplace_bundle, threads=2, kv_update="graph")
+    return Pipeline.load(inplace_bundle, threads=2, kv_update="inplace")
 
 
 def test_the_graphs_are_recorded_checked_and_made_of_the_standard_operators(inplace_bundle):
@@ -46,8 +46,8 @@ def test_the_graphs_are_recorded_checked_and_made_of_the_standard_operators(inpl
         num_layers = sum(1 for n in model.graph.input if n.name.startswith("past_key."))
         assert ops.count("TensorScatter") == 2 * num_layers and ops.count("Attention") == num_layers
         assert "Concat" not in {n.op_type for n in layers if any("past_" in i for i in n.input)}  # no cache copy
-        assert [i.name for i in model.graph.input] == contract.input_names(num_layers, "graph")
-        assert [o.name for o in model.graph.output] == contract.output_names(num_layers, "graph")
+        assert [i.name for i in model.graph.input] == contract.input_names(num_layers, "inplace")
+        assert [o.name for o in model.graph.output] == contract.output_names(num_layers, "inplace")
 
 
 def test_parity_fails_on_a_graph_that_writes_every_sequence_at_slot_0(inplace_bundle, tmp_path):
@@ -69,9 +69,9 @@ def test_parity_fails_on_a_graph_that_writes_every_sequence_at_slot_0(inplace_bu
     onnx.save(model, str(tmp_path / "wrong.onnx"))
     session = ort.InferenceSession(str(tmp_path / "wrong.onnx"), providers=["CPUExecutionProvider"])
     module = StepModule(load_checkpoint(inplace_bundle / "hf/draft", "float32")).eval()
-    assert not check_parity(session, module, kv_update="graph").ok(1e-4)
+    assert not check_parity(session, module, kv_update="inplace").ok(1e-4)
     good = ort.InferenceSession(str(inplace_bundle / "inplace/draft.onnx"), providers=["CPUExecutionProvider"])
-    assert check_parity(good, module, kv_update="graph").ok(1e-4)
+    assert check_parity(good, module, kv_update="inplace").ok(1e-4)
 
 
 def test_a_step_writes_its_new_kv_into_the_runtime_cache_where_the_sequences_end(inplace_pipe, pipelines):
@@ -130,20 +130,20 @@ def test_the_in_graph_update_is_refused_where_it_cannot_run(inplace_bundle, demo
     from specrt.runtime.pipeline import Pipeline
 
     with pytest.raises(BundleError, match="no inplace.json in .*: run `specrt inplace --bundle "):
-        Pipeline.load(demo_bundle, kv_update="graph")
-    with pytest.raises(InvalidRequestError, match="runs on the ort backend \\(and trt, built with --kv-update graph\\), not 'torch'"):
-        Pipeline.load(inplace_bundle, backend="torch", device="cpu", kv_update="graph")
-    with pytest.raises(InvalidRequestError, match="kv_update must be one of runtime, graph"):
+        Pipeline.load(demo_bundle, kv_update="inplace")
+    with pytest.raises(InvalidRequestError, match="runs on the ort backend \\(and trt, built with --kv-update inplace\\), not 'torch'"):
+        Pipeline.load(inplace_bundle, backend="torch", device="cpu", kv_update="inplace")
+    with pytest.raises(InvalidRequestError, match="kv_update must be one of runtime, inplace"):
         Pipeline.load(inplace_bundle, kv_update="both")
     b = tmp_path / "b"
     shutil.copytree(inplace_bundle, b)
     (b / "inplace/target.onnx").write_bytes(b"changed")
     with pytest.raises(BundleError, match="target.onnx is missing or changed since `specrt inplace` wrote it"):
-        Pipeline.load(b, kv_update="graph")
-    pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="graph")
+        Pipeline.load(b, kv_update="inplace")
+    pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="inplace")
     assert "PPD's prompt tokens are rows of the exported target graph" in pipe.prompt_tokens_refused
-    here = Machine.here("ort", 2, kv_update="graph")
-    assert here != Machine.here("ort", 2) and "--kv-update graph" in here.flags()  # a profile of its own
+    here = Machine.here("ort", 2, kv_update="inplace")
+    assert here != Machine.here("ort", 2) and "--kv-update inplace" in here.flags()  # a profile of its own
 
 
 def test_the_cli_makes_them_and_runs_them(inplace_bundle, tmp_path, capsys):
@@ -160,7 +160,7 @@ def test_the_cli_makes_them_and_runs_them(inplace_bundle, tmp_path, capsys):
     with pytest.raises(BundleError, match="has no in-graph step graph of its target: run `specrt inplace"):
         from specrt.runtime.pipeline import Pipeline
 
-        Pipeline.load(b, kv_update="graph")
+        Pipeline.load(b, kv_update="inplace")
 
 
 def test_bench_e2e_runs_in_graph_rows_beside_the_runtime_ones(inplace_bundle, tmp_path):

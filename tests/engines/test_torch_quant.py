@@ -1,5 +1,5 @@
 """8-bit projections of the PyTorch step (model/quant.py): INT8 weight-only and FP8, on the torch backend and in
-the graphs engines (`specrt build --quant S`). Their kernels run on the CPU too, which is where this is tested;
+the static engines (`specrt build --quant S`). Their kernels run on the CPU too, which is where this is tested;
 their speed is a GPU matter (the GPU session's `quant` call, docs/gpu.md)."""
 
 import json
@@ -91,14 +91,14 @@ def test_quantized_engines_sit_beside_the_float_engines(quant_engines, humaneval
     assert fp8["weight_bytes"]["target"] < float_engines["weight_bytes"]["target"]
     # the padded static step computes the eager step of the same module, up to activations on a neighbouring fp8 step
     assert max(fp8["parity"].values()) <= 0.05 * 20
-    pipe = Pipeline.load(quant_engines, backend="graphs", threads=2, quant="fp8")
+    pipe = Pipeline.load(quant_engines, backend="static", threads=2, quant="fp8")
     assert pipe.machine.quant == "fp8" and pipe.target.quant.scheme == "fp8"
     eager = Pipeline.load(quant_engines, backend="torch", device="cpu", threads=2, quant="fp8")
     prompts = humaneval[:4]
     ar = [o.token_ids for o in eager.generate(prompts, method="autoregressive", max_new_tokens=20)]
     assert [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=20)] == ar
     assert [o.token_ids for o in pipe.generate(prompts, method="sd", max_new_tokens=20, batch_size=3)] == ar
-    assert Pipeline.load(quant_engines, backend="graphs", threads=2).machine.quant is None
+    assert Pipeline.load(quant_engines, backend="static", threads=2).machine.quant is None
 
 
 def test_quantized_projections_are_refused_where_they_cannot_run(quant_engines):
@@ -107,20 +107,20 @@ def test_quantized_projections_are_refused_where_they_cannot_run(quant_engines):
 
     with pytest.raises(BundleError, match="no quant/int8-wo/engines.json in .*: run `specrt build --bundle .* --quant "
                                           "int8-wo` first"):
-        Pipeline.load(quant_engines, backend="graphs", quant="int8-wo")
+        Pipeline.load(quant_engines, backend="static", quant="int8-wo")
     with pytest.raises(InvalidRequestError, match="quant='fp8' quantizes the PyTorch step .*the ort backend runs "
                                                   "`specrt quantize`'s variants"):
         Pipeline.load(quant_engines, quant="fp8")
-    with pytest.raises(InvalidRequestError, match="quant='static-int8': the graphs backend quantizes its projections"):
-        Pipeline.load(quant_engines, backend="graphs", quant="static-int8")  # before looking for its engines
-    with pytest.raises(InvalidRequestError, match="--quant int8-weights: the graphs engines quantize their projections"):
+    with pytest.raises(InvalidRequestError, match="quant='static-int8': the static backend quantizes its projections"):
+        Pipeline.load(quant_engines, backend="static", quant="static-int8")  # before looking for its engines
+    with pytest.raises(InvalidRequestError, match="--quant int8-weights: the static engines quantize their projections"):
         BuildConfig(bundle=quant_engines, quant="int8-weights")
     with pytest.raises(InvalidRequestError, match="--quant with --backend trt builds TensorRT plans from a quantized "
                                                   "variant's Q/DQ graphs"):
         BuildConfig(bundle=quant_engines, backend="trt", quant="fp8")
     with pytest.raises(InvalidRequestError, match="--schemes static-int8: the torch backend measures the PyTorch step"):
         QuantBenchConfig(bundle=quant_engines, backend="torch", schemes=("static-int8",))
-    assert QuantBenchConfig(bundle=quant_engines, backend="graphs").schemes == TORCH_QUANT_SCHEMES
+    assert QuantBenchConfig(bundle=quant_engines, backend="static").schemes == TORCH_QUANT_SCHEMES
 
 
 def test_bench_quant_measures_the_torch_schemes(demo_bundle, tmp_path):
@@ -153,7 +153,7 @@ def test_quantized_engines_capture_as_cuda_graphs(demo_bundle, tmp_path, humanev
     shutil.copytree(demo_bundle, b)
     e = build(BuildConfig(bundle=b, device="cuda", quant=scheme, **TABLE), progress=False)
     assert e.cuda_graphs and e.quant == scheme
-    pipe = Pipeline.load(b, backend="graphs", quant=scheme)
+    pipe = Pipeline.load(b, backend="static", quant=scheme)
     ar = [o.token_ids for o in pipe.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
     for kw in LOSSLESS:
         assert [o.token_ids for o in pipe.generate(humaneval[:4], max_new_tokens=24, **kw)] == ar, kw

@@ -189,9 +189,9 @@ def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, i
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="int8-weights", **TABLE), "cpu", progress=False)
     with pytest.raises(SpecrtError, match="dynamic-int8 is MatMulInteger on activations quantized as the step runs"):
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="dynamic-int8", **TABLE), "cpu", progress=False)
-    with pytest.raises(InvalidRequestError, match="--quant int8-qdq: the graphs engines quantize their projections "
+    with pytest.raises(InvalidRequestError, match="--quant int8-qdq: the static engines quantize their projections "
                                                   "with int8-wo or fp8 .*or in TensorRT plans with --backend trt"):
-        BuildConfig(bundle=b, backend="graphs", quant="int8-qdq")
+        BuildConfig(bundle=b, backend="static", quant="int8-qdq")
     from specrt.runtime.pipeline import Pipeline
 
     with pytest.raises(InvalidRequestError, match=r"trt-engines.json was built from the int8-qdq variant: rebuild with "
@@ -259,7 +259,7 @@ def in_graph_trt(demo_bundle, tmp_path_factory):
     shutil.copytree(demo_bundle, b)
     in_place(InPlaceConfig(bundle=b), progress=False)
     fake.reset("10.15.1")
-    cfg = BuildConfig(bundle=b, backend="trt", kv_update="graph", **TABLE)
+    cfg = BuildConfig(bundle=b, backend="trt", kv_update="inplace", **TABLE)
     with pytest.MonkeyPatch.context() as m:
         m.setitem(sys.modules, "tensorrt", fake)
         engines = build_plans(fake, cfg, "cpu", progress=False)
@@ -274,7 +274,7 @@ def test_in_graph_engines_take_a_static_cache_and_write_it_in_place(trt, in_grap
     give autoregressive's tokens."""
     b, engines, calls = in_graph_trt
     fake.reset("10.15.1")
-    assert engines.kv_update == "graph" and artifacts.load(b, TrtEngineSet).kv_update == "graph"
+    assert engines.kv_update == "inplace" and artifacts.load(b, TrtEngineSet).kv_update == "inplace"
     assert [c[1] for c in calls if c[0] == "parse_from_file"] == [str(b / "inplace/target.onnx"),
                                                                    str(b / "inplace/draft.onnx")]
     e = json.loads((b / "manifest.json").read_text())["models"]["target"]
@@ -310,13 +310,13 @@ def test_in_graph_engines_need_tensorrt_10_15_and_the_inplace_graphs(trt, demo_b
     b, _, _ = in_graph_trt
     fake.reset("10.14.1")
     with pytest.raises(SpecrtError, match="TensorRT 10.14.1 cannot import the in-graph KV update .*>= 10.15"):
-        build_plans(fake, BuildConfig(bundle=b, backend="trt", kv_update="graph", **TABLE), "cpu", progress=False)
+        build_plans(fake, BuildConfig(bundle=b, backend="trt", kv_update="inplace", **TABLE), "cpu", progress=False)
     fake.reset("10.15.1")
     with pytest.raises(BundleError, match="no inplace.json in .*: run `specrt inplace --bundle"):
-        build_plans(fake, BuildConfig(bundle=demo_bundle, backend="trt", kv_update="graph", **TABLE), "cpu",
+        build_plans(fake, BuildConfig(bundle=demo_bundle, backend="trt", kv_update="inplace", **TABLE), "cpu",
                     progress=False)
-    with pytest.raises(InvalidRequestError, match="--kv-update graph builds TensorRT engines"):
-        BuildConfig(bundle=b, kv_update="graph")
+    with pytest.raises(InvalidRequestError, match="--kv-update inplace builds TensorRT engines"):
+        BuildConfig(bundle=b, kv_update="inplace")
 
 
 def test_plans_for_another_tensorrt_or_gpu_are_refused_in_one_line(trt, trt_bundle, tmp_path):

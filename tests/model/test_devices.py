@@ -52,13 +52,13 @@ def test_the_in_graph_step_runs_wholly_on_the_weights_device():
 def _engines(bundle, quant):
     from specrt.bundle.artifacts import EngineSet, Stamp
 
-    return EngineSet(stamp=Stamp.make(bundle), kind="graphs", token_profiles=(1, 4), batch_buckets=(1, 2), capacity=32,
+    return EngineSet(stamp=Stamp.make(bundle), kind="static", token_profiles=(1, 4), batch_buckets=(1, 2), capacity=32,
                      spans=(16, 32), slots=1, device="meta", device_name=None, compute_capability=None, versions={},
                      cuda_graphs=False, build_seconds={}, parity={}, quant=quant, weight_bytes={}, compile=None)
 
 
 @pytest.mark.parametrize("quant", [None, *quant_schemes("meta")])
-@pytest.mark.parametrize("backend", ["torch", "graphs"])
+@pytest.mark.parametrize("backend", ["torch", "static"])
 def test_the_torch_backends_load_and_step_on_the_device(demo_bundle, backend, quant):
     """What `specrt build` and a CUDA pipeline load (the eager step, or the static engines' every shape and cache,
     float or 8-bit), then a step through a runner with the device-argmax head (nothing brought to the host)."""

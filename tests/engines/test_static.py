@@ -1,4 +1,4 @@
-"""Static-shape engines (`specrt build`, backend "graphs"): the profile table, padding that changes no real
+"""Static-shape engines (`specrt build`, backend "static"): the profile table, padding that changes no real
 row, a static KV cache, slots, and refusal of engines built elsewhere. On the CPU the static steps run
 eagerly; CUDA-graph capture is tested only where a GPU exists (marker gpu)."""
 
@@ -29,13 +29,13 @@ def engine_bundle(demo_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def graphs(engine_bundle):
-    return Pipeline.load(engine_bundle, backend="graphs", threads=2)
+    return Pipeline.load(engine_bundle, backend="static", threads=2)
 
 
 def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
     e = artifacts.load(engine_bundle, EngineSet)
     assert (e.kind, e.token_profiles, e.batch_buckets, e.capacity, e.spans, e.device, e.cuda_graphs) == (
-        "graphs", (1, 4, 8, 16, 32), (1, 2, 4), 256, (64, 128, 256), "cpu", False)
+        "static", (1, 4, 8, 16, 32), (1, 2, 4), 256, (64, 128, 256), "cpu", False)
     assert [e.for_context(n) for n in (0, 64, 65, 128, 200, 256)] == [64, 64, 128, 128, 256, 256]
     assert [e.for_tokens(n) for n in (1, 2, 4, 5, 17, 32)] == [1, 4, 4, 8, 32, 32]
     assert [e.for_batch(b) for b in (1, 2, 3, 4)] == [1, 2, 4, 4]
@@ -48,7 +48,7 @@ def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
 
 def test_padded_rows_and_sequences_change_nothing(graphs, demo_bundle):
     """Steps of every (batch, tokens) between the buckets and profiles give the eager step's logits."""
-    from specrt.engines.graphs import check_engine_step
+    from specrt.engines.static import check_engine_step
 
     shapes = [(1, 1), (1, 3), (2, 5), (3, 7), (3, 32), (4, 17)]  # padded to profiles 4, 8, 32 and bucket 4
     err, scale = check_engine_step(graphs.target, np.random.default_rng(1), shapes)
@@ -97,7 +97,7 @@ def test_compiled_layers_give_the_eager_steps_tokens_with_one_graph_per_shape(de
     assert artifacts.load(b, EngineSet).compile == "default"
     # 4 shapes (batch 1 and 2, 1 and 32 tokens) per model, the admission cache's among them; each model has >= 2 layers
     assert counters["stats"]["unique_graphs"] - graphs0 == 2 * 4
-    pipe = Pipeline.load(b, backend="graphs", threads=2)
+    pipe = Pipeline.load(b, backend="static", threads=2)
     assert all(backend.module.compiled for backend in (pipe.target, pipe.draft))
     prompts = humaneval[:3]
     ar = [o.token_ids for o in pipelines["torch"].generate(prompts, method="autoregressive", max_new_tokens=16)]
@@ -113,7 +113,7 @@ def test_compiled_layers_give_the_eager_steps_tokens_with_one_graph_per_shape(de
     monkeypatch.setattr(StepLayer, "end", lambda self, x, out: (torch._dynamo.graph_break(), end(self, x, out))[1])
     with pytest.raises(SpecrtError, match="torch.compile could not compile the target's decoder layers .*: rebuild the "
                                           "engines without --compile"):
-        Pipeline.load(b, backend="graphs", threads=2)
+        Pipeline.load(b, backend="static", threads=2)
     torch._dynamo.reset()
 
 
@@ -201,7 +201,7 @@ def test_slots_serve_concurrent_calls_and_refuse_what_would_deadlock(graphs, hum
     shutil.copytree(engine_bundle, b)
     e = artifacts.load(b, EngineSet)
     artifacts.save(b, replace(e, slots=1))
-    one = Pipeline.load(b, backend="graphs", threads=2)
+    one = Pipeline.load(b, backend="static", threads=2)
     one.draft = one.target
     with pytest.raises(InvalidRequestError, match="have 1 slot\\(s\\) and this call holds them all.*--slots 2"):
         one.generate("def f():", method="sd", max_new_tokens=4)
@@ -216,12 +216,12 @@ def test_engines_built_elsewhere_are_refused_in_one_line(engine_bundle, tmp_path
     (b / "engines.json").write_text(json.dumps(data))
     with pytest.raises(BundleError, match="engines.json was built with torch 0.0.1 on the CPU, but this is torch .* on "
                                           "the CPU: re-run `specrt build --bundle .*` here"):
-        Pipeline.load(b, backend="graphs")
+        Pipeline.load(b, backend="static")
     (b / "engines.json").unlink()
     with pytest.raises(BundleError, match="no engines.json in .*: run `specrt build --bundle .*` first"):
-        Pipeline.load(b, backend="graphs")
+        Pipeline.load(b, backend="static")
     with pytest.raises(InvalidRequestError, match="was built for cpu, not cuda:0"):
-        Pipeline.load(engine_bundle, backend="graphs", device="cuda:0")
+        Pipeline.load(engine_bundle, backend="static", device="cuda:0")
 
 
 def test_build_options_are_checked():
@@ -250,7 +250,7 @@ def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval, com
     e = build(BuildConfig(bundle=b, device="cuda", compile=compile_mode, **table), progress=False)
     assert e.cuda_graphs and e.device_name and all(err <= 1e-4 for err in e.parity.values())
     assert e.compile == compile_mode
-    graphs = Pipeline.load(b, backend="graphs")
+    graphs = Pipeline.load(b, backend="static")
     ar = [o.token_ids for o in graphs.generate(humaneval[:4], method="autoregressive", max_new_tokens=24)]
     for kw in LOSSLESS:
         assert [o.token_ids for o in graphs.generate(humaneval[:4], max_new_tokens=24, **kw)] == ar, kw
@@ -275,7 +275,7 @@ def test_captured_graphs_survive_inductor_cuda_graphs_in_the_same_process(demo_b
     shutil.copytree(demo_bundle, b)
     build(BuildConfig(bundle=b, device="cuda", token_profiles=(1, 8), batch_buckets=(1,), capacity=256, spans=(128,)),
           progress=False)
-    graphs = Pipeline.load(b, backend="graphs")
+    graphs = Pipeline.load(b, backend="static")
     ar = [o.token_ids for o in graphs.generate(humaneval[:2], method="autoregressive", max_new_tokens=24)]
 
     x = torch.randn(512, 512, device="cuda")
@@ -303,16 +303,16 @@ def test_calibrate_profile_and_tune_run_on_the_engines(engine_bundle, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(engine_bundle, b)
     artifacts.save(b, replace(artifacts.load(b, EngineSet), slots=1))
-    acc = calibrate(CalibrationConfig(bundle=b, backend="graphs", threads=2, num_prompts=2, new_tokens=12, max_depth=3,
+    acc = calibrate(CalibrationConfig(bundle=b, backend="static", threads=2, num_prompts=2, new_tokens=12, max_depth=3,
                                       max_rank=3, max_nodes=6, dynamic_sizes=(4,), merged_sizes=()), progress=False)
     assert acc.num_positions == 2 * 12
-    lat = profile(ProfileConfig(bundle=b, backend="graphs", threads=2, batch_sizes=(1, 2), contexts=(64,),
+    lat = profile(ProfileConfig(bundle=b, backend="static", threads=2, batch_sizes=(1, 2), contexts=(64,),
                                 num_tokens=(1, 2, 4, 8), repeats=1, warmup=0, passes=1), progress=False)[None]
-    assert lat.stamp.machine.backend == "graphs" and set(lat.host_ms) == {"tree", "dynamic", "merged", "ngram"}
+    assert lat.stamp.machine.backend == "static" and set(lat.host_ms) == {"tree", "dynamic", "merged", "ngram"}
     assert lat.cache_bucket == artifacts.load(b, EngineSet).capacity  # a static cache: one bucket, its capacity
     assert lat.cache_spans == (64, 128, 256)  # whose attention spans price a context
     plan = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
-    pipe = Pipeline.load(b, backend="graphs", threads=2)
-    assert pipe.evidence.plan() == plan  # stamped with the graphs backend's machine, so it loads here
+    pipe = Pipeline.load(b, backend="static", threads=2)
+    assert pipe.evidence.plan() == plan  # stamped with the static backend's machine, so it loads here
     # a request joining a running batch is prefilled beside it: bench batch prices those rows (test_batch_bench)
     assert pipe.target.static_cache and pipe.draft.static_cache

@@ -1,6 +1,6 @@
-"""`specrt build` (backend graphs): static-shape engines for both models of a bundle -> engines.json.
+"""`specrt build` (backend static): static-shape engines for both models of a bundle -> engines.json.
 
-The engines are the step module at static shapes (backend "graphs", runtime/backends/static.py): one
+The engines are the step module at static shapes (backend "static", runtime/backends/static.py): one
 per batch bucket and token-count profile, over one static KV capacity; on CUDA each is warmed up and
 captured as a CUDA graph. A CUDA graph cannot be written to disk, so the backend captures them again when
 the bundle is loaded. Building does it once on this device to check it: every shape captures (CUDA) or
@@ -40,7 +40,7 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
     """(max |logit| difference between an engine backend's step and the eager step module, max |logit| of the
     eager step) over random feeds of the given (batch, new tokens) shapes at each of the engines' attention spans
     (random ragged cache lengths up to it, random token trees: graphs.parity's feeds). `module`: the eager
-    StepModule on the backend's device (default: the backend's own, which the graphs backend has)."""
+    StepModule on the backend's device (default: the backend's own, which the static backend has)."""
     import torch
 
     from specrt import contract
@@ -49,7 +49,7 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
     e, capacity = backend.entry, backend.engines.capacity
     module = backend.module if module is None else module
     worst = scale = 0.0
-    in_graph = getattr(backend.engines, "kv_update", "runtime") == "graph"
+    in_graph = getattr(backend.engines, "kv_update", "runtime") == "inplace"
     # contexts up to each attention span (random lengths up to it: the shorter spans are exercised too)
     cases = [(b, t, s) for b, t in shapes for s in backend.engines.spans]
     with backend.runner() as runner:
@@ -110,16 +110,16 @@ def check_tolerance(what: str, dtype: str, err: float, scale: float, quant: str 
                           f"per unit of the largest logit, {scale:.1f})")
 
 
-def build_graphs(cfg: BuildConfig, progress: bool = True) -> EngineSet:
+def build_static(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     from tqdm import tqdm
 
     from specrt.model.quant import module_bytes
     from specrt.runtime.backends.static import StaticTorchBackend
 
-    device = resolve_device("graphs", cfg.device)
+    device = resolve_device("static", cfg.device)
     threads = resolve_threads(cfg.threads)
     manifest = load_manifest(cfg.bundle, cfg.verify_mode)
-    engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="graphs", token_profiles=cfg.token_profiles,
+    engines = EngineSet(stamp=Stamp.make(cfg.bundle), kind="static", token_profiles=cfg.token_profiles,
                         batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=cfg.attention_spans(),
                         slots=cfg.slots, device=device,
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
