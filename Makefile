@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | soak | docs | triton | serve
+# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad soak docs clean
+.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -121,6 +121,31 @@ bench-inflated: $(STAMP)
 	test -f build/inflated/bundle/latency.json || $(BIN)/specrt profile --bundle build/inflated/bundle --threads $(THREADS)
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated --num-prompts 5 --threads $(THREADS) \
 		--num-draft-tokens 4,6 --out $(RESULTS)
+
+# The peer runtimes `bench e2e` measures in the same run (bench/peers.py): ONNX Runtime GenAI (a wheel) and llama.cpp
+# through llama-cpp-python, whose sdist compiles llama.cpp (about half an hour on 2 cores: the wheel is kept in
+# build/peers/wheels) and vendors the GGUF converter, unpacked into build/peers/llama.cpp.
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_SDIST := build/peers/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+peers: $(STAMP)
+	$(BIN)/pip install -q -e ".[peers]"
+	test -f $(LLAMA_SDIST) || $(BIN)/pip download -q --no-deps --no-binary :all: -d build/peers/sdist llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	ls build/peers/wheels/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF" \
+		$(BIN)/pip wheel -q --no-deps -w build/peers/wheels $(LLAMA_SDIST)
+	$(BIN)/pip install -q --no-deps build/peers/wheels/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl
+	mkdir -p build/peers/llama.cpp
+	tar -xzf $(LLAMA_SDIST) -C build/peers/llama.cpp --strip-components=3 \
+		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/convert_hf_to_gguf.py \
+		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/conversion llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/gguf-py
+
+# Our AR and best lossless methods against each peer's AR and speculative modes, on the inflated pair (float32).
+bench-peers: $(STAMP)
+	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
+	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
+	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers --num-prompts 5 --threads $(THREADS) \
+		--methods autoregressive,sd,anpd,dynamic,dynamic-ngram --baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup \
+		--out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
 bench-trees: $(STAMP)

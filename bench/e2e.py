@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specrt.bench.peers import PEERS, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
 from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, timed_runs, write_report
@@ -38,7 +39,7 @@ VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
             "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": MERGE_NGRAM_TOKENS}),
             "ppd-ngram": ("ppd", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True})}
-BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum")
+BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum") + PEERS
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,13 @@ class E2EConfig(BenchConfig, BackendOptions):
     num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each", ge=1)
     methods: tuple[str, ...] = option(OURS, f"our rows: methods or variants ({', '.join(VARIANTS)})")
     baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; hf-compile (static "
-                                                   "cache + torch.compile) runs on CUDA only and optimum where "
-                                                   "optimum-onnx is installed: elsewhere each is skipped, saying why)")
+                                                   "cache + torch.compile) runs on CUDA only, optimum where "
+                                                   "optimum-onnx is installed, ort-genai* where onnxruntime-genai is: "
+                                                   "elsewhere each is skipped, saying why)")
+    peer_cache: Path = option(Path("build/peers"), "where the peers' conversions of the bundle's checkpoints are kept "
+                                                   "(made once per export and precision)")
+    llama_cpp_source: Path = option(Path("build/peers/llama.cpp"), "llama.cpp's GGUF converter (convert_hf_to_gguf.py "
+                                                                   "and its packages; `make peers` unpacks them)")
     prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
     in_graph: tuple[str, ...] = option((), "our rows to run a second time with the in-graph KV update (`specrt "
                                            "inplace`; ort backend), as '<row> (in-graph)', beside the runtime's")
@@ -185,14 +191,14 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
     if cfg.in_graph:
         twin = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "kv_update": "inplace"})
         runners.update(our_runners(cfg, twin, cfg.in_graph, " (in-graph)"))
-    skipped = {}
+    peers, skipped = peer_runners(cfg, pipe, cfg.baselines)
+    runners.update(peers)
     why = {"optimum": optimum_missing() if "optimum" in cfg.baselines else None,
            "hf-compile": None if device.startswith("cuda") else "static cache + torch.compile is a GPU baseline"}
-    for name in cfg.baselines:
-        if why.get(name):
-            skipped[name] = why[name]
-            print(f"bench e2e: skipping the {name} baseline: {why[name]}")
-    if not [b for b in cfg.baselines if b not in skipped]:
+    skipped.update({name: why[name] for name in cfg.baselines if why.get(name)})
+    for name, reason in skipped.items():
+        print(f"bench e2e: skipping the {name} baseline: {reason}")
+    if not [b for b in cfg.baselines if b not in skipped and b not in PEERS]:
         return runners, skipped
 
     def load(role):
@@ -285,6 +291,7 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
         summary["ngram_speedup_over_hf_lookup_speedup"] = {
             r.name: round(r.tokens_per_s / base.tokens_per_s / lookup_speedup, 3)
             for r in results.values() if VARIANTS.get(r.name, (None,))[0] == "anpd"}
+    summary.update(peer_summary(rows, *best_lossless(speed_rows({"rows": rows}))))
     data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}, "roofline": roofline}
     if partial:  # a run still going (or cut off): its rows so far, without the divergence check
         data["partial"] = partial
@@ -319,6 +326,7 @@ def markdown(data: dict) -> str:
     if ratios:
         lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
+    lines += [f"- {line}" for line in peer_lines(data.get("summary", {}))]
     lines += [f"- {r['method']}: {describe_divergence(r['divergence'])}" for r in data["rows"] if r.get("divergence")]
     if data.get("partial"):
         lines += [f"- partial: {data['partial']} so far (the divergence check runs at the end)"]
@@ -347,7 +355,8 @@ def speed_rows(data: dict) -> list[dict]:
     return [{"name": r["method"], "tokens_per_s": r["tokens_per_s"], "speedup": r.get("speedup_vs_ours_ar"),
              "tokens_per_call": r.get("tokens_per_target_call"), "host_fraction": r.get("host_fraction"),
              "roofline_fraction": r.get("roofline_fraction"), "joules_per_token": r.get("joules_per_token"),
-             "lossless": r.get("same_tokens_as_ours_ar") == 1} for r in rows]
+             "lossless": r.get("same_tokens_as_ours_ar") == 1, "baseline": r["method"].split()[0] in BASELINES}
+            for r in rows]
 
 
 def headline(data: dict) -> str:

@@ -99,10 +99,11 @@ def ratio_text(v: float | None) -> str:
 
 def best_lossless(rows: list[dict]) -> tuple[dict | None, dict | None]:
     """(our autoregressive row, our fastest lossless speculative row) of a bench's speed rows: each a dict of name,
-    tokens_per_s, speedup (over the run's own AR), tokens_per_call, lossless and what the bench also measured."""
+    tokens_per_s, speedup (over the run's own AR), tokens_per_call, lossless, baseline (another runtime's row) and
+    what the bench also measured."""
     ar = next((r for r in rows if r["name"] == "autoregressive"), None)
     ours = [r for r in rows if r["speedup"] is not None and r["name"] != "autoregressive"
-            and not r["name"].startswith("hf") and r["lossless"]]
+            and not r.get("baseline") and r["lossless"]]
     return ar, (max(ours, key=lambda r: r["speedup"]) if ours else None)
 
 

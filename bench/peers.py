@@ -1,0 +1,266 @@
+"""Peer runtimes as same-run baselines of `specrt bench e2e`: what a deployer would run instead of specrt.
+
+ONNX Runtime GenAI (`onnxruntime-genai`): its model builder turns the bundle's own hf/ checkpoints into its ONNX
+models (GroupQueryAttention, its own KV cache); `og.Generator` decodes them greedily, alone (`ort-genai`), with the
+bundle's draft model speculating (`ort-genai-sd`, the draft's model as its config's `model.draft`) or with n-gram
+lookup over the prompt and output (`ort-genai-ngram`). Conversions are cached under `peer_cache`, keyed by the
+bundle manifest's sha256 and the precision, each written whole or not at all.
+
+Every peer decodes the token ids our tokenizer makes of each prompt (so a difference in the output is the
+runtime's, not a tokenizer's), greedily, with the same thread count and max_new_tokens as our rows. The precision
+is matched to ours and named in the row: the exported float32 graphs against fp32, an int8 variant of ours
+(`--quant int8-weights`) against the peer's 8-bit weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from specrt.bundle.manifest import manifest_sha256
+from specrt.errors import SpecrtError
+
+ORT_GENAI = ("ort-genai", "ort-genai-sd", "ort-genai-ngram")
+LLAMA_CPP = ("llama-cpp", "llama-cpp-lookup")
+PEERS = ORT_GENAI + LLAMA_CPP
+NGRAM_SIZE = 3  # ORT GenAI's n-gram lookup: the suffix length matched against the text so far
+LOOKUP_NGRAM = 2  # llama-cpp-python's prompt lookup: the longest n-gram it matches (its default)
+
+
+def ort_genai_missing() -> str | None:
+    """Why ONNX Runtime GenAI cannot run here, or None."""
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        return "onnxruntime-genai is not installed: `pip install 'specrt[peers]'` adds it"
+    return None
+
+
+def llama_cpp_missing(source: Path) -> str | None:
+    """Why llama.cpp cannot run here, or None: the bindings, and the GGUF converter their sdist vendors (`make
+    peers` builds the one and unpacks the other into build/peers)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed: `make peers` builds it (it compiles llama.cpp: long on few cores)"
+    if not (source / "convert_hf_to_gguf.py").is_file():
+        return f"no llama.cpp GGUF converter in {source}: `make peers` unpacks it from the llama-cpp-python sdist"
+    return None
+
+
+def llama_cpp_precision(dtype: str, quant: str | None) -> tuple[str | None, str]:
+    """(the GGUF converter's --outtype for our rows' precision, or None where it has none; in words)."""
+    if quant is not None:
+        return ("q8_0", "Q8_0") if quant.startswith("int8") else (None, f"our {quant} variant")
+    return {"float32": ("f32", "f32"), "float16": ("f16", "f16"), "bfloat16": ("bf16", "bf16")}.get(dtype, (None, dtype))
+
+
+def ort_genai_precision(dtype: str, quant: str | None) -> tuple[str | None, str]:
+    """(the model builder's -p for our rows' precision, or None where it has none on the CPU; in words)."""
+    if quant is not None:
+        return ("int8", "int8 weights") if quant.startswith("int8") else (None, f"our {quant} variant")
+    return ("fp32", "fp32") if dtype == "float32" else (None, dtype)
+
+
+def _staged_source(bundle: Path, role: str, dest: Path) -> Path:
+    """A directory the model builder reads as one checkpoint: the bundle's hf/<role> and its tokenizer, linked."""
+    dest.mkdir(parents=True)
+    for src in [*(bundle / "hf" / role).iterdir(), *(bundle / "tokenizer").iterdir()]:
+        os.symlink(src.resolve(), dest / src.name)
+    return dest
+
+
+def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool = True) -> dict[str, Path]:
+    """{role: ORT GenAI model directory} of the bundle's target and draft at `precision`, converted once by the
+    model builder (`python -m onnxruntime_genai.models.builder`) and cached under `cache`."""
+    from tqdm import tqdm
+
+    root = cache / f"ort-genai-{manifest_sha256(bundle)[:16]}-{precision}"
+    out = {role: root / role for role in ("target", "draft")}
+    todo = [role for role, d in out.items() if not (d / "genai_config.json").is_file()]
+    for role in tqdm(todo, desc=f"ORT GenAI model builder ({precision})", unit="model", disable=not progress or not todo):
+        work = root / f".{role}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        src = _staged_source(bundle, role, work / "src")
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(work / "model"),
+               "-p", precision, "-e", "cpu", "-c", str(work / "cache")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not (work / "model" / "genai_config.json").is_file():
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SpecrtError(f"ONNX Runtime GenAI's model builder could not convert {bundle / 'hf' / role} "
+                              f"({precision}): {tail[0]}")
+        os.replace(work / "model", out[role])  # whole or not at all
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def llama_cpp_model(bundle: Path, cache: Path, source: Path, outtype: str, progress: bool = True) -> Path:
+    """The GGUF file of the bundle's target at `outtype`, converted once by llama.cpp's converter (bench.gguf_convert,
+    from `source`) and cached under `cache`."""
+    from tqdm import tqdm
+
+    out = cache / f"llama-cpp-{manifest_sha256(bundle)[:16]}-{outtype}" / "target.gguf"
+    if out.is_file():
+        return out
+    work = out.parent / ".tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    with tqdm(total=1, desc=f"llama.cpp GGUF converter ({outtype})", unit="model", disable=not progress):
+        src = _staged_source(bundle, "target", work / "src")
+        cmd = [sys.executable, "-m", "specrt.bench.gguf_convert", str(source), str(src), str(work / "target.gguf"),
+               outtype]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not (work / "target.gguf").is_file():
+            tail = [line for line in (r.stderr or r.stdout).strip().splitlines() if line.strip()][-1:] or ["no output"]
+            raise SpecrtError(f"llama.cpp's GGUF converter could not convert {bundle / 'hf' / 'target'} ({outtype}): "
+                              f"{tail[0]}")
+        os.replace(work / "target.gguf", out)  # whole or not at all
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) decoding one prompt at a time, greedily: alone, or with its prompt lookup drafts
+    (LlamaPromptLookupDecoding). Each prompt starts from an empty KV cache: no prefix of an earlier call is reused."""
+
+    def __init__(self, gguf: Path, mode: str, encode, threads: int, max_new_tokens: int, context: int,
+                 draft_tokens: int):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(LOOKUP_NGRAM, draft_tokens) if mode == "lookup" else None
+        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                         draft_model=draft, verbose=False)
+        self.encode, self.max_new_tokens, self.eos = encode, max_new_tokens, self.llm.token_eos()
+
+    def __call__(self, prompts):
+        outs = []
+        for p in prompts:
+            out = []
+            self.llm.reset()
+            for token in self.llm.generate(self.encode(p), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                           repeat_penalty=1.0):
+                out.append(int(token))
+                if token == self.eos or len(out) == self.max_new_tokens:
+                    break
+            outs.append(out)
+        return outs, 0, 0.0
+
+
+class OrtGenAI:
+    """ONNX Runtime GenAI decoding one prompt at a time, greedily: alone, with a draft model, or with n-gram lookup.
+    Called as e2e's runners are: prompts -> (new token ids per prompt, 0, 0.0)."""
+
+    def __init__(self, models: dict[str, Path], mode: str, encode, threads: int, max_new_tokens: int,
+                 draft_tokens: int):
+        import onnxruntime_genai as og
+
+        self.og, self.encode, self.max_new_tokens = og, encode, max_new_tokens
+        config = og.Config(str(models["target"]))
+        session = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+        overlay: dict = {"model": {"decoder": session}}
+        if mode == "sd":
+            draft = json.loads((models["draft"] / "genai_config.json").read_text())["model"]["decoder"]
+            draft["filename"] = os.path.relpath(models["draft"] / draft["filename"], models["target"])
+            overlay["model"]["draft"] = {**draft, **session}
+        config.overlay(json.dumps(overlay))
+        self.model = og.Model(config)
+        self.speculative = {"sd": {"max_draft_tokens": draft_tokens},
+                            "ngram": {"ngram_size": NGRAM_SIZE, "max_draft_tokens": draft_tokens}}.get(mode)
+
+    def __call__(self, prompts):
+        outs = []
+        for p in prompts:
+            ids = self.encode(p)
+            params = self.og.GeneratorParams(self.model)
+            params.set_search_options(max_length=len(ids) + self.max_new_tokens, do_sample=False)
+            if self.speculative:
+                params.set_speculative_options(**self.speculative)
+            generator = self.og.Generator(self.model, params)
+            generator.append_tokens(ids)
+            while not generator.is_done():
+                generator.generate_next_token()
+            outs.append([int(t) for t in generator.get_sequence(0)[len(ids):]])
+        return outs, 0, 0.0
+
+
+def peer_runners(cfg, pipe, names) -> tuple[dict, dict]:
+    """({row name: runner}, {skipped peer: why}) of the peers `names` for e2e's config and loaded Pipeline."""
+    runners, skipped = _llama_cpp_runners(cfg, pipe, [n for n in names if n in LLAMA_CPP])
+    wanted = [n for n in names if n in ORT_GENAI]
+    if not wanted:
+        return runners, skipped
+    why = ort_genai_missing()
+    precision, words = ort_genai_precision(pipe.target.entry.dtype, pipe.machine.quant)
+    if why is None and precision is None:
+        why = f"ONNX Runtime GenAI has no CPU precision matching {words}"
+    if why is None and not pipe.machine.device.startswith("cpu"):
+        why = "the ONNX Runtime GenAI wheel on PyPI runs on the CPU"
+    if why:
+        return runners, {**skipped, **{n: why for n in wanted}}
+    models = ort_genai_models(cfg.bundle, cfg.peer_cache, precision)
+    for name in wanted:
+        mode = name.removeprefix("ort-genai").lstrip("-") or "ar"
+        draft_tokens = cfg.num_draft_tokens[0] if mode == "sd" else cfg.prompt_lookup_tokens
+        runners[f"{name} ({words})"] = OrtGenAI(models, mode, pipe.encode, pipe.machine.threads, cfg.max_new_tokens,
+                                                draft_tokens)
+    return runners, skipped
+
+
+def _llama_cpp_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, dict]:
+    if not wanted:
+        return {}, {}
+    why = llama_cpp_missing(cfg.llama_cpp_source)
+    outtype, words = llama_cpp_precision(pipe.target.entry.dtype, pipe.machine.quant)
+    if why is None and outtype is None:
+        why = f"llama.cpp has no GGUF type matching {words}"
+    if why is None and not pipe.machine.device.startswith("cpu"):
+        why = "the llama-cpp-python build `make peers` makes runs on the CPU"
+    if why:
+        return {}, {n: why for n in wanted}
+    gguf = llama_cpp_model(cfg.bundle, cfg.peer_cache, cfg.llama_cpp_source, outtype)
+    context = pipe.max_context
+    return {f"{n} ({words})": LlamaCpp(gguf, n.removeprefix("llama-cpp").lstrip("-") or "ar", pipe.encode,
+                                       pipe.machine.threads, cfg.max_new_tokens, context, cfg.prompt_lookup_tokens)
+            for n in wanted}, {}
+
+
+PEER_FAMILIES = {"ort-genai": ("ONNX Runtime GenAI", ORT_GENAI), "llama-cpp": ("llama.cpp", LLAMA_CPP)}
+
+
+def peer_summary(rows: list[dict], ours_ar: dict | None, ours_best: dict | None) -> dict:
+    """{"peers": {family: ...}}: each peer's autoregressive row and fastest speculative row of this run against our
+    autoregressive and our fastest lossless row (e2e's rows; ours as bench.report.best_lossless picks them), as
+    ratios of tokens/s from the one run; {} where no peer ran."""
+    out = {}
+    for family, (title, names) in PEER_FAMILIES.items():
+        mine = [r for r in rows if r["method"].split()[0] in names]
+        ar = next((r for r in mine if r["method"].split()[0] == family), None)
+        spec = max((r for r in mine if r is not ar), key=lambda r: r["tokens_per_s"], default=None)
+        if ar is None and spec is None:
+            continue
+        entry: dict = {"title": title, "ar": ar and ar["method"], "best": spec and spec["method"]}
+        for key, theirs in (("ar", ar), ("best", spec)):
+            for ours_key, ours in (("our_ar", ours_ar), ("our_best", ours_best)):
+                if theirs and ours:
+                    entry[f"{ours_key}_vs_its_{key}"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3)
+        entry["ours"] = {"ar": ours_ar and ours_ar["name"], "best": ours_best and ours_best["name"]}
+        entry["same_tokens_as_ours_ar"] = {r["method"]: r["same_tokens_as_ours_ar"] for r in mine}
+        out[family] = entry
+    return {"peers": out} if out else {}
+
+
+def peer_lines(summary: dict) -> list[str]:
+    """The run's peer comparison in words, a line per peer."""
+    lines = []
+    for e in summary.get("peers", {}).values():
+        parts = []
+        if e.get("our_ar_vs_its_ar") is not None:
+            parts.append(f"our AR {e['our_ar_vs_its_ar']:.2f}x its AR (`{e['ar']}`)")
+        if e.get("our_best_vs_its_best") is not None:
+            parts.append(f"our best lossless (`{e['ours']['best']}`) {e['our_best_vs_its_best']:.2f}x its best "
+                         f"speculative (`{e['best']}`)")
+        if e.get("our_best_vs_its_ar") is not None:
+            parts.append(f"{e['our_best_vs_its_ar']:.2f}x its AR")
+        lines.append(f"vs {e['title']} (same run): " + ", ".join(parts))
+    return lines

@@ -1,0 +1,93 @@
+"""Peer runtimes in `specrt bench e2e`, run for real: ONNX Runtime GenAI converts the bundle's own checkpoints and
+decodes the same prompts in the same run. Rows produced and token identity asserted, never timing. CI installs
+onnxruntime-genai (the dev extra) and requires these tests to run (SPECRT_REQUIRE_PEERS=1)."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specrt.bench.peers import llama_cpp_missing, ort_genai_missing, ort_genai_models, ort_genai_precision
+
+MISSING = ort_genai_missing()
+needs_ort_genai = pytest.mark.skipif(MISSING is not None and os.environ.get("SPECRT_REQUIRE_PEERS") != "1",
+                                     reason=str(MISSING))
+LLAMA_CPP = Path("build/peers/llama.cpp")  # `make peers`: CI leaves llama.cpp's half-hour build out
+LLAMA_MISSING = llama_cpp_missing(LLAMA_CPP)
+
+
+@needs_ort_genai
+def test_ort_genai_rows_decode_our_ars_tokens_in_the_same_run(demo_bundle, tmp_path):
+    from specrt.bench.e2e import E2EConfig, run_e2e
+
+    cfg = E2EConfig(bundle=demo_bundle, threads=2, num_prompts=3, max_new_tokens=24, runs=1, warmup_runs=0,
+                    methods=("autoregressive", "sd", "anpd"), baselines=("ort-genai", "ort-genai-sd", "ort-genai-ngram"),
+                    out=tmp_path / "out", label="peers", peer_cache=tmp_path / "cache")
+    data = run_e2e(cfg)
+    rows = {r["method"]: r for r in data["rows"]}
+    peers = ["ort-genai (fp32)", "ort-genai-sd (fp32)", "ort-genai-ngram (fp32)"]
+    assert list(rows) == ["autoregressive", "sd", "anpd", *peers]
+    for name in peers:  # same weights, greedy: the same tokens, or a difference explained by a logit gap
+        assert rows[name]["same_tokens_as_ours_ar"] == 1 or rows[name]["divergence"]["ties"], rows[name]
+        assert rows[name]["tokens"] == rows["autoregressive"]["tokens"]
+    peer = data["summary"]["peers"]["ort-genai"]
+    assert peer["ar"] == "ort-genai (fp32)" and peer["best"] in peers[1:]
+    assert peer["ours"]["ar"] == "autoregressive" and peer["our_ar_vs_its_ar"] > 0
+    md = (tmp_path / "out" / "e2e-peers.md").read_text()
+    assert "vs ONNX Runtime GenAI (same run): our AR" in md
+
+
+@needs_ort_genai
+def test_conversions_are_cached_per_export_and_precision_and_written_whole(demo_bundle, tmp_path):
+    first = ort_genai_models(demo_bundle, tmp_path, "fp32", progress=False)
+    stamp = (first["target"] / "model.onnx").stat().st_mtime_ns
+    assert ort_genai_models(demo_bundle, tmp_path, "fp32", progress=False) == first  # not converted again
+    assert (first["target"] / "model.onnx").stat().st_mtime_ns == stamp
+    assert first["draft"] != first["target"] and (first["draft"] / "genai_config.json").is_file()
+
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_bundle, broken, ignore=shutil.ignore_patterns("*.onnx*"))
+    (broken / "hf" / "target" / "config.json").write_text("{}")
+    from specrt.errors import SpecrtError
+
+    with pytest.raises(SpecrtError, match="model builder could not convert .*hf/target"):
+        ort_genai_models(broken, tmp_path / "c2", "fp32", progress=False)
+    assert not any(p.name == "target" for p in (tmp_path / "c2").rglob("*"))  # nothing half-written left as done
+
+
+def test_precision_is_matched_to_ours_or_the_peer_is_skipped_saying_why():
+    assert ort_genai_precision("float32", None) == ("fp32", "fp32")
+    assert ort_genai_precision("float32", "int8-weights") == ("int8", "int8 weights")
+    assert ort_genai_precision("float16", None)[0] is None  # the CPU wheel has no fp16 CPU model
+
+
+@pytest.mark.skipif(LLAMA_MISSING is not None, reason=str(LLAMA_MISSING))
+def test_llama_cpp_rows_decode_our_ars_tokens_in_the_same_run(demo_bundle, tmp_path):
+    from specrt.bench.e2e import E2EConfig, run_e2e
+
+    cfg = E2EConfig(bundle=demo_bundle, threads=2, num_prompts=3, max_new_tokens=24, runs=1, warmup_runs=0,
+                    methods=("autoregressive", "anpd"), baselines=("llama-cpp", "llama-cpp-lookup"),
+                    out=tmp_path / "out", label="llama", peer_cache=tmp_path / "cache",
+                    llama_cpp_source=LLAMA_CPP.resolve())
+    data = run_e2e(cfg)
+    rows = {r["method"]: r for r in data["rows"]}
+    for name in ("llama-cpp (f32)", "llama-cpp-lookup (f32)"):
+        assert rows[name]["same_tokens_as_ours_ar"] == 1 or rows[name]["divergence"]["ties"], rows[name]
+    assert data["summary"]["peers"]["llama-cpp"]["ar"] == "llama-cpp (f32)"
+
+
+def test_only_a_gpt2_byte_level_tokenizer_is_named_gpt2_for_the_gguf_converter(demo_bundle, tmp_path):
+    from specrt.bench.gguf_convert import gpt2_byte_level
+
+    original = json.loads((demo_bundle / "tokenizer" / "tokenizer.json").read_text())
+    path = tmp_path / "tokenizer.json"
+    for edit, expected in [({}, True), ({"normalizer": {"type": "NFC"}}, False),
+                           ({"pre_tokenizer": {"type": "Metaspace"}}, False),
+                           ({"model": {**original["model"], "byte_fallback": True}}, False),
+                           ({"model": {**original["model"], "type": "Unigram"}}, False)]:
+        path.write_text(json.dumps({**original, **edit}))
+        assert gpt2_byte_level(path) is expected, edit
+    path.write_text("{")
+    assert gpt2_byte_level(path) is False
