@@ -369,6 +369,11 @@ def headline(data: dict) -> str:
     hf = next((r for r in data["rows"] if r["method"] == "hf"), None)
     if hf and hf.get("speedup_vs_ours_ar"):
         text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x HF `generate`"
+    for peer in data.get("summary", {}).get("peers", {}).values():
+        if peer.get("our_best_vs_its_best") is not None:
+            text += f"; {peer['our_best_vs_its_best']:.2f}x {peer['title']}'s best speculative"
+        if peer.get("our_ar_vs_its_ar") is not None:
+            text += f", our AR {peer['our_ar_vs_its_ar']:.2f}x its AR"
     if any(r.get("roofline_fraction") for r in rows):
         text += f"; {best['roofline_fraction']:.1%} of the batch-1 roofline"
     return text

@@ -65,3 +65,22 @@ def test_a_run_leaves_its_rows_after_each_timed_pass(demo_bundle, tmp_path, monk
     assert first["partial"] == "1 of 2 timed runs" and "- partial: 1 of 2 timed runs" in first_md
     assert [len(r["runs_s"]) for r in first["rows"]] == [1, 1] and "partial" not in last
     assert [len(r["runs_s"]) for r in last["rows"]] == [2, 2] and last["rows"][1]["same_tokens_as_ours_ar"] == 1
+
+
+def test_peer_rows_are_compared_with_ours_but_never_counted_as_ours(tmp_path):
+    """A peer's speculative row may be the fastest lossless row of a run: it is compared with our best, not taken
+    for it."""
+    from specrt.bench.e2e import headline
+
+    cfg = E2EConfig(out=tmp_path, label="peers")
+    ar = [[1, 2, 3, 4]]
+    data = report(cfg, {r.name: r for r in [result("autoregressive", 4.0, 400, 400, ar), result("sd", 2.0, 400, 150, ar),
+                                            result("ort-genai (fp32)", 3.0, 400, 0, ar),
+                                            result("ort-genai-ngram (fp32)", 1.0, 400, 0, ar)]})
+    peer = data["summary"]["peers"]["ort-genai"]
+    assert (peer["ar"], peer["best"], peer["ours"]) == ("ort-genai (fp32)", "ort-genai-ngram (fp32)",
+                                                        {"ar": "autoregressive", "best": "sd"})
+    assert peer["our_ar_vs_its_ar"] == 0.75 and peer["our_best_vs_its_best"] == 0.5
+    text = headline(data)
+    assert text.startswith("best lossless `sd` **2.00x** our AR")
+    assert "0.50x ONNX Runtime GenAI's best speculative, our AR 0.75x its AR" in text
