@@ -186,43 +186,52 @@ class OrtGenAI:
 
 def peer_runners(cfg, pipe, names) -> tuple[dict, dict]:
     """({row name: runner}, {skipped peer: why}) of the peers `names` for e2e's config and loaded Pipeline."""
-    runners, skipped = _llama_cpp_runners(cfg, pipe, [n for n in names if n in LLAMA_CPP])
-    wanted = [n for n in names if n in ORT_GENAI]
-    if not wanted:
-        return runners, skipped
-    why = ort_genai_missing()
+    runners, skipped = {}, {}
+    for build, family in ((_ort_genai_runners, ORT_GENAI), (_llama_cpp_runners, LLAMA_CPP)):
+        wanted = [n for n in names if n in family]
+        if wanted:
+            made, why = build(cfg, pipe, wanted)
+            runners.update(made)
+            skipped.update({n: why for n in wanted} if why else {})
+    return runners, skipped
+
+
+def _why_not(missing: str | None, precision: str | None, words: str, what: str, pipe) -> str | None:
+    """Why a peer cannot run beside this bench's rows: not installed, no precision matching ours, or another device."""
+    if missing:
+        return missing
+    if precision is None:
+        return f"{what} has no CPU precision matching {words}"
+    if not pipe.machine.device.startswith("cpu"):
+        return f"{what} runs on the CPU here (the PyPI wheel, the `make peers` build)"
+    return None
+
+
+def _ort_genai_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, str | None]:
     precision, words = ort_genai_precision(pipe.target.entry.dtype, pipe.machine.quant)
-    if why is None and precision is None:
-        why = f"ONNX Runtime GenAI has no CPU precision matching {words}"
-    if why is None and not pipe.machine.device.startswith("cpu"):
-        why = "the ONNX Runtime GenAI wheel on PyPI runs on the CPU"
+    why = _why_not(ort_genai_missing(), precision, words, "ONNX Runtime GenAI", pipe)
     if why:
-        return runners, {**skipped, **{n: why for n in wanted}}
+        return {}, why
     models = ort_genai_models(cfg.bundle, cfg.peer_cache, precision)
+    runners = {}
     for name in wanted:
         mode = name.removeprefix("ort-genai").lstrip("-") or "ar"
         draft_tokens = cfg.num_draft_tokens[0] if mode == "sd" else cfg.prompt_lookup_tokens
         runners[f"{name} ({words})"] = OrtGenAI(models, mode, pipe.encode, pipe.machine.threads, cfg.max_new_tokens,
                                                 draft_tokens)
-    return runners, skipped
+    return runners, None
 
 
-def _llama_cpp_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, dict]:
-    if not wanted:
-        return {}, {}
-    why = llama_cpp_missing(cfg.llama_cpp_source)
+def _llama_cpp_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, str | None]:
     outtype, words = llama_cpp_precision(pipe.target.entry.dtype, pipe.machine.quant)
-    if why is None and outtype is None:
-        why = f"llama.cpp has no GGUF type matching {words}"
-    if why is None and not pipe.machine.device.startswith("cpu"):
-        why = "the llama-cpp-python build `make peers` makes runs on the CPU"
+    why = _why_not(llama_cpp_missing(cfg.llama_cpp_source), outtype, words, "llama.cpp", pipe)
     if why:
-        return {}, {n: why for n in wanted}
+        return {}, why
     gguf = llama_cpp_model(cfg.bundle, cfg.peer_cache, cfg.llama_cpp_source, outtype)
-    context = pipe.max_context
     return {f"{n} ({words})": LlamaCpp(gguf, n.removeprefix("llama-cpp").lstrip("-") or "ar", pipe.encode,
-                                       pipe.machine.threads, cfg.max_new_tokens, context, cfg.prompt_lookup_tokens)
-            for n in wanted}, {}
+                                       pipe.machine.threads, cfg.max_new_tokens, pipe.max_context,
+                                       cfg.prompt_lookup_tokens)
+            for n in wanted}, None
 
 
 PEER_FAMILIES = {"ort-genai": ("ONNX Runtime GenAI", ORT_GENAI), "llama-cpp": ("llama.cpp", LLAMA_CPP)}

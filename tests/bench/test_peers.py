@@ -91,3 +91,16 @@ def test_only_a_gpt2_byte_level_tokenizer_is_named_gpt2_for_the_gguf_converter(d
         assert gpt2_byte_level(path) is expected, edit
     path.write_text("{")
     assert gpt2_byte_level(path) is False
+
+
+def test_a_peer_that_cannot_run_is_skipped_saying_why(demo_bundle, tmp_path):
+    from specrt.bench.e2e import E2EConfig, run_e2e
+
+    cfg = E2EConfig(bundle=demo_bundle, threads=2, num_prompts=1, max_new_tokens=4, runs=1, warmup_runs=0,
+                    methods=("autoregressive",), baselines=("llama-cpp", "llama-cpp-lookup"), out=tmp_path,
+                    label="skip", llama_cpp_source=tmp_path / "nowhere")
+    data = run_e2e(cfg)
+    assert [r["method"] for r in data["rows"]] == ["autoregressive"]
+    assert set(data["skipped"]) == {"llama-cpp", "llama-cpp-lookup"}
+    assert all(("llama-cpp-python is not installed" in why or "no llama.cpp GGUF converter" in why)
+               for why in data["skipped"].values())
