@@ -47,7 +47,7 @@ class BatchBenchConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(32, "first N HumanEval prompts", ge=1)
     max_new_tokens: int = option(96, "per-request limits of new tokens are drawn from [min, max]", ge=1)
     min_new_tokens: int = option(16, "per-request limits of new tokens are drawn from [min, max]", ge=1)
-    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8, 16), "batch sizes", ge=1)
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8, 16), "batch sizes", ge=1, nonempty=True)
     methods: tuple[str, ...] = option(("autoregressive", "sd", "tree", "dynamic", "anpd", "auto"),
                                       "methods (each with its defaults; auto: needs the bundle's plan.json)")
     padded: tuple[str, ...] = option(("sd",), "methods also run as padded batches (EMS-SD's vanilla baseline)")

@@ -47,7 +47,7 @@ class E2EConfig(BenchConfig, BackendOptions):
     num_prompts: int = option(30, "first N HumanEval prompts", ge=1)
     warmup_runs: int = option(1, "untimed full passes over all prompts per row (first passes over new shapes are slower)",
                               ge=0)
-    num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each", ge=1)
+    num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each", ge=1, nonempty=True)
     methods: tuple[str, ...] = option(OURS, f"our rows: methods or variants ({', '.join(VARIANTS)})")
     baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; hf-compile (static "
                                                    "cache + torch.compile) runs on CUDA only, optimum where "

@@ -41,7 +41,7 @@ WAYS = ("served", "in-process", "served-one-at-a-time")
 @dataclass(frozen=True)
 class ServeBenchConfig(BenchConfig, BackendOptions):
     method: str = option("sd", "the method every request names", choices=tuple(METHODS))
-    clients: tuple[int, ...] = option((1, 4, 16), "concurrent clients of each load", ge=1)
+    clients: tuple[int, ...] = option((1, 4, 16), "concurrent clients of each load", ge=1, nonempty=True)
     requests_per_client: int = option(4, "requests each client sends, one after another", ge=1)
     max_batch: int = option(16, "sequences one batched loop decodes at once (served and in-process alike)", ge=1)
     num_prompts: int = option(16, "HumanEval prompts the requests cycle through", ge=1)

@@ -33,7 +33,7 @@ class SoakConfig(BenchConfig, BackendOptions):
     settle_calls: int = option(100, "growth is measured from this call on", ge=1)
     min_prompt_tokens: int = option(50, "shortest prompt", ge=1)
     max_prompt_tokens: int = option(1900, "longest prompt", ge=1)
-    batch_sizes: tuple[int, ...] = option((1, 4), "one series (a fresh process) per batch size", ge=1)
+    batch_sizes: tuple[int, ...] = option((1, 4), "one series (a fresh process) per batch size", ge=1, nonempty=True)
     method: str = option("sd", "decoding method")
     seed: int = option(0, "seed of the prompt lengths and offsets", ge=0)
     clients: int = option(1, "threads calling the one Pipeline concurrently", ge=1)

@@ -55,9 +55,9 @@ HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32
 
 @dataclass(frozen=True)
 class ProfileConfig(BundleOptions, BackendOptions):
-    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile", ge=1)
-    contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at", ge=0)
-    num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile", ge=1)
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to profile", ge=1, nonempty=True)
+    contexts: tuple[int, ...] = option((128, 512), "cached tokens per sequence to profile at", ge=0, nonempty=True)
+    num_tokens: tuple[int, ...] = option(NUM_TOKENS, "new tokens per step to profile", ge=1, nonempty=True)
     repeats: int = option(3, "timed steps per point per pass (the median over all passes is kept)", ge=1)
     warmup: int = option(1, "untimed steps per point per pass", ge=0)
     passes: int = option(3, "passes over every point (and host-work configuration), each in a new random order",

@@ -42,7 +42,7 @@ from specrt.runtime.cost import point_cost_ms, ppd_round_cost_ms, rounds_needed,
 
 @dataclass(frozen=True)
 class TuneConfig(BundleOptions):
-    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)", ge=1)
+    batch_sizes: tuple[int, ...] = option((1, 2, 4, 8), "batch sizes to tune for (each must be profiled)", ge=1, nonempty=True)
     # bench/results/batch-tiny-min-gain-5pct: tuned with 0.05, the tiny pair ran ANPD at batch 8, predicted at 1.09x
     # AR, at 0.88x (its n-gram acceptance on the held-out text overstated HumanEval's): a gain inside the cost
     # model's error band (+-15%) is no reason to speculate

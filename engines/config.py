@@ -29,9 +29,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
     device: str | None = option(None, "where the engines run: cpu (static only: the static steps run eagerly, no CUDA graphs) or cuda[:N] "
                                       "(default where present)")
     token_profiles: tuple[int, ...] = option((1, 8, 16, 32, 64, 128), "the largest new-token count of each profile "
-                                                                       "(the largest is also the prefill chunk)", ge=1)
+                                                                       "(the largest is also the prefill chunk)", ge=1, nonempty=True)
     batch_buckets: tuple[int, ...] = option((1, 2, 4), "the largest batch of each bucket (trt: its profiles cover "
-                                                       "batch 1 to the largest)", ge=1)
+                                                       "batch 1 to the largest)", ge=1, nonempty=True)
     capacity: int = option(2048, "KV cache capacity: positions per sequence (prompt + new tokens + drafts)", ge=1)
     spans: tuple[int, ...] | None = option(None, "static: attention spans below the capacity, ascending (e.g. "
                                                  "256,512,1024): a step whose sequences' cached contexts fit one "

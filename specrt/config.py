@@ -34,11 +34,11 @@ class Config:
 
 
 def option(default=MISSING, help: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None,
-           cli: bool = True, flag: str | None = None, metavar: str | None = None) -> Field:
+           cli: bool = True, flag: str | None = None, metavar: str | None = None, nonempty: bool = False) -> Field:
     """A dataclass field with what `check` and the CLI need: bounds, choices, help; `cli=False` keeps it
-    off the command line, `flag` renames its CLI flag."""
+    off the command line, `flag` renames its CLI flag; `nonempty`: a list that must hold at least one item."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "cli": cli, "flag": flag,
-            "metavar": metavar}
+            "metavar": metavar, "nonempty": nonempty}
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults: use a tuple")
     return field(default=default, metadata=meta)
@@ -123,6 +123,8 @@ def coerce(name: str, tp, value, meta=None, error=InvalidRequestError):
         item = typing.get_args(tp)[0]
         if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
             fail(f"a list of {item.__name__}")
+        if meta.get("nonempty") and not value:
+            raise error(f"{name} must hold at least one {item.__name__}, got none")
         return tuple(coerce(f"{name}[{i}]", item, v, meta, error) for i, v in enumerate(value))
     raise TypeError(f"{name}: annotation {tp!r} is not supported by specrt.config")
 

@@ -218,6 +218,7 @@ def _cli(*args, timeout=300):
     (["generate", "--prompt", "x", "--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
     (["generate", "--prompt", "x", "--method", "tree", "--tree", "[[0], [1"], "argument --tree: invalid JSON"),
     (["profile", "--batch-sizes", "1,x"], "argument --batch-sizes: invalid list of int: '1,x'"),
+    (["profile", "--batch-sizes", ""], "--batch-sizes must hold at least one int, got none"),
     (["generate", "--prompt", "x", "--device", "cuda:0"], "device 'cuda:0': the ort backend runs on the CPU"),
     (["build", "--token-profiles", "8,4"], "--token-profiles must be distinct integers >= 1 in ascending order"),
     (["generate", "--prompt", "x", "--backend", "static"], "no engines.json in .*: run `specrt build --bundle"),
