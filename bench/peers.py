@@ -71,6 +71,25 @@ def _staged_source(bundle: Path, role: str, dest: Path) -> Path:
     return dest
 
 
+def _convert(bundle: Path, role: str, work: Path, command, made: str, dest: Path, failed: str,
+             proof: str | None = None) -> None:
+    """Run a peer's converter, `command(staged checkpoint, output path)`, on the bundle's hf/<role> staged in `work`,
+    and move its output `work/made` (done where it has the file `proof`, else where it is a file) to `dest`: whole or
+    not at all, `work` removed whatever happens; `failed` begins the error where it fails."""
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        output = work / made
+        r = subprocess.run(command(_staged_source(bundle, role, work / "src"), output), capture_output=True, text=True)
+        done = (output / proof).is_file() if proof else output.is_file()
+        if r.returncode != 0 or not done:
+            tail = [line for line in (r.stderr or r.stdout).strip().splitlines() if line.strip()][-1:] or ["no output"]
+            raise SpecrtError(f"{failed}: {tail[0]}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(output, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool = True) -> dict[str, Path]:
     """{role: ORT GenAI model directory} of the bundle's target and draft at `precision`, converted once by the
     model builder (`python -m onnxruntime_genai.models.builder`) and cached under `cache`."""
@@ -80,18 +99,12 @@ def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool =
     out = {role: root / role for role in ("target", "draft")}
     todo = [role for role, d in out.items() if not (d / "genai_config.json").is_file()]
     for role in tqdm(todo, desc=f"ORT GenAI model builder ({precision})", unit="model", disable=not progress or not todo):
-        work = root / f".{role}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        src = _staged_source(bundle, role, work / "src")
-        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(work / "model"),
-               "-p", precision, "-e", "cpu", "-c", str(work / "cache")]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0 or not (work / "model" / "genai_config.json").is_file():
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise SpecrtError(f"ONNX Runtime GenAI's model builder could not convert {bundle / 'hf' / role} "
-                              f"({precision}): {tail[0]}")
-        os.replace(work / "model", out[role])  # whole or not at all
-        shutil.rmtree(work, ignore_errors=True)
+        src = bundle / "hf" / role
+        _convert(bundle, role, root / f".{role}.tmp", lambda staged, made: [
+            sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(staged), "-o", str(made),
+            "-p", precision, "-e", "cpu", "-c", str(made.parent / "cache")],
+            "model", out[role], f"ONNX Runtime GenAI's model builder could not convert {src} ({precision})",
+            proof="genai_config.json")
     return out
 
 
@@ -103,19 +116,11 @@ def llama_cpp_model(bundle: Path, cache: Path, source: Path, outtype: str, progr
     out = cache / f"llama-cpp-{manifest_sha256(bundle)[:16]}-{outtype}" / "target.gguf"
     if out.is_file():
         return out
-    work = out.parent / ".tmp"
-    shutil.rmtree(work, ignore_errors=True)
     with tqdm(total=1, desc=f"llama.cpp GGUF converter ({outtype})", unit="model", disable=not progress):
-        src = _staged_source(bundle, "target", work / "src")
-        cmd = [sys.executable, "-m", "specrt.bench.gguf_convert", str(source), str(src), str(work / "target.gguf"),
-               outtype]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0 or not (work / "target.gguf").is_file():
-            tail = [line for line in (r.stderr or r.stdout).strip().splitlines() if line.strip()][-1:] or ["no output"]
-            raise SpecrtError(f"llama.cpp's GGUF converter could not convert {bundle / 'hf' / 'target'} ({outtype}): "
-                              f"{tail[0]}")
-        os.replace(work / "target.gguf", out)  # whole or not at all
-    shutil.rmtree(work, ignore_errors=True)
+        _convert(bundle, "target", out.parent / ".tmp", lambda staged, made: [
+            sys.executable, "-m", "specrt.bench.gguf_convert", str(source), str(staged), str(made), outtype],
+            "target.gguf", out,
+            f"llama.cpp's GGUF converter could not convert {bundle / 'hf' / 'target'} ({outtype})")
     return out
 
 

@@ -54,7 +54,8 @@ def test_conversions_are_cached_per_export_and_precision_and_written_whole(demo_
 
     with pytest.raises(SpecrtError, match="model builder could not convert .*hf/target"):
         ort_genai_models(broken, tmp_path / "c2", "fp32", progress=False)
-    assert not any(p.name == "target" for p in (tmp_path / "c2").rglob("*"))  # nothing half-written left as done
+    left = [p.name for p in (tmp_path / "c2").rglob("*")]
+    assert "target" not in left and not [n for n in left if n.endswith(".tmp")], left  # nothing half-written, no scraps
 
 
 def test_precision_is_matched_to_ours_or_the_peer_is_skipped_saying_why():
