@@ -13,8 +13,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 DTYPES = ("float32", "float16", "bfloat16")
 
 
+# checkpoints whose language model is one part of a larger model (an image-text model), exported as that text model
+TEXT_MODEL_OF = {"gemma3": "Gemma3ForCausalLM"}
+
+
 def load_config(path: Path):
-    """The checkpoint's config, refused early if the step graph cannot express its architecture."""
+    """The checkpoint's config (its text model's, for a TEXT_MODEL_OF checkpoint), refused early if the step graph
+    cannot express its architecture."""
     from transformers import AutoConfig
 
     from specrt.model.step import check_supported
@@ -25,6 +30,8 @@ def load_config(path: Path):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, KeyError, OSError) as e:
         raise UnsupportedModelError(f"{path}: cannot read config.json ({str(e).splitlines()[0]})") from None
+    if config.model_type in TEXT_MODEL_OF:
+        config = config.get_text_config()
     check_supported(config)
     return config
 
@@ -41,7 +48,22 @@ def load_checkpoint(path: Path, dtype: str = "float32", device: str = "cpu"):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     except (OSError, RuntimeError, ValueError) as e:
         raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
-    return model.eval().to(device)
+    return text_model(model).eval().to(device)
+
+
+def text_model(model):
+    """A TEXT_MODEL_OF model's language model as its own ...ForCausalLM, sharing the weights (the rest, e.g. a
+    vision tower, dropped); any other model as it is."""
+    import torch
+    import transformers
+
+    name = TEXT_MODEL_OF.get(model.config.model_type)
+    if name is None:
+        return model
+    with torch.device("meta"):  # no weights allocated: both parts are replaced by the loaded ones
+        text = getattr(transformers, name)(model.config.get_text_config())
+    text.model, text.lm_head = model.model.language_model, model.lm_head
+    return text
 
 
 def has_tokenizer(path: Path) -> bool:
@@ -65,7 +87,22 @@ def check_pair(target_config, draft_config, tokenizer, draft_tokenizer=None) -> 
     if len(tokenizer) > tv:
         raise SpecrtError(f"tokenizer has {len(tokenizer)} tokens but the target's vocab_size is {tv}")
     if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise SpecrtError("draft and target tokenizers differ (their vocabularies map tokens to different ids)")
+        raise SpecrtError(f"draft and target tokenizers differ: {_id_disagreements(tokenizer, draft_tokenizer)}; "
+                          "speculative decoding needs one tokenizer for both")
+
+
+def _id_disagreements(target, draft, shown: int = 3) -> str:
+    """Which ids the two tokenizers disagree on, the first `shown` of them: "id 7 is 'ab' in the target, 'a' in the
+    draft", or "no token" where one of them lacks the id."""
+    t = {i: w for w, i in target.get_vocab().items()}
+    d = {i: w for w, i in draft.get_vocab().items()}
+    ids = sorted(i for i in t.keys() | d.keys() if t.get(i) != d.get(i))
+    def name(word):
+        return "no token" if word is None else repr(word)
+
+    said = [f"id {i} is {name(t.get(i))} in the target, {name(d.get(i))} in the draft" for i in ids[:shown]]
+    more = f" (and {len(ids) - shown} more ids)" if len(ids) > shown else ""
+    return "; ".join(said) + more
 
 
 def sliding_window(config) -> int | None:

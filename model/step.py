@@ -1,4 +1,4 @@
-"""StepModule: a Hugging Face Llama-family model (Llama, Mistral, Qwen2/3, OLMo 2, Granite, Phi-3, Gemma 2;
+"""StepModule: a Hugging Face Llama-family model (Llama, Mistral, Qwen2/3, OLMo 2, Granite, Phi-3, Gemma 2/3;
 `Family`) rewritten to the step contract.
 
 It reuses the checkpoint's own submodules (embeddings, norms, projections, MLP, rotary embedding, head)
@@ -33,10 +33,13 @@ def check_supported(config) -> None:
             f"model_type={model_type!r} is not supported by the step-graph exporter "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    kind = rope_type(config)
-    if kind in ("dynamic", "longrope"):
-        raise UnsupportedModelError(f"{kind!r} RoPE scaling changes with the sequence length (longrope: its short and "
-                                    "long factors) and cannot be a static step graph")
+    for kind in rope_types(config):
+        if kind in ("dynamic", "longrope"):
+            raise UnsupportedModelError(f"{kind!r} RoPE scaling changes with the sequence length (longrope: its short "
+                                        "and long factors) and cannot be a static step graph")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedModelError(f"model_type={model_type!r} with use_bidirectional_attention is an encoder "
+                                    "(EmbeddingGemma): it does not decode, so there is no step graph to export")
 
 
 def rope_parameters(config) -> dict:
@@ -44,9 +47,12 @@ def rope_parameters(config) -> dict:
     return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
 
 
-def rope_type(config) -> str:
+def rope_types(config) -> set[str]:
+    """The RoPE kinds a config uses: one, or one per layer type (Gemma 3 in transformers 5: its rope_parameters keyed
+    by layer type)."""
     params = rope_parameters(config)
-    return params.get("rope_type", params.get("type")) or "default"
+    each = [p for p in params.values() if isinstance(p, dict)] or [params]
+    return {p.get("rope_type", p.get("type")) or "default" for p in each}
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,9 @@ class Family:
     # per layer: the sliding window its attention is limited to, in the graph (None: the whole context); () where
     # every layer sees what the runtime's mask allows (a window common to all layers is the runtime's: Mistral)
     layer_windows: tuple[int | None, ...] = ()
+    # per layer: its layer type, where each type has its own RoPE (Gemma 3: local layers another base, global ones
+    # scaled); () where one RoPE serves every layer
+    layer_ropes: tuple[str, ...] = ()
 
 
 def family_of(config) -> Family:
@@ -80,11 +89,13 @@ def family_of(config) -> Family:
     if kind == "phi3":
         factor = rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
         return Family(fused_qkv=True, partial_rotary_factor=float(factor or 1.0))
-    if kind == "gemma2":
+    if kind in ("gemma2", "gemma3_text"):
         windows = tuple(config.sliding_window if t == "sliding_attention" else None for t in config.layer_types)
+        gemma3 = kind == "gemma3_text"
         return Family(embedding_multiplier=float(config.hidden_size) ** 0.5, sandwich_norm=True,
                       attn_softcap=config.attn_logit_softcapping, final_softcap=config.final_logit_softcapping,
-                      layer_windows=windows if any(windows) else ())
+                      layer_windows=windows if any(windows) else (), qk_norm="head" if gemma3 else None,
+                      layer_ropes=tuple(config.layer_types) if gemma3 else ())
     if kind == "granite":
         return Family(embedding_multiplier=float(config.embedding_multiplier),
                       residual_multiplier=float(config.residual_multiplier), logits_scaling=float(config.logits_scaling))
@@ -173,14 +184,14 @@ class StepModule(nn.Module):
     def forward(self, input_ids, position_ids, attention_mask, *past):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
         # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]
-        x, cos, sin = self._begin(input_ids, position_ids)
+        x, ropes = self._begin(input_ids, position_ids)
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
         biases = self._window_biases(bias, position_ids, past[0].shape[2]) if self.family.layer_windows else {}
         new_kv = []
         for layer_idx, layer in enumerate(self._layer_calls):
             window = self.family.layer_windows[layer_idx] if self.family.layer_windows else None
-            x, k, v = layer(x, cos, sin, biases.get(window, bias), self.rotate_half, past[2 * layer_idx],
+            x, k, v = layer(x, *ropes[layer_idx], biases.get(window, bias), self.rotate_half, past[2 * layer_idx],
                             past[2 * layer_idx + 1])
             new_kv += [k, v]
         return (self._logits(x), *new_kv)
@@ -196,10 +207,18 @@ class StepModule(nn.Module):
                 for w in set(self.family.layer_windows) if w is not None}
 
     def _begin(self, input_ids, position_ids):
-        """(x [B, T, hidden], cos, sin [B, 1, 1, T, D]) of the new tokens."""
+        """(x [B, T, hidden], [(cos, sin) [B, 1, 1, T, D] of each layer]) of the new tokens."""
         x = self.embed(input_ids)  # [B, T, hidden]
-        cos, sin = self.hf.model.rotary_emb(x, position_ids)  # [B, T, D]
-        return x, cos[:, None, None], sin[:, None, None]
+        model, types = self.hf.model, self.family.layer_ropes
+        if not types:
+            tables = {None: model.rotary_emb(x, position_ids)}  # [B, T, D] each
+        elif hasattr(model, "rotary_emb_local"):  # transformers 4.x's Gemma 3: a second module for the local layers
+            tables = {"full_attention": model.rotary_emb(x, position_ids),
+                      "sliding_attention": model.rotary_emb_local(x, position_ids)}
+        else:
+            tables = {t: model.rotary_emb(x, position_ids, t) for t in set(types)}
+        tables = {t: (cos[:, None, None], sin[:, None, None]) for t, (cos, sin) in tables.items()}
+        return x, [tables[types[i] if types else None] for i in range(self.num_layers)]
 
     def _logits(self, x):
         logits = self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
@@ -306,11 +325,11 @@ class InPlaceStepModule(StepModule):
                                         "KV update (the exported step graphs)")
 
     def forward(self, input_ids, position_ids, attention_mask, write_indices, *past):
-        x, cos, sin = self._begin(input_ids, position_ids)
+        x, ropes = self._begin(input_ids, position_ids)
         mask = attention_mask[:, None]  # [B, 1, T, C]
         present = []
         for layer_idx, step in enumerate(self.layer_steps):
-            q, k, v = step.qkv(x, cos, sin, self.rotate_half)
+            q, k, v = step.qkv(x, *ropes[layer_idx], self.rotate_half)
             keys = _scatter(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
             values = _scatter(past[2 * layer_idx + 1], v, write_indices)
             present += [keys, values]

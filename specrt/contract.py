@@ -44,7 +44,7 @@ WRITE_INDICES = "write_indices"
 LOGITS = "logits"
 HOLE_POSITION = -1  # position_ids of a hole row (no real token has a negative position)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3_text")
 ROLES = ("target", "draft")
 
 

@@ -1,7 +1,8 @@
 """Other Llama-family architectures end to end: export, then greedy decoding equal to the checkpoint's own
 `generate` (Qwen2: attention bias, tied embeddings; Mistral: a sliding window shorter than the context,
 enforced by the runtime's mask; Qwen3: per-head QK-norm; OLMo 2: QK-norm over the projections, norms after
-attention and MLP; Granite: embedding, attention, residual and logit multipliers; Llama 3.x: `llama3` RoPE
+attention and MLP; Granite: embedding, attention, residual and logit multipliers; Gemma 2: soft-capping,
+per-layer windows; Gemma 3: per-head QK-norm, per-layer windows and a RoPE per layer type; Llama 3.x: `llama3` RoPE
 scaling and tied embeddings), and the step's logits equal to the checkpoint's own forward."""
 
 import pytest
@@ -27,6 +28,11 @@ def _tiny(kind: str, out, **extra):
                                                                 "query_pre_attn_scalar": 16,
                                                                 "attn_logit_softcapping": 5.0,
                                                                 "final_logit_softcapping": 3.0}),
+               "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 6,
+                                                                    "query_pre_attn_scalar": 16,
+                                                                    "layer_types": ["sliding_attention", "full_attention"],
+                                                                    "rope_local_base_freq": 100.0, "rope_scaling": {
+                                                                        "rope_type": "linear", "factor": 8.0}}),
                "llama3": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64}})}
@@ -40,7 +46,7 @@ def _tiny(kind: str, out, **extra):
     return model.eval()
 
 
-FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "phi3", "phi4-mini", "gemma2", "llama3"]
+FAMILIES = ["qwen2", "qwen3", "olmo2", "granite", "phi3", "phi4-mini", "gemma2", "gemma3", "llama3"]
 
 
 @pytest.mark.parametrize("kind,extra", [(k, {}) for k in FAMILIES] + [("mistral", {"sliding_window": 8})])
@@ -110,6 +116,17 @@ def test_rope_that_changes_with_the_sequence_length_is_refused_in_one_line():
         check_supported(config)
 
 
+def test_an_encoder_gemma3_is_refused_in_one_line():
+    import transformers
+
+    from specrt.errors import UnsupportedModelError
+    from specrt.model.step import check_supported
+
+    config = transformers.Gemma3TextConfig(num_hidden_layers=1, use_bidirectional_attention=True)
+    with pytest.raises(UnsupportedModelError, match="'gemma3_text' with use_bidirectional_attention is an encoder"):
+        check_supported(config)
+
+
 def test_a_checkpoint_windowing_some_layers_only_is_refused_in_one_line(tmp_path):
     import transformers
 
@@ -163,4 +180,36 @@ def test_a_draft_of_another_family_sharing_the_tokenizer_speculates_for_the_targ
         want = target.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, 24:].tolist()
     pipe = Pipeline.load(tmp_path / "b", threads=2)
     for method in ("sd", "tree", "dynamic"):
+        assert pipe.generate([prompt[0].tolist()], method=method, max_new_tokens=16)[0].token_ids == want, method
+
+
+def test_an_image_text_gemma3_checkpoint_exports_its_language_model(tmp_path):
+    """A `gemma3` checkpoint (Gemma 3 4B and up: a vision tower beside the language model) exports as its text model:
+    the bundle says gemma3_text, and greedy decoding equals the whole checkpoint's own `generate` on text."""
+    import torch
+    import transformers
+
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    text = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=6,
+                query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+                rope_local_base_freq=100.0, eos_token_id=0, bos_token_id=0, pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    model.save_pretrained(tmp_path / "g")
+    manifest = export_bundle(ExportConfig(target=tmp_path / "g", draft=tmp_path / "g", out=tmp_path / "b",
+                                          tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+    assert manifest.models["target"].model_type == "gemma3_text"
+    prompt = torch.randint(1, 4096, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model.eval().generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, 20:].tolist()
+    pipe = Pipeline.load(tmp_path / "b", threads=2)
+    for method in ("autoregressive", "sd"):
         assert pipe.generate([prompt[0].tolist()], method=method, max_new_tokens=16)[0].token_ids == want, method
