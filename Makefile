@@ -1,4 +1,4 @@
-# specrt: make demo | test | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
+# specrt: make demo | test | test-transformers4 | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers peers soak docs clean
+.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,17 @@ test: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/specrt models train --out build/models
+
+# The model families' tests (export, parity, lossless decoding) under transformers 4.x: a second virtualenv holding
+# only that transformers (and its tokenizers and hub), everything else read from .venv's site-packages.
+TRANSFORMERS4 ?= 4.57.3
+TF4_VENV := build/transformers4
+test-transformers4: $(STAMP)
+	test -x $(TF4_VENV)/bin/python || $(PY) -m venv $(TF4_VENV)
+	$(TF4_VENV)/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/specrt-base.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" \
+		"$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')"
+	$(TF4_VENV)/bin/pip install -q "transformers==$(TRANSFORMERS4)"
+	$(TF4_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/export/test_architectures.py -m "slow or not slow"
 
 export: $(STAMP)
 	$(BIN)/specrt export --target $(TARGET) --draft $(DRAFT) $(if $(TOKENIZER),--tokenizer $(TOKENIZER),) --out $(OUT)
