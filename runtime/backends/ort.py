@@ -9,7 +9,8 @@ shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops gr
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
 Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
-ragged step's holes are left out of its projections and MLPs.
+ragged step's holes are left out of its projections and MLPs; and with its float32 RMSNorms (and the residual adds
+before them) fused into ONNX Runtime's own norm kernels (ort_fusions.py).
 
 kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
@@ -64,6 +65,7 @@ class _Binding:
 
 class OrtBackend(Backend):
     name = "ort"
+    fused_norms = 0  # RMSNorms fused into ONNX Runtime's SimplifiedLayerNormalization kernel (ort_fusions.py)
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
                  kv_update: str = "runtime"):
@@ -95,21 +97,26 @@ class OrtBackend(Backend):
                               "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
 
     def _packed(self, onnx_path: Path, opts, scratch: Path):
-        """The step graph with packed token rows (packed_rows.py), for ONNX Runtime to load: where its weights are
-        external data, the graph serialized (the weights read from beside the original file); else written to
-        `scratch` with its weights as external data (serializing hundreds of MB through protobuf takes seconds and
-        several times the memory; the file is read back at disk speed). The path itself where nothing is packed."""
+        """The step graph with packed token rows (packed_rows.py) and its norms fused into ONNX Runtime's kernels
+        (ort_fusions.py), for ONNX Runtime to load: where its weights are external data, the graph serialized (the
+        weights read from beside the original file); else written to `scratch` with its weights as external data
+        (serializing hundreds of MB through protobuf takes seconds and several times the memory; the file is read
+        back at disk speed). The path itself where nothing changed."""
         import onnx
 
+        from specrt.runtime.backends.ort_fusions import fuse_rms_norms, fuse_skip_norms
         from specrt.runtime.backends.packed_rows import pack_rows
 
         try:
             model = onnx.load(str(onnx_path), load_external_data=False)
         except Exception:  # protobuf's DecodeError and OSError alike: let ONNX Runtime say what it finds
             return str(onnx_path)
-        if not pack_rows(model):
+        self.packs_rows = pack_rows(model)
+        self.fused_norms = fuse_rms_norms(model)
+        if self.fused_norms:
+            fuse_skip_norms(model)
+        if not (self.packs_rows or self.fused_norms):
             return str(onnx_path)
-        self.packs_rows = True
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                           str(onnx_path.resolve().parent))

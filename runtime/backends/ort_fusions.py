@@ -1,0 +1,160 @@
+"""Load-time fusions of a step graph into ONNX Runtime's own kernels (OrtBackend, after packed_rows).
+
+The exporter writes RMSNorm as the module computes it: Pow(x, 2), ReduceMean over the last axis, Add(eps), Sqrt,
+Reciprocal, Mul(x, .), Mul(weight, .): six nodes, each a pass over the row and a dispatch, per norm. ONNX Runtime's
+own optimizer fuses only the Div form (x / Sqrt(...)) into SimplifiedLayerNormalization, the kernel ONNX Runtime
+GenAI's models use, so `fuse_rms_norms` rewrites the Reciprocal form into it; ONNX Runtime's optimizer then folds a
+residual Add before it into SkipSimplifiedLayerNormalization. The kernel computes the same function (float32
+statistics, stash_type 1); the fused graph is checked against the unfused one in the tests.
+
+Only float32 norms are fused: a float16 graph computes the statistics after a Cast to float32 and casts back before
+the weight, which the kernel would round differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PREFIX = "ort_fusions/"
+
+
+class _Graph:
+    """Producers and consumers of each tensor of a graph, and the constants it can read without external data."""
+
+    def __init__(self, model):
+        from onnx import numpy_helper
+
+        graph = model.graph
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.consumers: dict[str, list] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.outputs = {o.name for o in graph.output}
+        small = {t.name: t for t in graph.initializer if not t.external_data and len(t.dims) <= 1}
+        small.update({n.output[0]: n.attribute[0].t for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+        self.values = {name: numpy_helper.to_array(t) for name, t in small.items()}
+        self.static = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+        for node in graph.node:  # what no step input reaches: weights and what is computed from them alone
+            if node.input and all(i == "" or i in self.static for i in node.input):
+                self.static.update(node.output)
+
+    def made_by(self, name: str, op: str):
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op else None
+
+    def only_use(self, name: str, op: str):
+        """The one node reading `name`, if it is an `op` and `name` is not a graph output."""
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op and name not in self.outputs else None
+
+    def scalar(self, name: str) -> float | None:
+        value = self.values.get(name)
+        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def _other(node, name: str) -> str:
+    """The input of a two-input node that is not `name`."""
+    a, b = node.input
+    return b if a == name else a
+
+
+def _rms_norm(g: _Graph, reciprocal):
+    """(x, weight, epsilon, output, nodes) of the RMSNorm whose Reciprocal this is, else None."""
+    sqrt = g.made_by(reciprocal.input[0], "Sqrt")
+    add = sqrt and g.made_by(sqrt.input[0], "Add")
+    if add is None:
+        return None
+    mean = next((g.made_by(i, "ReduceMean") for i in add.input if g.made_by(i, "ReduceMean")), None)
+    if mean is None:
+        return None
+    eps = g.scalar(_other(add, mean.output[0]))
+    pow_ = g.made_by(mean.input[0], "Pow")
+    axes = g.values.get(mean.input[1]) if len(mean.input) > 1 else None
+    keepdims = next((a.i for a in mean.attribute if a.name == "keepdims"), 1)
+    if eps is None or pow_ is None or g.scalar(pow_.input[1]) != 2.0 or axes is None \
+            or np.atleast_1d(axes).tolist() != [-1] or keepdims != 1:
+        return None
+    x = pow_.input[0]
+    scaled = g.only_use(reciprocal.output[0], "Mul")
+    if scaled is None or _other(scaled, reciprocal.output[0]) != x:
+        return None
+    weighted = g.only_use(scaled.output[0], "Mul")
+    if weighted is None:
+        return None
+    weight = _other(weighted, scaled.output[0])
+    chain = [pow_, mean, add, sqrt, reciprocal, scaled]
+    if weight not in g.static or any(g.only_use(n.output[0], after.op_type) is not after
+                                     for n, after in zip(chain, chain[1:] + [weighted])):
+        return None  # a step of the norm read elsewhere too: leave it whole
+    return x, weight, eps, weighted.output[0], chain + [weighted]
+
+
+def fuse_rms_norms(model) -> int:
+    """Rewrite model's float32 RMSNorms (the Reciprocal form) into SimplifiedLayerNormalization nodes, in place;
+    the number fused."""
+    from onnx import TensorProto, helper
+
+    g = _Graph(model)
+    elem = {t.name: t.data_type for t in model.graph.initializer}
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    fused, dropped = {}, set()
+    for node in model.graph.node:
+        if node.op_type != "Reciprocal":
+            continue
+        found = _rms_norm(g, node)
+        if found is None or elem.get(found[1], TensorProto.FLOAT) != TensorProto.FLOAT or len(dims.get(found[1], [0])) != 1:
+            continue  # the kernel's scale: float32, over the last axis alone
+        x, weight, eps, out, nodes = found
+        fused[id(nodes[0])] = helper.make_node("SimplifiedLayerNormalization", [x, weight], [out], name=PREFIX + out,
+                                               axis=-1, epsilon=eps, stash_type=1)
+        dropped.update(id(n) for n in nodes[1:])
+    if not fused:
+        return 0
+    graph = model.graph
+    kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in used]  # the norms' own constants (ONNX Runtime warns of
+    del graph.initializer[:]  # an initializer nothing reads)
+    graph.initializer.extend(kept)
+    return len(fused)
+
+
+def fuse_skip_norms(model) -> int:
+    """Rewrite each residual Add feeding a SimplifiedLayerNormalization (fuse_rms_norms') into one
+    SkipSimplifiedLayerNormalization (com.microsoft) whose fourth output is the sum the residual stream goes on
+    with, in place; the number fused. ONNX Runtime's own fusion of it skips the packed [N, hidden] rows."""
+    from onnx import helper
+
+    g = _Graph(model)
+    fused, dropped = {}, set()
+    for node in model.graph.node:
+        if node.op_type != "SimplifiedLayerNormalization" or not node.name.startswith(PREFIX):
+            continue
+        add = g.made_by(node.input[0], "Add")
+        if add is None or any(i in g.static for i in add.input):
+            continue  # a bias, not a residual
+        total = add.output[0]
+        fused[id(add)] = helper.make_node("SkipSimplifiedLayerNormalization", [*add.input, node.input[1]],
+                                          [node.output[0], "", "", total], name=PREFIX + "skip/" + node.output[0],
+                                          domain="com.microsoft", epsilon=_attr(node, "epsilon"))
+        dropped.add(id(node))
+    if not fused:
+        return 0
+    graph = model.graph
+    kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return len(fused)
+
+
+def _attr(node, name: str):
+    from onnx import helper
+
+    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+
