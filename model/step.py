@@ -239,13 +239,18 @@ class StepLayer(nn.Module):
     def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
         layer = self.layer
         q, k, v = self.qkv(x, cos, sin, rotate_half)
-        keys = torch.cat([past_key, k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
-        values = torch.cat([past_value, v], dim=2).unsqueeze(2)
-        scores = torch.matmul(q, keys.transpose(3, 4)).float() * layer.self_attn.scaling  # [B, Hkv, g, T, S+T]
+        # The cache and the new tokens are attended to apart, under one softmax: the scores are joined, not the
+        # keys and values, so a step reads the cache where it lies instead of copying all of it next to the T new
+        # rows in every layer (a Concat of S + T rows, against one of the scores' S + T columns).
+        past, new = past_key.unsqueeze(2), k.unsqueeze(2)  # [B, Hkv, 1, S | T, D]
+        scores = torch.cat([torch.matmul(q, past.transpose(3, 4)), torch.matmul(q, new.transpose(3, 4))], dim=-1)
+        scores = scores.float() * layer.self_attn.scaling  # [B, Hkv, groups, T, S + T]
         cap = self.family.attn_softcap
         scores = (scores if cap is None else torch.tanh(scores / cap) * cap) + bias
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out = torch.matmul(probs, values)  # [B, Hkv, groups, T, D]
+        cached = past_key.shape[2]
+        out = torch.matmul(probs[..., :cached], past_value.unsqueeze(2)) + \
+            torch.matmul(probs[..., cached:], v.unsqueeze(2))  # [B, Hkv, groups, T, D]
         return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
 
     def qkv(self, x, cos, sin, rotate_half):

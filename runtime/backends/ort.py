@@ -9,8 +9,9 @@ shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops gr
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
 Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
-ragged step's holes are left out of its projections and MLPs; and with its float32 RMSNorms (and the residual adds
-before them) fused into ONNX Runtime's own norm kernels (ort_fusions.py).
+ragged step's holes are left out of its projections and MLPs; with its float32 RMSNorms (and the residual adds
+before them) fused into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v;
+gate, up) merged into one MatMul each (ort_fusions.py).
 
 kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
@@ -66,6 +67,8 @@ class _Binding:
 class OrtBackend(Backend):
     name = "ort"
     fused_norms = 0  # RMSNorms fused into ONNX Runtime's SimplifiedLayerNormalization kernel (ort_fusions.py)
+    merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
+    _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
                  kv_update: str = "runtime"):
@@ -95,6 +98,8 @@ class OrtBackend(Backend):
             raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
                               f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
                               "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
+        finally:
+            self._merged = None
 
     def _packed(self, onnx_path: Path, opts, scratch: Path):
         """The step graph with packed token rows (packed_rows.py) and its norms fused into ONNX Runtime's kernels
@@ -104,20 +109,27 @@ class OrtBackend(Backend):
         back at disk speed). The path itself where nothing changed."""
         import onnx
 
-        from specrt.runtime.backends.ort_fusions import fuse_rms_norms, fuse_skip_norms
+        import onnxruntime as ort
+
+        from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
         from specrt.runtime.backends.packed_rows import pack_rows
 
         try:
             model = onnx.load(str(onnx_path), load_external_data=False)
         except Exception:  # protobuf's DecodeError and OSError alike: let ONNX Runtime say what it finds
             return str(onnx_path)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
         self.packs_rows = pack_rows(model)
         self.fused_norms = fuse_rms_norms(model)
         if self.fused_norms:
             fuse_skip_norms(model)
-        if not (self.packs_rows or self.fused_norms):
+        self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external)
+        if merged:  # copied into the session as it loads: kept alive until then (__init__ drops them)
+            self._merged = [ort.OrtValue.ortvalue_from_numpy(a) for a in merged.values()], merged
+            opts.add_external_initializers(list(merged), self._merged[0])
+        if not (self.packs_rows or self.fused_norms or self.merged_matmuls):
             return str(onnx_path)
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        if external:
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                           str(onnx_path.resolve().parent))
             return model.SerializeToString()

@@ -9,6 +9,11 @@ statistics, stash_type 1); the fused graph is checked against the unfused one in
 
 Only float32 norms are fused: a float16 graph computes the statistics after a Cast to float32 and casts back before
 the weight, which the kernel would round differently.
+
+`fuse_projections` merges the MatMuls that read one input (q, k, v; gate, up) into one over their weights side by
+side: at one token a step is a chain of matrix-vector products, and each dispatch costs its own thread-pool
+round; the inflated target's decode step (2 threads, 250 cached tokens; one of the measurements behind
+docs/benchmarks.md's peer section) went 28.5 -> 26.7 ms with it.
 """
 
 from __future__ import annotations
@@ -116,10 +121,7 @@ def fuse_rms_norms(model) -> int:
     kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name in used]  # the norms' own constants (ONNX Runtime warns of
-    del graph.initializer[:]  # an initializer nothing reads)
-    graph.initializer.extend(kept)
+    _drop_unused_initializers(graph)  # the norms' own constants
     return len(fused)
 
 
@@ -158,3 +160,75 @@ def _attr(node, name: str):
 
     return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
 
+
+
+def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, np.ndarray]]:
+    """Rewrite each set of float MatMuls that read one input with constant weights [K, N_i] (a layer's q, k and v
+    projections; its gate and up) into one MatMul over the weights side by side and a Split, in place: one
+    dispatch and one pass over the input instead of one each. Returns (the number of MatMuls merged away, the
+    merged weights by name): with `inline` they are the graph's own initializers and the dict is empty; else the
+    graph declares them as external data in no file, for the session to be given with
+    SessionOptions.add_external_initializers (a graph of external weights is not reserialized with hundreds of MB
+    in it). `weights_dir`: where the model's external data files are."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    groups: dict[str, list] = {}
+    for node in model.graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if w is not None and len(w.dims) == 2 and w.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            groups.setdefault(node.input[0], []).append(node)
+    replaced, arrays, merged = {}, {}, 0
+    for source, nodes in groups.items():
+        weights = [inits[n.input[1]] for n in nodes]
+        if len(nodes) < 2 or len({(w.dims[0], w.data_type) for w in weights}) != 1:
+            continue
+        name = f"{PREFIX}merged/{nodes[0].output[0]}"
+        arrays[name] = np.concatenate([_values(w, weights_dir) for w in weights], axis=1)
+        sizes = numpy_helper.from_array(np.array([w.dims[1] for w in weights], np.int64), name + "/sizes")
+        model.graph.initializer.append(sizes)
+        replaced[id(nodes[0])] = [helper.make_node("MatMul", [source, name], [name + "/out"], name=name),
+                                  helper.make_node("Split", [name + "/out", sizes.name], [n.output[0] for n in nodes],
+                                                   name=name + "/split", axis=-1)]
+        replaced.update({id(n): [] for n in nodes[1:]})
+        merged += len(nodes) - 1
+    if not arrays:
+        return 0, {}
+    graph = model.graph
+    nodes = [m for n in graph.node for m in replaced.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for name, array in arrays.items():
+        if inline:
+            graph.initializer.append(numpy_helper.from_array(array, name))
+            continue
+        t = TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                        data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", PREFIX.rstrip("/")), ("offset", "0"), ("length", str(array.nbytes))):
+            t.external_data.add(key=key, value=value)
+        graph.initializer.append(t)
+    _drop_unused_initializers(graph)
+    return merged, {} if inline else arrays
+
+
+def _values(tensor, weights_dir) -> np.ndarray:
+    """An initializer's values, read from its external data file where it has one."""
+    from pathlib import Path
+
+    from onnx import helper, numpy_helper
+
+    if tensor.data_location != tensor.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    info = {e.key: e.value for e in tensor.external_data}
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    data = np.fromfile(Path(weights_dir) / info["location"], dtype=dtype, count=int(np.prod(tensor.dims)),
+                       offset=int(info.get("offset", 0)))
+    return data.reshape(tuple(tensor.dims))
+
+
+def _drop_unused_initializers(graph) -> None:
+    """Initializers no node reads any more (ONNX Runtime warns of each, and would load it)."""
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
