@@ -58,8 +58,8 @@ inflate: $(STAMP)
 	$(BIN)/specrt export --target build/inflated/target --draft $(DEMO)/draft --tokenizer $(DEMO)/tokenizer --out build/inflated/bundle
 
 # Static-shape engines for a bundle (OUT=...; CUDA graphs where CUDA is present): engines.json.
-# ENGINE=trt: TensorRT plans (TensorRT >= 10.1 and a GPU); the default, graphs: CUDA graphs (static steps on the CPU)
-ENGINE    ?= graphs
+# ENGINE=trt: TensorRT plans (TensorRT >= 10.1 and a GPU); the default, static: CUDA graphs (static steps on the CPU)
+ENGINE    ?= static
 build: $(STAMP)
 	$(BIN)/specrt build --bundle $(OUT) --backend $(ENGINE)
 

@@ -23,7 +23,7 @@ ENGINE_BACKENDS = ("static", "trt")
 
 @dataclass(frozen=True)
 class BuildConfig(BundleOptions, ThreadOptions):
-    backend: str = option("static", "graphs = the step module at static shapes, captured as CUDA graphs on CUDA (eager "
+    backend: str = option("static", "static = the step module at static shapes, captured as CUDA graphs on CUDA (eager "
                                     "on the CPU); trt = TensorRT plans of the step ONNX (TensorRT >= 10.1, CUDA)",
                           choices=ENGINE_BACKENDS)
     device: str | None = option(None, "where the engines run: cpu (static only: the static steps run eagerly, no CUDA graphs) or cuda[:N] "
