@@ -12,8 +12,7 @@ the weight, which the kernel would round differently.
 
 `fuse_projections` merges the MatMuls that read one input (q, k, v; gate, up) into one over their weights side by
 side: at one token a step is a chain of matrix-vector products, and each dispatch costs its own thread-pool
-round; the inflated target's decode step (2 threads, 250 cached tokens; one of the measurements behind
-docs/benchmarks.md's peer section) went 28.5 -> 26.7 ms with it.
+round (ONNX Runtime GenAI's builder emits q, k and v as one MatMul too).
 """
 
 from __future__ import annotations
@@ -161,33 +160,41 @@ def _attr(node, name: str):
     return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
 
 
-
 def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, np.ndarray]]:
-    """Rewrite each set of float MatMuls that read one input with constant weights [K, N_i] (a layer's q, k and v
-    projections; its gate and up) into one MatMul over the weights side by side and a Split, in place: one
-    dispatch and one pass over the input instead of one each. Returns (the number of MatMuls merged away, the
-    merged weights by name): with `inline` they are the graph's own initializers and the dict is empty; else the
-    graph declares them as external data in no file, for the session to be given with
-    SessionOptions.add_external_initializers (a graph of external weights is not reserialized with hundreds of MB
-    in it). `weights_dir`: where the model's external data files are."""
-    from onnx import TensorProto, helper, numpy_helper
+    """Rewrite each set of weight MatMuls that read one input (a layer's q, k and v projections; its gate and up)
+    into one over the weights side by side and a Split, in place: one dispatch and one pass over the input instead
+    of one each. Float MatMuls with weights [K, N_i] are joined on N; so are MatMulNBits nodes (the int8/int4
+    weight variants) of one K, bit width and block size, whose packed weights, scales and zero points all lead
+    with N. Returns (the number of nodes merged away, the merged initializers by name): with `inline` they are the
+    graph's own and the dict is empty; else the graph declares them as external data in no file, for the session
+    to be given with SessionOptions.add_external_initializers (a graph of external weights is not reserialized
+    with hundreds of MB in it). `weights_dir`: where the model's external data files are."""
+    from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    groups: dict[str, list] = {}
+    groups: dict[tuple, list] = {}
     for node in model.graph.node:
-        w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if w is not None and len(w.dims) == 2 and w.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
-            groups.setdefault(node.input[0], []).append(node)
+        key = _merge_key(node, inits)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
     replaced, arrays, merged = {}, {}, 0
-    for source, nodes in groups.items():
-        weights = [inits[n.input[1]] for n in nodes]
-        if len(nodes) < 2 or len({(w.dims[0], w.data_type) for w in weights}) != 1:
+    for (source, op, *_), nodes in groups.items():
+        if len(nodes) < 2:
             continue
         name = f"{PREFIX}merged/{nodes[0].output[0]}"
-        arrays[name] = np.concatenate([_values(w, weights_dir) for w in weights], axis=1)
-        sizes = numpy_helper.from_array(np.array([w.dims[1] for w in weights], np.int64), name + "/sizes")
+        axis = 1 if op == "MatMul" else 0  # MatMul's weight is [K, N]; every MatMulNBits constant leads with N
+        inputs = [source]
+        for i in range(1, len(nodes[0].input)):
+            inputs.append(f"{name}/{i}")
+            arrays[inputs[-1]] = np.concatenate([_values(inits[n.input[i]], weights_dir) for n in nodes], axis=axis)
+        widths = [inits[n.input[1]].dims[1] if op == "MatMul" else _attr(n, "N") for n in nodes]
+        sizes = numpy_helper.from_array(np.array(widths, np.int64), name + "/sizes")
         model.graph.initializer.append(sizes)
-        replaced[id(nodes[0])] = [helper.make_node("MatMul", [source, name], [name + "/out"], name=name),
+        attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
+        if op == "MatMulNBits":
+            attrs["N"] = sum(widths)
+        replaced[id(nodes[0])] = [helper.make_node(op, inputs, [name + "/out"], name=name, domain=nodes[0].domain,
+                                                   **attrs),
                                   helper.make_node("Split", [name + "/out", sizes.name], [n.output[0] for n in nodes],
                                                    name=name + "/split", axis=-1)]
         replaced.update({id(n): [] for n in nodes[1:]})
@@ -209,6 +216,23 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
         graph.initializer.append(t)
     _drop_unused_initializers(graph)
     return merged, {} if inline else arrays
+
+
+def _merge_key(node, inits) -> tuple | None:
+    """What a weight MatMul must share with another to be merged with it (its input first), else None."""
+    from onnx import TensorProto, helper
+
+    if node.op_type == "MatMul":
+        w = inits.get(node.input[1])
+        if w is None or len(w.dims) != 2 or w.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            return None
+        return node.input[0], "MatMul", w.dims[0], w.data_type
+    if node.op_type == "MatMulNBits" and all(i in inits for i in node.input[1:]):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "N"}
+        # the same optional inputs (zero points; no g_idx or bias is ever given a merged layout here)
+        return (node.input[0], "MatMulNBits", len(node.input), tuple(sorted(attrs.items())),
+                tuple(inits[i].data_type for i in node.input[1:])) if len(node.input) <= 4 else None
+    return None
 
 
 def _values(tensor, weights_dir) -> np.ndarray:

@@ -62,6 +62,29 @@ def test_each_row_of_a_quantized_step_is_computed_on_its_own(quant_bundle, schem
     assert np.abs(s.run(None, one)[0][0, 0] - full[0, 0]).max() < 1e-4
 
 
+@pytest.mark.parametrize("scheme", ["int8-weights", "int4-weights"])
+def test_merged_weight_only_projections_compute_what_the_variant_does(quant_bundle, scheme):
+    """The ort backend's load-time merge of MatMulNBits nodes that read one input (q, k, v; gate, up): their packed
+    weights, scales and zero points joined on N, the outputs split back."""
+    import onnx
+    import onnxruntime as ort
+
+    from specrt.graphs.parity import PARITY_TOL, random_feeds
+    from specrt.runtime.backends.ort_fusions import fuse_projections
+
+    m = json.loads((quant_bundle / "manifest.json").read_text())["models"]["target"]
+    model = onnx.load(str(quant_bundle / f"quant/{scheme}/target.onnx"))
+    before = sum(n.op_type == "MatMulNBits" for n in model.graph.node)
+    plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert fuse_projections(model, quant_bundle / "quant" / scheme, inline=True) == (3 * m["num_layers"], {})
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == before - 3 * m["num_layers"]
+    merged = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = random_feeds(np.random.default_rng(1), m["num_layers"], m["num_kv_heads"], m["head_dim"],
+                         m["vocab_size"], 2, 5, 12)
+    for want, got in zip(plain.run(None, feeds), merged.run(None, feeds)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=PARITY_TOL["float32"])
+
+
 def _matmul_graph(w: np.ndarray, opset: int):
     from onnx import TensorProto, helper, numpy_helper
 
