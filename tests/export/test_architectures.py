@@ -149,7 +149,7 @@ def test_the_in_graph_kv_update_refuses_what_its_attention_node_cannot_do(tmp_pa
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=() if k in ("gemma2", "phi4-mini", "olmo2") else pytest.mark.slow)
-                                  for k in FAMILIES])
+                                  for k in FAMILIES + ["mistral"]])
 def test_float16_export_passes_parity(tmp_path, kind):
     """Each family's step graph in float16 against its step module (export's own parity check, within float16's
     documented tolerance); three families in the default suite, every one with -m slow."""
