@@ -169,7 +169,7 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
     graph's own and the dict is empty; else the graph declares them as external data in no file, for the session
     to be given with SessionOptions.add_external_initializers (a graph of external weights is not reserialized
     with hundreds of MB in it). `weights_dir`: where the model's external data files are."""
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
     groups: dict[tuple, list] = {}
