@@ -259,6 +259,8 @@ def run_e2e(cfg: E2EConfig) -> dict:
         prompt_ids = [pipe.encode(p) for p in prompts]
         for r in results.values():
             r.divergence = divergence(pipe, prompt_ids, results["autoregressive"].outputs, r.outputs)
+            if r.divergence and pipe.machine.quant and r.name.split()[0] in PEERS:
+                r.divergence["other_weights"] = r.name.split(" (")[-1].rstrip(")")  # the peer's own quantization
     return report(cfg, results, skipped, roofline)
 
 

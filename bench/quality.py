@@ -63,6 +63,8 @@ def same_tokens(same: bool, div: dict | None) -> str:
 def describe_divergence(div: dict) -> str:
     gap = "an output that stops early" if div["max_gap"] is None else \
         f"largest target logit gap at the first differing token {div['max_gap']:.4f}"
-    verdict = "rounding ties, not lost tokens" if div["ties"] else "beyond rounding: the method changed the output"
+    verdict = "rounding ties, not lost tokens" if div["ties"] else \
+        f"{div['other_weights']} quantizes the weights its own way, so beyond float rounding: not a method's change" \
+        if div.get("other_weights") else "beyond rounding: the method changed the output"
     return (f"{div['requests']} request(s) differ from AR; {gap} ({div['dtype']} parity tolerance {div['tolerance']:g}): "
             f"{verdict}")

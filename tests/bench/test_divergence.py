@@ -27,6 +27,11 @@ def test_divergence_measures_the_targets_logit_gap_at_the_first_difference(demo_
     assert div["ties"] is (div["max_gap"] <= 1e-4)
     assert same_tokens(False, div) == ("NO (rounding tie)" if div["ties"] else "NO")
     assert "1 request(s) differ from AR" in describe_divergence(div)
+    # beyond rounding: a method changed the output, unless the row is a peer whose weights are quantized its own way
+    beyond = {**div, "ties": False}
+    assert describe_divergence(beyond).endswith("the method changed the output")
+    assert describe_divergence({**beyond, "other_weights": "Q8_0"}).endswith(
+        "Q8_0 quantizes the weights its own way, so beyond float rounding: not a method's change")
 
     # an output that only stops early has no differing token: not a tie
     short = divergence(pipe, ids, ref, [list(ref[0]), ref[1][:4]])

@@ -2,8 +2,8 @@
 `generate` (Qwen2: attention bias, tied embeddings; Mistral: a sliding window shorter than the context,
 enforced by the runtime's mask; Qwen3: per-head QK-norm; OLMo 2: QK-norm over the projections, norms after
 attention and MLP; Granite: embedding, attention, residual and logit multipliers; Gemma 2: soft-capping,
-per-layer windows; Gemma 3: per-head QK-norm, per-layer windows and a RoPE per layer type; Llama 3.x: `llama3` RoPE
-scaling and tied embeddings), and the step's logits equal to the checkpoint's own forward."""
+per-layer windows; Gemma 3: per-head QK-norm, per-layer windows and a RoPE per layer type, `linear` scaling on
+its global layers; Llama 3.x: `llama3` RoPE scaling and tied embeddings; Qwen3 with `yarn` scaling), and the step's logits equal to the checkpoint's own forward."""
 
 import pytest
 
@@ -33,6 +33,8 @@ def _tiny(kind: str, out, **extra):
                                                                     "layer_types": ["sliding_attention", "full_attention"],
                                                                     "rope_local_base_freq": 100.0, "rope_scaling": {
                                                                         "rope_type": "linear", "factor": 8.0}}),
+               "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "rope_scaling": {
+                   "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
                "llama3": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64}})}
@@ -70,8 +72,9 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
     for backend in ("ort", "torch"):
         pipe = Pipeline.load(tmp_path / "b", backend=backend, threads=2, device="cpu")
         for method in ("autoregressive", "sd", "tree", "anpd"):
-            got = [o.token_ids for o in pipe.generate(ids, method=method, max_new_tokens=20, batch_size=2)]
-            assert got == want, (backend, method)
+            for batch_size in (1, 2):  # one at a time, then the two as a ragged batch
+                got = [o.token_ids for o in pipe.generate(ids, method=method, max_new_tokens=20, batch_size=batch_size)]
+                assert got == want, (backend, method, batch_size)
     prompt = prompts[0]
     want = want[0]
     if extra.get("sliding_window"):  # the window matters here: without it in the mask, decoding differs
@@ -79,7 +82,7 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
         assert pipe.generate([prompt[0].tolist()], method="autoregressive", max_new_tokens=20)[0].token_ids != want
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", FAMILIES + ["qwen3-yarn"])
 def test_the_step_computes_the_checkpoints_logits(tmp_path, kind):
     """The step module against the family's own forward, in float32: a ragged pair of sequences through a
     cache, each token's logits within 1e-4 of the checkpoint's (the export checks the ONNX graph against the step)."""
