@@ -101,27 +101,22 @@ def fuse_rms_norms(model) -> int:
     from onnx import TensorProto, helper
 
     g = _Graph(model)
-    elem = {t.name: t.data_type for t in model.graph.initializer}
-    dims = {t.name: list(t.dims) for t in model.graph.initializer}
-    fused, dropped = {}, set()
+    inits = {t.name: t for t in model.graph.initializer}
+    replaced, fused = {}, 0
     for node in model.graph.node:
-        if node.op_type != "Reciprocal":
-            continue
-        found = _rms_norm(g, node)
-        if found is None or elem.get(found[1], TensorProto.FLOAT) != TensorProto.FLOAT or len(dims.get(found[1], [0])) != 1:
+        found = _rms_norm(g, node) if node.op_type == "Reciprocal" else None
+        scale = found and inits.get(found[1])
+        if found is None or scale is not None and (scale.data_type != TensorProto.FLOAT or len(scale.dims) != 1):
             continue  # the kernel's scale: float32, over the last axis alone
         x, weight, eps, out, nodes = found
-        fused[id(nodes[0])] = helper.make_node("SimplifiedLayerNormalization", [x, weight], [out], name=PREFIX + out,
-                                               axis=-1, epsilon=eps, stash_type=1)
-        dropped.update(id(n) for n in nodes[1:])
-    if not fused:
-        return 0
-    graph = model.graph
-    kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
-    _drop_unused_initializers(graph)  # the norms' own constants
-    return len(fused)
+        replaced[id(nodes[0])] = [helper.make_node("SimplifiedLayerNormalization", [x, weight], [out],
+                                                   name=PREFIX + out, axis=-1, epsilon=eps, stash_type=1)]
+        replaced.update({id(n): [] for n in nodes[1:]})
+        fused += 1
+    if fused:
+        _replace_nodes(model.graph, replaced)
+        _drop_unused_initializers(model.graph)  # the norms' own constants
+    return fused
 
 
 def fuse_skip_norms(model) -> int:
@@ -131,27 +126,31 @@ def fuse_skip_norms(model) -> int:
     from onnx import helper
 
     g = _Graph(model)
-    fused, dropped = {}, set()
+    replaced, fused = {}, 0
     for node in model.graph.node:
         if node.op_type != "SimplifiedLayerNormalization" or not node.name.startswith(PREFIX):
             continue
         add = g.made_by(node.input[0], "Add")
         if add is None or any(i in g.static for i in add.input):
             continue  # a bias, not a residual
-        total = add.output[0]
-        fused[id(add)] = helper.make_node("SkipSimplifiedLayerNormalization", [*add.input, node.input[1]],
-                                          [node.output[0], "", "", total], name=PREFIX + "skip/" + node.output[0],
-                                          domain="com.microsoft", epsilon=_attr(node, "epsilon"))
-        dropped.add(id(node))
-    if not fused:
-        return 0
-    graph = model.graph
-    kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
+        replaced[id(add)] = [helper.make_node("SkipSimplifiedLayerNormalization", [*add.input, node.input[1]],
+                                              [node.output[0], "", "", add.output[0]],
+                                              name=PREFIX + "skip/" + node.output[0], domain="com.microsoft",
+                                              epsilon=_attr(node, "epsilon"))]
+        replaced[id(node)] = []
+        fused += 1
+    if fused:
+        _replace_nodes(model.graph, replaced)
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return fused
+
+
+def _replace_nodes(graph, replaced: dict[int, list]) -> None:
+    """The graph's nodes with each one whose id is in `replaced` swapped for that list (empty: dropped), in order."""
+    nodes = [m for n in graph.node for m in replaced.get(id(n), [n])]
     del graph.node[:]
-    graph.node.extend(kept)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return len(fused)
+    graph.node.extend(nodes)
 
 
 def _attr(node, name: str):
@@ -202,9 +201,7 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
     if not arrays:
         return 0, {}
     graph = model.graph
-    nodes = [m for n in graph.node for m in replaced.get(id(n), [n])]
-    del graph.node[:]
-    graph.node.extend(nodes)
+    _replace_nodes(graph, replaced)
     for name, array in arrays.items():
         if inline:
             graph.initializer.append(numpy_helper.from_array(array, name))

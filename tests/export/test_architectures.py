@@ -3,7 +3,8 @@
 enforced by the runtime's mask; Qwen3: per-head QK-norm; OLMo 2: QK-norm over the projections, norms after
 attention and MLP; Granite: embedding, attention, residual and logit multipliers; Gemma 2: soft-capping,
 per-layer windows; Gemma 3: per-head QK-norm, per-layer windows and a RoPE per layer type, `linear` scaling on
-its global layers; Llama 3.x: `llama3` RoPE scaling and tied embeddings; Qwen3 with `yarn` scaling), and the step's logits equal to the checkpoint's own forward."""
+its global layers; Llama 3.x: `llama3` RoPE scaling and tied embeddings; Qwen3 with `yarn` scaling), and the
+step's logits equal to the checkpoint's own forward."""
 
 import pytest
 
