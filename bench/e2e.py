@@ -222,6 +222,26 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
     return runners, skipped
 
 
+def run_weight_bytes(bundle: Path, pipe, role: str = "target") -> int:
+    """Bytes of a model's weights as `pipe` runs them: on ONNX Runtime, the step graph it loaded (a quantized
+    variant's where one runs); a PyTorch step, its module's tensors (quantized as the backend loaded them); else
+    its parameters at the export's dtype."""
+    backend = getattr(pipe, role)
+    if backend.name == "ort":
+        from specrt.bundle import artifacts
+        from specrt.bundle.artifacts import QuantSet
+        from specrt.engines.quantize import graph_bytes
+
+        quant = pipe.machine.quant
+        variant = artifacts.load(bundle, QuantSet).variants.get(quant, {}).get(role) if quant else None
+        return graph_bytes(Path(bundle) / (variant.file if variant else pipe.manifest.models[role].onnx))
+    if getattr(backend, "module", None) is not None:
+        from specrt.model.quant import module_bytes
+
+        return module_bytes(backend.module)
+    return backend.entry.num_params * np.dtype(backend.entry.dtype).itemsize
+
+
 def run_e2e(cfg: E2EConfig) -> dict:
     from specrt.bench.hardware import EnergyMeter
     from specrt.bundle.artifacts.latency import roofline_ms
@@ -232,8 +252,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
     prompts = humaneval_prompts(cfg.num_prompts)
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     runners, skipped = build_runners(cfg, pipe)
-    entry = pipe.target.entry
-    weight_bytes = entry.num_params * np.dtype(entry.dtype).itemsize
+    weight_bytes = run_weight_bytes(cfg.bundle, pipe)
     bandwidth = copy_bandwidth(pipe.machine.device)
     meter, joules = EnergyMeter(pipe.machine.device), {}
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,

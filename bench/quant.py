@@ -24,14 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bench.e2e import VARIANTS, OurRunner
+from specrt.bench.e2e import VARIANTS, OurRunner, run_weight_bytes
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.report import BenchConfig, header, ratio_text, timed_runs, write_report
 from specrt.bundle.artifacts.latency import roofline_ms
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.contract import TORCH_QUANT_SCHEMES
-from specrt.engines.quantize import graph_bytes
 from specrt.errors import InvalidRequestError
 from specrt.plotting import pyplot, save_figure
 
@@ -137,13 +136,11 @@ def _load(cfg: QuantBenchConfig, scheme: str | None):
 
 def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: str) -> tuple[int, float]:
     """(bytes of the model's weights as this variant runs them, seconds its quantization took)."""
-    backend = getattr(pipe, role)
-    if cfg.backend != "ort":  # the PyTorch step: its module's tensors; quantized when the backend loaded
-        from specrt.model.quant import module_bytes
-
-        return module_bytes(backend.module), backend.quant.seconds if backend.quant else 0.0
+    if cfg.backend != "ort":  # the PyTorch step, quantized when the backend loaded
+        quant = getattr(pipe, role).quant
+        return run_weight_bytes(cfg.bundle, pipe, role), quant.seconds if quant else 0.0
     v = variants.get(variant, {}).get(role)
-    return graph_bytes(cfg.bundle / (v.file if v else pipe.manifest.models[role].onnx)), v.seconds if v else 0.0
+    return run_weight_bytes(cfg.bundle, pipe, role), v.seconds if v else 0.0
 
 
 def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):

@@ -337,3 +337,15 @@ def test_keep_leaves_the_down_projections_and_the_head_in_float(demo_bundle, tmp
     assert [o.token_ids for o in pipe.generate(humaneval[:3], method="sd", max_new_tokens=16, batch_size=2)] == ar
     with pytest.raises(InvalidRequestError, match="--keep takes each of down, head at most once, got up"):
         QuantizeConfig(bundle=b, keep=("up",))
+
+
+def test_e2e_prices_the_roofline_of_a_variant_by_its_own_weights(quant_bundle, tmp_path):
+    """bench e2e --quant: the roofline reads the weights the variant's step graph holds, not the float export's."""
+    from specrt.bench.e2e import E2EConfig, run_e2e
+    from specrt.engines.quantize import graph_bytes
+
+    cfg = E2EConfig(bundle=quant_bundle, out=tmp_path, label="t", num_prompts=1, max_new_tokens=8, runs=1,
+                    warmup_runs=0, methods=("autoregressive",), baselines=(), quant="int8-weights", threads=1)
+    roofline = run_e2e(cfg)["roofline"]
+    want = graph_bytes(quant_bundle / artifacts.load(quant_bundle, QuantSet).variants["int8-weights"]["target"].file)
+    assert roofline["weight_bytes"] == want < graph_bytes(quant_bundle / "target.onnx")
