@@ -97,12 +97,13 @@ def _id_disagreements(target, draft, shown: int = 3) -> str:
     t = {i: w for w, i in target.get_vocab().items()}
     d = {i: w for w, i in draft.get_vocab().items()}
     ids = sorted(i for i in t.keys() | d.keys() if t.get(i) != d.get(i))
-    def name(word):
-        return "no token" if word is None else repr(word)
-
-    said = [f"id {i} is {name(t.get(i))} in the target, {name(d.get(i))} in the draft" for i in ids[:shown]]
+    said = [f"id {i} is {_token(t.get(i))} in the target, {_token(d.get(i))} in the draft" for i in ids[:shown]]
     more = f" (and {len(ids) - shown} more ids)" if len(ids) > shown else ""
     return "; ".join(said) + more
+
+
+def _token(word: str | None) -> str:
+    return "no token" if word is None else repr(word)
 
 
 def sliding_window(config) -> int | None:

@@ -102,13 +102,13 @@ class OrtBackend(Backend):
             self._merged = None
 
     def _packed(self, onnx_path: Path, opts, scratch: Path):
-        """The step graph with packed token rows (packed_rows.py) and its norms fused into ONNX Runtime's kernels
-        (ort_fusions.py), for ONNX Runtime to load: where its weights are external data, the graph serialized (the
-        weights read from beside the original file); else written to `scratch` with its weights as external data
-        (serializing hundreds of MB through protobuf takes seconds and several times the memory; the file is read
-        back at disk speed). The path itself where nothing changed."""
+        """The step graph with packed token rows (packed_rows.py), its norms fused into ONNX Runtime's kernels and
+        its projections merged (ort_fusions.py), for ONNX Runtime to load: where its weights are external data, the
+        graph serialized (the merged weights given to the session in memory, the others read from beside the
+        original file); else written to `scratch` with its weights as external data (serializing hundreds of MB
+        through protobuf takes seconds and several times the memory; the file is read back at disk speed). The path
+        itself where nothing changed."""
         import onnx
-
         import onnxruntime as ort
 
         from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms

@@ -3,9 +3,10 @@
 The exporter writes RMSNorm as the module computes it: Pow(x, 2), ReduceMean over the last axis, Add(eps), Sqrt,
 Reciprocal, Mul(x, .), Mul(weight, .): six nodes, each a pass over the row and a dispatch, per norm. ONNX Runtime's
 own optimizer fuses only the Div form (x / Sqrt(...)) into SimplifiedLayerNormalization, the kernel ONNX Runtime
-GenAI's models use, so `fuse_rms_norms` rewrites the Reciprocal form into it; ONNX Runtime's optimizer then folds a
-residual Add before it into SkipSimplifiedLayerNormalization. The kernel computes the same function (float32
-statistics, stash_type 1); the fused graph is checked against the unfused one in the tests.
+GenAI's models use, so `fuse_rms_norms` rewrites the Reciprocal form into it, and `fuse_skip_norms` folds the
+residual Add before each into SkipSimplifiedLayerNormalization (ONNX Runtime's own skip fusion leaves packed
+[N, hidden] rows alone). The kernels compute the same function (float32 statistics, stash_type 1); the fused graph
+is checked against the unfused one in the tests.
 
 Only float32 norms are fused: a float16 graph computes the statistics after a Cast to float32 and casts back before
 the weight, which the kernel would round differently.
