@@ -49,6 +49,19 @@ def test_unsupported_architecture(tmp_path):
         _export(tmp_path, ckpt, DEMO_DIR / "draft")
 
 
+def test_export_of_an_unsupported_family_is_one_line_and_exit_2(tmp_path, capsys):
+    from specrt.cli import main
+
+    ckpt = tmp_path / "gpt2"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    assert main(["export", "--target", str(ckpt), "--draft", str(DEMO_DIR / "draft"),
+                 "--tokenizer", str(DEMO_DIR / "tokenizer"), "--out", str(tmp_path / "b")]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("export:")]
+    assert len(said) == 1 and "gemma3_text" in said[0]
+    assert said[0].startswith("specrt: error: model_type='gpt2' is not supported by the step-graph exporter (supported: ")
+
+
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(SpecrtError, match="no config.json"):
         _export(tmp_path, tmp_path, DEMO_DIR / "draft")
