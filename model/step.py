@@ -239,18 +239,28 @@ class StepLayer(nn.Module):
     def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
         layer = self.layer
         q, k, v = self.qkv(x, cos, sin, rotate_half)
-        # The cache and the new tokens are attended to apart, under one softmax: the scores are joined, not the
-        # keys and values, so a step reads the cache where it lies instead of copying all of it next to the T new
-        # rows in every layer (a Concat of S + T rows, against one of the scores' S + T columns).
-        past, new = past_key.unsqueeze(2), k.unsqueeze(2)  # [B, Hkv, 1, S | T, D]
-        scores = torch.cat([torch.matmul(q, past.transpose(3, 4)), torch.matmul(q, new.transpose(3, 4))], dim=-1)
+        # float32: the cache and the new tokens are attended to apart, under one softmax (the scores joined, not
+        # the keys and values), so a step reads the cache where it lies instead of copying all of it next to the T
+        # new rows in every layer. Half precision keeps one product over the joined cache: there, summing the
+        # values in two parts split where the cache ends rounds a token differently in a one-token step than in a
+        # verify step (the split moves), which flipped greedy tokens of the float16 bundle.
+        split = past_key.dtype == torch.float32
+        if split:
+            scores = torch.cat([torch.matmul(q, past_key.unsqueeze(2).transpose(3, 4)),
+                                torch.matmul(q, k.unsqueeze(2).transpose(3, 4))], dim=-1)
+        else:
+            keys = torch.cat([past_key, k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
+            scores = torch.matmul(q, keys.transpose(3, 4))
         scores = scores.float() * layer.self_attn.scaling  # [B, Hkv, groups, T, S + T]
         cap = self.family.attn_softcap
         scores = (scores if cap is None else torch.tanh(scores / cap) * cap) + bias
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        cached = past_key.shape[2]
-        out = torch.matmul(probs[..., :cached], past_value.unsqueeze(2)) + \
-            torch.matmul(probs[..., cached:], v.unsqueeze(2))  # [B, Hkv, groups, T, D]
+        if split:
+            cached = past_key.shape[2]
+            out = torch.matmul(probs[..., :cached], past_value.unsqueeze(2)) + \
+                torch.matmul(probs[..., cached:], v.unsqueeze(2))  # [B, Hkv, groups, T, D]
+        else:
+            out = torch.matmul(probs, torch.cat([past_value, v], dim=2).unsqueeze(2))
         return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
 
     def qkv(self, x, cos, sin, rotate_half):
