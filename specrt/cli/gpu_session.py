@@ -115,7 +115,7 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                   needs=("copy-compiled",), estimate_s=240),
             Stage("e2e-compiled", ("bench", "e2e", "--bundle", compiled, "--backend", "static", "--out", results,
                                    *sizes, "--label", f"{label}-compiled", "--methods",
-                                   "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf"),
+                                   "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf,hf-compile"),
                   needs=("build-compiled",), estimate_s=240),
             Stage("e2e-eager", ("bench", "e2e", "--bundle", bundle, "--backend", "torch", "--out", results, *sizes,
                                 "--label", f"{tag}-{cfg.shape}-eager", "--methods", "autoregressive,sd,dynamic-ngram",
