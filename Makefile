@@ -154,8 +154,11 @@ peers: $(STAMP)
 bench-peers: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
+	test -f build/inflated/bundle/latency.json || $(BIN)/specrt profile --bundle build/inflated/bundle \
+		--threads $(THREADS) --batch-sizes 1 --contexts 512
+	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers --num-prompts 5 --threads $(THREADS) \
-		--methods autoregressive,sd,anpd,dynamic,dynamic-ngram --baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup \
+		--methods autoregressive,sd,anpd-hw,dynamic-ngram,auto --baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup \
 		--out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
