@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specrt.bench.decoded import Decoded, latencies, timed
 from specrt.bench.peers import PEERS, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
@@ -86,6 +87,8 @@ class MethodResult:
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     joules: list[float] = field(default_factory=list)  # energy of each timed run (GPU, NVML), else empty
     divergence: dict | None = None  # where the outputs leave our AR's (bench.quality.divergence), else None
+    ttft_ms: list[float] = field(default_factory=list)  # each timed run's median time to first token (bench.decoded)
+    tpot_ms: list[float] = field(default_factory=list)  # each timed run's time per output token after the first
 
     @property
     def median_s(self) -> float:
@@ -107,11 +110,16 @@ class OurRunner:
             built.drafter.close()  # give its runner back (a static engine's slot)
         self.pipe, self.method, self.cfg, self.options = pipe, method, cfg, options
 
-    def __call__(self, prompts):
+    def __call__(self, prompts) -> Decoded:
         outs = self.pipe.generate(prompts, method=self.method, max_new_tokens=self.cfg.max_new_tokens, **self.options)
         calls = sum(o.stats.rounds for o in outs)  # decode steps of the target (prefill excluded)
         host = sum(o.stats.seconds.host for o in outs)
-        return [o.token_ids for o in outs], calls, host
+        # one prompt at a time: each starts when the one before it finished (its first and last tokens are timed
+        # from the call's start)
+        ends = [0.0] + [o.stats.seconds.finished for o in outs]
+        return Decoded([o.token_ids for o in outs], calls, host,
+                       tuple(o.stats.seconds.first - start for o, start in zip(outs, ends)),
+                       tuple(o.stats.seconds.finished - o.stats.seconds.first for o in outs))
 
 
 class _HF:
@@ -124,21 +132,40 @@ class _HF:
         self.model, self.tok, self.cfg, self.kwargs = model, tokenizer, cfg, kwargs
         self.sized = kwargs.get("cache_implementation") != "static"
 
-    def __call__(self, prompts):
+    def __call__(self, prompts) -> Decoded:
         import torch
 
         if not self.sized:
             self.sized = True
             self([max(prompts, key=lambda p: len(self.tok(p)["input_ids"]))])
-        outs = []
-        for p in prompts:
+
+        def one(p, clock):
             ids = self.tok(p, return_tensors="pt").to(self.model.device)
             with torch.inference_mode():
                 seq = self.model.generate(**ids, do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
-                                          pad_token_id=self.tok.eos_token_id, **self.kwargs)
+                                          pad_token_id=self.tok.eos_token_id, streamer=_Streamer(clock), **self.kwargs)
             # prompt lookup may overshoot max_new_tokens by a few tokens: truncate before comparing
-            outs.append(seq[0, ids["input_ids"].shape[1]:][: self.cfg.max_new_tokens].tolist())
-        return outs, 0, 0.0
+            return seq[0, ids["input_ids"].shape[1]:][: self.cfg.max_new_tokens].tolist()
+
+        outs, first_s, decode_s = timed(prompts, one)
+        return Decoded(outs, 0, 0.0, first_s, decode_s)
+
+
+class _Streamer:
+    """A transformers streamer (BaseStreamer's put/end) that marks a PromptClock at the first new tokens: generate
+    puts the prompt first, then the new tokens as they come."""
+
+    def __init__(self, clock):
+        self.clock, self.prompt = clock, True
+
+    def put(self, value) -> None:
+        if self.prompt:
+            self.prompt = False
+        else:
+            self.clock.token()
+
+    def end(self) -> None:
+        pass
 
 
 def _optimum_model(hf_dir: Path, cache: Path, threads: int):
@@ -259,19 +286,29 @@ def run_e2e(cfg: E2EConfig) -> dict:
                 "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),
                 "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
 
+    passes = {name: [] for name in runners}  # every pass's latencies (bench.decoded), warm-up included
+
     def results_of(seconds, last) -> dict[str, MethodResult]:
         results = {}
         for name in seconds:  # the rows' order (the last pass ran them in a shuffled one)
-            outs, calls, host = last[name]
-            results[name] = MethodResult(name, list(seconds[name]), sum(map(len, outs)), calls, host, outs,
-                                         list(joules.get(name, [])))
+            d = last[name]
+            timed_passes = passes[name][len(passes[name]) - len(seconds[name]):]
+            results[name] = MethodResult(name, list(seconds[name]), sum(map(len, d.outputs)), d.target_calls,
+                                         d.host_seconds, d.outputs, list(joules.get(name, [])),
+                                         ttft_ms=[t for t, _ in timed_passes if t is not None],
+                                         tpot_ms=[t for _, t in timed_passes if t is not None])
         return results
+
+    def one_pass(name, run):
+        decoded = run(prompts)
+        passes[name].append(latencies(decoded))
+        return decoded
 
     def partial(seconds, last):  # after each timed pass but the last: what a cut-off run leaves
         report(cfg, results_of(seconds, last), skipped, roofline, partial=f"{len(next(iter(seconds.values())))} of "
                                                                            f"{cfg.runs} timed runs")
 
-    seconds, last = timed_runs({name: (lambda run=run: run(prompts)) for name, run in runners.items()},
+    seconds, last = timed_runs({name: (lambda name=name, run=run: one_pass(name, run)) for name, run in runners.items()},
                                cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}", meter, joules, partial)
     results = results_of(seconds, last)
     if "autoregressive" in results:
@@ -304,6 +341,8 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             "divergence": r.divergence,
             "roofline_fraction": round(r.tokens_per_s / roofline["tokens_per_s"], 4) if roofline else None,
             "joules_per_token": round(statistics.median(r.joules) / r.tokens, 4) if r.joules else None,
+            "ttft_ms": round(statistics.median(r.ttft_ms), 2) if r.ttft_ms else None,
+            "tpot_ms": round(statistics.median(r.tpot_ms), 2) if r.tpot_ms else None,
         })
     summary = {}
     lookup = results.get("hf-lookup")
@@ -327,25 +366,28 @@ def markdown(data: dict) -> str:
     where = f"backend {c.get('backend', 'ort')}, {roof['device'] if roof else 'cpu'}, "
     lines = [f"### e2e `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {where}{c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})",
-             "", "| method | tokens/s | vs our AR | vs HF | tokens/target call | host share | same tokens as our AR | "
-                 "of roofline | J/token |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "", "| method | tokens/s | vs our AR | vs HF | TTFT ms | TPOT ms | tokens/target call | host share | "
+                 "same tokens as our AR | of roofline | J/token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(v, fmt, unit=""):
         return "-" if v is None else format(v, fmt) + unit
 
     for r in data["rows"]:
         lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {f(r['speedup_vs_ours_ar'], '.2f', 'x')} | "
-                     f"{f(r['speedup_vs_hf'], '.2f', 'x')} | {f(r['tokens_per_target_call'], '.2f')} | "
+                     f"{f(r['speedup_vs_hf'], '.2f', 'x')} | {f(r.get('ttft_ms'), '.1f')} | {f(r.get('tpot_ms'), '.2f')} | "
+                     f"{f(r['tokens_per_target_call'], '.2f')} | "
                      f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} | "
                      f"{f(r.get('roofline_fraction'), '.1%')} | {f(r.get('joules_per_token'), '.3f')} |")
+    lines += ["", "- TTFT: median over prompts of the time from a prompt's start to its first new token; TPOT: the "
+                  "time from each first new token to the last / the tokens after the first (bench/decoded.py)"]
     if roof:
-        lines += ["", f"- roofline: {roof['weight_bytes'] / 1e9:.3f} GB of target weights / {roof['copy_bandwidth_gb_s']} "
+        lines += [f"- roofline: {roof['weight_bytes'] / 1e9:.3f} GB of target weights / {roof['copy_bandwidth_gb_s']} "
                       f"GB/s measured copy bandwidth = {roof['ms_per_token']} ms per token ({roof['tokens_per_s']} "
                       f"tokens/s at batch 1); energy: {roof['energy']}"]
     ratios = data.get("summary", {}).get("ngram_speedup_over_hf_lookup_speedup")
     if ratios:
-        lines += ["", "- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
+        lines += ["- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
     lines += [f"- {line}" for line in peer_lines(data.get("summary", {}))]
     lines += [f"- {r['method']}: {describe_divergence(r['divergence'])}" for r in data["rows"] if r.get("divergence")]

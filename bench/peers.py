@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specrt.bench.decoded import Decoded, timed
 from specrt.bundle.manifest import manifest_sha256
 from specrt.errors import SpecrtError
 
@@ -138,23 +139,25 @@ class LlamaCpp:
                          draft_model=draft, verbose=False)
         self.encode, self.max_new_tokens, self.eos = encode, max_new_tokens, self.llm.token_eos()
 
-    def __call__(self, prompts):
-        outs = []
-        for p in prompts:
+    def __call__(self, prompts) -> Decoded:
+        def one(p, clock):
             out = []
             self.llm.reset()
             for token in self.llm.generate(self.encode(p), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
                                            repeat_penalty=1.0):
+                clock.token()
                 out.append(int(token))
                 if token == self.eos or len(out) == self.max_new_tokens:
                     break
-            outs.append(out)
-        return outs, 0, 0.0
+            return out
+
+        outs, first_s, decode_s = timed(prompts, one)
+        return Decoded(outs, 0, 0.0, first_s, decode_s)
 
 
 class OrtGenAI:
     """ONNX Runtime GenAI decoding one prompt at a time, greedily: alone, with a draft model, or with n-gram lookup.
-    Called as e2e's runners are: prompts -> (new token ids per prompt, 0, 0.0)."""
+    Called as e2e's runners are: prompts -> Decoded."""
 
     def __init__(self, models: dict[str, Path], mode: str, encode, threads: int, max_new_tokens: int,
                  draft_tokens: int):
@@ -173,9 +176,8 @@ class OrtGenAI:
         self.speculative = {"sd": {"max_draft_tokens": draft_tokens},
                             "ngram": {"ngram_size": NGRAM_SIZE, "max_draft_tokens": draft_tokens}}.get(mode)
 
-    def __call__(self, prompts):
-        outs = []
-        for p in prompts:
+    def __call__(self, prompts) -> Decoded:
+        def one(p, clock):
             ids = self.encode(p)
             params = self.og.GeneratorParams(self.model)
             params.set_search_options(max_length=len(ids) + self.max_new_tokens, do_sample=False)
@@ -185,8 +187,11 @@ class OrtGenAI:
             generator.append_tokens(ids)
             while not generator.is_done():
                 generator.generate_next_token()
-            outs.append([int(t) for t in generator.get_sequence(0)[len(ids):]])
-        return outs, 0, 0.0
+                clock.token()
+            return [int(t) for t in generator.get_sequence(0)[len(ids):]]
+
+        outs, first_s, decode_s = timed(prompts, one)
+        return Decoded(outs, 0, 0.0, first_s, decode_s)
 
 
 def peer_runners(cfg, pipe, names) -> tuple[dict, dict]:

@@ -195,7 +195,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
                "quantize_s": round(target_s + draft_s, 1), "roofline_ms": round(roofline_ms(target_bytes, bandwidth), 3),
                **_quality_row(q, ref), "methods": {}}
         for m in cfg.methods:
-            outs, calls, _ = last[(variant, m)]
+            outs, calls = last[(variant, m)][:2]
             tokens = sum(map(len, outs))
             tps = tokens / statistics.median(seconds[(variant, m)])
             if variant == FLOAT and m == "autoregressive":
@@ -223,7 +223,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
                 if m == "autoregressive":
                     continue
                 method, options = VARIANTS.get(m, (m, {}))
-                outs, calls, _ = OurRunner(base, method, cfg, **options)(prompts)
+                outs, calls = OurRunner(base, method, cfg, **options)(prompts)[:2]
                 drafts.append({"draft": s, "method": m, "tokens_per_target_call": round(sum(map(len, outs)) / calls, 3),
                                "vs_exported_draft": round(last[(FLOAT, m)][1] / calls, 3)})
         finally:

@@ -153,7 +153,7 @@ class Scheduler:
         ends when no sequence is live and none waits. Yields (sequence, tokens appended this round) as they come;
         a sequence whose `cancelled` is set leaves the batch at the end of the round with finish_reason
         "cancelled". `started`: when the caller's request began (time.perf_counter(); default now), what each
-        sequence's `seconds.finished` counts from, unless the sequence has its own `started`. `on_round(n)`: called
+        sequence's `seconds.first` and `seconds.finished` count from, unless the sequence has its own `started`. `on_round(n)`: called
         after each decode round with the number of sequences it held."""
         t_start = time.perf_counter()
         started = t_start if started is None else started
@@ -213,8 +213,11 @@ class Scheduler:
                 appended.append(out)
                 if s.cancelled and not s.finished:
                     s.finished, s.finish_reason = True, "cancelled"
+                since = started if s.started is None else s.started
+                if out and len(out) == len(s.new_tokens):  # its first tokens
+                    s.stats.seconds.first = time.perf_counter() - since
                 if s.finished:
-                    s.stats.seconds.finished = time.perf_counter() - (started if s.started is None else s.started)
+                    s.stats.seconds.finished = time.perf_counter() - since
             t_total = time.perf_counter() - t_round
             if on_round is not None:
                 on_round(len(live))

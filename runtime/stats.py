@@ -13,14 +13,15 @@ POSITION_BUCKET = 16
 @dataclass
 class StageSeconds:
     """Wall seconds by stage. prefill: the batch's prompts; per round, draft: drafting, target: the target
-    step, host: round time outside any model call (draft or target); total: the whole batch; finished: when
-    this sequence's last token came, from the start of the call."""
+    step, host: round time outside any model call (draft or target); total: the whole batch; first and finished:
+    when this sequence's first and last new tokens came, from the start of the call."""
 
     prefill: float = 0.0
     draft: float = 0.0
     target: float = 0.0
     host: float = 0.0
     total: float = 0.0
+    first: float = 0.0  # from the call's start to this sequence's first new token (time to first token, waiting included)
     finished: float = 0.0  # from the call's start to this sequence's last token (its latency, waiting included)
 
 

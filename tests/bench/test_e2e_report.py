@@ -65,6 +65,33 @@ def test_a_run_leaves_its_rows_after_each_timed_pass(demo_bundle, tmp_path, monk
     assert first["partial"] == "1 of 2 timed runs" and "- partial: 1 of 2 timed runs" in first_md
     assert [len(r["runs_s"]) for r in first["rows"]] == [1, 1] and "partial" not in last
     assert [len(r["runs_s"]) for r in last["rows"]] == [2, 2] and last["rows"][1]["same_tokens_as_ours_ar"] == 1
+    for r in last["rows"]:  # one prompt: its time to first token and its decode fit in the slowest pass
+        assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0, r
+        assert r["ttft_ms"] + r["tpot_ms"] * (r["tokens"] - 1) <= 1e3 * max(r["runs_s"]) * 1.01, r
+    assert "| TTFT ms | TPOT ms |" in written[-1][1]
+
+
+def test_time_to_first_token_and_per_output_token_of_a_pass():
+    from specrt.bench.decoded import Decoded, PromptClock, latencies, timed
+
+    d = Decoded([[1, 2, 3], [4], [5, 6]], first_s=(0.010, 0.030, 0.020), decode_s=(0.004, 0.0, 0.002))
+    ttft, tpot = latencies(d)
+    assert ttft == 20.0 and abs(tpot - 2.0) < 1e-9  # 6 ms over the 3 tokens after each first
+    assert latencies(Decoded([[1]])) == (None, None)  # a runner that timed nothing
+
+    def one(p, clock):
+        if p:
+            clock.token()
+            clock.token()  # only the first counts
+        return [1] * p
+
+    outs, first, rest = timed([2, 0], one)
+    assert outs == [[1, 1], []] and len(first) == len(rest) == 2
+    assert rest[1] == 0.0 and first[1] >= 0  # no new token: all of it counts as waiting for the first
+    clock = PromptClock()
+    clock.token()
+    a, b = clock.done()
+    assert a >= 0 and b >= 0
 
 
 def test_peer_rows_are_compared_with_ours_but_never_counted_as_ours(tmp_path):

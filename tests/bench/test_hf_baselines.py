@@ -14,7 +14,11 @@ def test_a_static_cache_is_sized_once_for_the_longest_prompt(demo_bundle, humane
     tok = AutoTokenizer.from_pretrained(demo_bundle / "tokenizer")
     model = AutoModelForCausalLM.from_pretrained(demo_bundle / "hf/target", dtype=torch.float32).eval()
     prompts = sorted(humaneval[:4], key=lambda p: len(tok(p)["input_ids"]))  # the shortest first
-    plain = _HF(model, tok, cfg)(prompts)[0]
+    decoded = _HF(model, tok, cfg)(prompts)
+    plain = decoded.outputs
+    # the streamer marks each prompt's first new token: after its start, before its last
+    assert len(decoded.first_s) == len(decoded.decode_s) == len(prompts)
+    assert all(f > 0 and d > 0 for f, d in zip(decoded.first_s, decoded.decode_s)), decoded
     lengths, generate = [], model.generate
 
     def spy(*args, **kwargs):  # the static cache's length after each generate

@@ -32,6 +32,7 @@ def test_ort_genai_rows_decode_our_ars_tokens_in_the_same_run(demo_bundle, tmp_p
     for name in peers:  # same weights, greedy: the same tokens, or a difference explained by a logit gap
         assert rows[name]["same_tokens_as_ours_ar"] == 1 or rows[name]["divergence"]["ties"], rows[name]
         assert rows[name]["tokens"] == rows["autoregressive"]["tokens"]
+        assert rows[name]["ttft_ms"] > 0 and rows[name]["tpot_ms"] > 0, rows[name]  # timed as our rows are
     peer = data["summary"]["peers"]["ort-genai"]
     assert peer["ar"] == "ort-genai (fp32)" and peer["best"] in peers[1:]
     assert peer["ours"]["ar"] == "autoregressive" and peer["our_ar_vs_its_ar"] > 0

@@ -170,7 +170,10 @@ def test_request_latency_counts_from_the_call_whichever_batch_a_request_waits_fo
     # the third static batch waited for the first: its requests finish after every request of the first
     assert min(done[4:]) > max(done[:2]) > 0
     outs = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=2)
-    assert all(0 < o.stats.seconds.finished <= o.stats.seconds.total for o in outs)
+    assert all(0 < o.stats.seconds.first <= o.stats.seconds.finished <= o.stats.seconds.total for o in outs)
+    # one at a time: each request's first token comes after the one before it finished
+    outs = fake.generate(ps, method="sd", max_new_tokens=20, batch_size=1)
+    assert all(a.stats.seconds.finished < b.stats.seconds.first for a, b in zip(outs, outs[1:]))
 
 
 @pytest.mark.parametrize("kw", [dict(method="sd", num_draft_tokens=4), dict(method="tree"),
