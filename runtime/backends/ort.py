@@ -17,7 +17,10 @@ kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`;
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
 lengths[b] + j), binds write_indices = the lengths, and binds each present_key/present_value output to the
 same memory as its past input, so ONNX Runtime's TensorScatter writes the new K/V into the runtime's cache in
-place. The step returns CacheRows: the runtime then commits the accepted rows where they already are.
+place. The step returns CacheRows: the runtime then commits the accepted rows where they already are. Where this
+ONNX Runtime has it (1.32), each layer's TensorScatter and Attention nodes run as one GroupQueryAttention kernel
+(ort_fusions.fuse_grouped_attention), which writes in place the same way and reads only the slots up to each
+sequence's end.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class OrtBackend(Backend):
     name = "ort"
     fused_norms = 0  # RMSNorms fused into ONNX Runtime's SimplifiedLayerNormalization kernel (ort_fusions.py)
     merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
+    grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_fusions.py)
+    kernel_rotary = 0  # of those, the layers whose q and k the kernel rotates
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
@@ -111,7 +116,8 @@ class OrtBackend(Backend):
         import onnx
         import onnxruntime as ort
 
-        from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
+        from specrt.runtime.backends.ort_fusions import (fuse_grouped_attention, fuse_projections, fuse_rms_norms,
+                                                         fuse_skip_norms, grouped_attention_available)
         from specrt.runtime.backends.packed_rows import pack_rows
 
         try:
@@ -124,10 +130,13 @@ class OrtBackend(Backend):
         if self.fused_norms:
             fuse_skip_norms(model)
         self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external)
+        if self.kv_update == "inplace" and grouped_attention_available():
+            self.grouped_attention, self.kernel_rotary = fuse_grouped_attention(
+                model, self.entry.num_heads, self.entry.max_positions, onnx_path.parent)
         if merged:  # copied into the session as it loads: kept alive until then (__init__ drops them)
             self._merged = [ort.OrtValue.ortvalue_from_numpy(a) for a in merged.values()], merged
             opts.add_external_initializers(list(merged), self._merged[0])
-        if not (self.packs_rows or self.fused_norms or self.merged_matmuls):
+        if not (self.packs_rows or self.fused_norms or self.merged_matmuls or self.grouped_attention):
             return str(onnx_path)
         if external:
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path",

@@ -1,5 +1,5 @@
 """`specrt inplace`: the step graphs' in-graph KV update (ONNX TensorScatter + Attention, opset 24), run by the
-ort backend with kv_update="inplace". The same function as the exported graphs: every method gives the tokens it
+ort backend with kv_update="inplace" (each layer as ONNX Runtime's GroupQueryAttention kernel). The same function as the exported graphs: every method gives the tokens it
 gives there, and the new K/V land in the runtime's cache in place."""
 
 import shutil
@@ -80,6 +80,10 @@ def test_a_step_writes_its_new_kv_into_the_runtime_cache_where_the_sequences_end
     from specrt.runtime.kv_cache import CacheRows
     from specrt.runtime.step_inputs import pack_step
 
+    layers = inplace_pipe.target.entry.num_layers
+    # ONNX Runtime runs each layer's TensorScatter and Attention nodes as one GroupQueryAttention kernel, which
+    # rotates q and k itself (runtime/backends/ort_fusions.py)
+    assert inplace_pipe.target.grouped_attention == inplace_pipe.target.kernel_rotary == layers
     plain, graph = pipelines["ort"].target.runner(), inplace_pipe.target.runner()
     caches = [r.new_cache(2) for r in (plain, graph)]
     for cache in caches:

@@ -83,6 +83,39 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
         assert pipe.generate([prompt[0].tolist()], method="autoregressive", max_new_tokens=20)[0].token_ids != want
 
 
+@pytest.mark.parametrize("kind,extra", [(k, {}) for k in ("qwen2", "qwen3", "olmo2", "granite", "phi4-mini", "llama3")]
+                         + [("mistral", {"sliding_window": 8})])
+def test_the_in_graph_kv_update_decodes_the_checkpoints_tokens(tmp_path, kind, extra):
+    """The in-graph step graphs (`specrt inplace`), each layer run by ONNX Runtime's GroupQueryAttention kernel
+    (ort_fusions.fuse_grouped_attention): every lossless method gives the checkpoint's greedy tokens, one at a time
+    and as a ragged batch (tree rows, a sliding window and partial RoPE reach the kernel through its bias and our
+    rotated keys)."""
+    import torch
+
+    from specrt.export.inplace import InPlaceConfig, in_place
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    model = _tiny(kind, tmp_path / kind, **extra)
+    export_bundle(ExportConfig(target=tmp_path / kind, draft=tmp_path / kind, out=tmp_path / "b",
+                               tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+    in_place(InPlaceConfig(bundle=tmp_path / "b"), progress=False)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 4096, (1, n), generator=gen) for n in (23, 11)]
+    with torch.no_grad():
+        want = [model.generate(p, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, p.shape[1]:].tolist()
+                for p in prompts]
+    pipe = Pipeline.load(tmp_path / "b", threads=2, kv_update="inplace")
+    assert pipe.target.grouped_attention == pipe.draft.grouped_attention == 2  # both layers of both models
+    # the kernel rotates whole heads (partial RoPE stays in the graph)
+    assert pipe.target.kernel_rotary == (0 if kind == "phi4-mini" else 2)
+    ids = [p[0].tolist() for p in prompts]
+    for method in ("autoregressive", "sd", "tree", "anpd"):
+        for batch_size in (1, 2):
+            got = [o.token_ids for o in pipe.generate(ids, method=method, max_new_tokens=16, batch_size=batch_size)]
+            assert got == want, (method, batch_size)
+
+
 @pytest.mark.parametrize("kind", FAMILIES + ["qwen3-yarn"])
 def test_the_step_computes_the_checkpoints_logits(tmp_path, kind):
     """The step module against the family's own forward, in float32: a ragged pair of sequences through a
