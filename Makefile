@@ -150,16 +150,18 @@ peers: $(STAMP)
 		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/convert_hf_to_gguf.py \
 		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/conversion llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/gguf-py
 
-# Our AR and best lossless methods against each peer's AR and speculative modes, on the inflated pair (float32).
+# Our AR and best lossless methods against each peer's AR and speculative modes, on the inflated pair (float32), our
+# rows on the in-graph step graphs (each layer ONNX Runtime's GroupQueryAttention kernel, as ONNX Runtime GenAI's).
 bench-peers: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
-	test -f build/inflated/bundle/latency.json || $(BIN)/specrt profile --bundle build/inflated/bundle \
-		--threads $(THREADS) --batch-sizes 1 --contexts 512
+	test -f build/inflated/bundle/inplace.json || $(BIN)/specrt inplace --bundle build/inflated/bundle
+	$(BIN)/specrt profile --bundle build/inflated/bundle --kv-update inplace --threads $(THREADS) --batch-sizes 1 \
+		--contexts 512
 	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers --num-prompts 5 --threads $(THREADS) \
-		--methods autoregressive,sd,anpd-hw,dynamic-ngram,auto --baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup \
-		--out $(RESULTS)
+		--kv-update inplace --methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
+		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
 bench-trees: $(STAMP)

@@ -6,7 +6,8 @@ per method; runs interleave methods so that drift hits all of them alike; we rep
 after an untimed warm-up run (the first pass over new prompt lengths and cache sizes costs ONNX Runtime
 about twice as much), and ratios against our own autoregressive measured in the same run. Beside them:
 the roofline (bench/hardware.py: measured copy bandwidth / the target's weight bytes) and each row's
-fraction of it, and on a GPU the energy per token (NVML). Outputs JSON, Markdown and a PNG.
+fraction of it, on a GPU the energy per token (NVML), and every row's time to first token and time per output
+token, taken around each runtime alike (bench/decoded.py). Outputs JSON, Markdown and a PNG.
 """
 
 from __future__ import annotations

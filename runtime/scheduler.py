@@ -153,8 +153,8 @@ class Scheduler:
         ends when no sequence is live and none waits. Yields (sequence, tokens appended this round) as they come;
         a sequence whose `cancelled` is set leaves the batch at the end of the round with finish_reason
         "cancelled". `started`: when the caller's request began (time.perf_counter(); default now), what each
-        sequence's `seconds.first` and `seconds.finished` count from, unless the sequence has its own `started`. `on_round(n)`: called
-        after each decode round with the number of sequences it held."""
+        sequence's `seconds.first` and `seconds.finished` count from, unless the sequence has its own `started`.
+        `on_round(n)`: called after each decode round with the number of sequences it held."""
         t_start = time.perf_counter()
         started = t_start if started is None else started
         waiting = seqs if isinstance(seqs, Waiting) else Waiting(seqs)

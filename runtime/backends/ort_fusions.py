@@ -287,12 +287,13 @@ def grouped_attention_available() -> bool:
 def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_dir) -> tuple[int, int]:
     """Rewrite each layer of an in-graph step graph (InPlaceStepModule: two TensorScatter nodes writing the new K/V
     into the cache at write_indices, then ONNX's Attention over the whole cache under the slot mask) into one
-    GroupQueryAttention (com.microsoft, ONNX Runtime >= 1.32's right-padded query chunks), in place; (the number
-    rewritten, the number of those that rotate q and k in the kernel). The kernel writes the new rows into past_key/past_value where they are bound to the same memory as
-    present_key/present_value (as OrtBackend binds them) and attends to each sequence's slots up to its last new
-    row only, not to the whole capacity: seqlens_k = write_indices + T - 1, every one of the T rows valid
-    (query_seqlens = T), the slot mask an additive bias over the capacity (total_sequence_length), under the
-    kernel's causal mask, which a step's mask never crosses (no token sees a later row of its step).
+    GroupQueryAttention (com.microsoft, ONNX Runtime >= 1.32's right-padded query chunks), in place; returns (the
+    layers rewritten, those of them whose q and k the kernel rotates). The kernel writes the new rows into
+    past_key/past_value where they are bound to the same memory as present_key/present_value (as OrtBackend binds
+    them) and attends to each sequence's slots up to its last new row only, not to the whole capacity:
+    seqlens_k = write_indices + T - 1, every one of the T rows valid (query_seqlens = T), the slot mask an additive
+    bias over the capacity (total_sequence_length), under the kernel's causal mask, which a step's mask never
+    crosses (no token sees a later row of its step).
 
     Where a layer rotates its whole q and k by rotate_half (StepLayer's _rope), the kernel rotates them too, at
     the step's own position_ids (a tree's rows at their depths), from cos/sin tables over `max_positions` that the
@@ -486,8 +487,9 @@ def _scattered_attention(g: _Graph, node, inputs):
     if any(s is None or s.input[0] not in inputs or s.output[0] not in g.outputs for s in scatters):
         return None
     past = inputs[scatters[0].input[0]]
-    if past.type.tensor_type.elem_type != TensorProto.FLOAT or not all(_dim(past, a) for a in (1, 3)):
-        return None
+    head = _dim(past, 3)
+    if past.type.tensor_type.elem_type != TensorProto.FLOAT or not _dim(past, 1) or not head or head % 8:
+        return None  # the kernel's float32 path, its head size a multiple of 8
     attrs = {a.name: a for a in node.attribute}
     if set(attrs) - {"scale", "softmax_precision"} or "scale" not in attrs:
         return None

@@ -1,6 +1,7 @@
 """`specrt inplace`: the step graphs' in-graph KV update (ONNX TensorScatter + Attention, opset 24), run by the
-ort backend with kv_update="inplace" (each layer as ONNX Runtime's GroupQueryAttention kernel). The same function as the exported graphs: every method gives the tokens it
-gives there, and the new K/V land in the runtime's cache in place."""
+ort backend with kv_update="inplace" (each layer as ONNX Runtime's GroupQueryAttention kernel). The same function
+as the exported graphs: every method gives the tokens it gives there, and the new K/V land in the runtime's cache
+in place."""
 
 import shutil
 
