@@ -26,6 +26,7 @@ sequence's end.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,7 @@ class OrtBackend(Backend):
     merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
     grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_fusions.py)
     kernel_rotary = 0  # of those, the layers whose q and k the kernel rotates
+    grouped_attention_refused = None  # why ONNX Runtime refused the rewrite (the graph then runs as exported)
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
@@ -82,31 +84,48 @@ class OrtBackend(Backend):
         super().__init__(entry)
         self.kv_update = kv_update
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
         # steps on the same cores, so its pool must not spin (spinning draft threads take the cores the target's
         # next step needs); the target's pool keeps spinning, which saves the wake-up latency of its next step.
         if spin is None:
             spin = entry.role != "draft"
+        for grouped in ([True, False] if kv_update == "inplace" else [False]):
+            try:
+                self.session = self._session(Path(onnx_path), threads, spin, grouped)
+                return
+            except Exception as e:  # onnxruntime raises its own exception types
+                why = str(e).strip().splitlines()[0][:200]
+                if grouped and self.grouped_attention:  # our rewrite refused: the graph as exported still runs
+                    self.grouped_attention_refused = why
+                    self.grouped_attention = self.kernel_rotary = 0
+                    warnings.warn(f"ONNX Runtime {ort.__version__} refused {onnx_path} with its layers rewritten into "
+                                  f"GroupQueryAttention ({why}): loading it as exported", RuntimeWarning, stacklevel=2)
+                    continue
+                if kv_update != "inplace":
+                    raise
+                raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
+                                  f"({why}): it needs opset 24's TensorScatter and Attention (ONNX Runtime 1.32 runs "
+                                  "them); load with kv_update='runtime'") from None
+
+    def _session(self, onnx_path: Path, threads: int, spin: bool, grouped: bool):
+        """The step graph's session, its layers rewritten into GroupQueryAttention where `grouped` (and ONNX Runtime
+        has the kernel's right-padded chunks)."""
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.enable_mem_pattern = False  # it keeps a plan per input shape: memory grows with each new one
         try:
             with tempfile.TemporaryDirectory(prefix="specrt-packed-", ignore_cleanup_errors=True) as scratch:
-                source = self._packed(Path(onnx_path), opts, Path(scratch))
-                self.session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types
-            if kv_update != "inplace":
-                raise
-            raise BundleError(f"ONNX Runtime {ort.__version__} cannot load the in-graph step graph {onnx_path} "
-                              f"({str(e).strip().splitlines()[0][:200]}): it needs opset 24's TensorScatter and "
-                              "Attention (ONNX Runtime 1.32 runs them); load with kv_update='runtime'") from None
+                source = self._packed(onnx_path, opts, Path(scratch), grouped)
+                return ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
         finally:
             self._merged = None
 
-    def _packed(self, onnx_path: Path, opts, scratch: Path):
+    def _packed(self, onnx_path: Path, opts, scratch: Path, grouped: bool = False):
         """The step graph with packed token rows (packed_rows.py), its norms fused into ONNX Runtime's kernels and
         its projections merged (ort_fusions.py), for ONNX Runtime to load: where its weights are external data, the
         graph serialized (the merged weights given to the session in memory, the others read from beside the
@@ -130,7 +149,7 @@ class OrtBackend(Backend):
         if self.fused_norms:
             fuse_skip_norms(model)
         self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external)
-        if self.kv_update == "inplace" and grouped_attention_available():
+        if grouped and grouped_attention_available():
             self.grouped_attention, self.kernel_rotary = fuse_grouped_attention(
                 model, self.entry.num_heads, self.entry.max_positions, onnx_path.parent)
         if merged:  # copied into the session as it loads: kept alive until then (__init__ drops them)

@@ -130,6 +130,30 @@ def test_lossless_methods_give_autoregressive_tokens_with_the_in_graph_update(in
         [o.token_ids for o in pipelines["ort"].generate(prompts, **mtad)]
 
 
+def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bundle, pipelines, monkeypatch):
+    """Where ONNX Runtime will not load the layers rewritten into GroupQueryAttention, the backend says why and loads
+    the in-graph graph as it was exported, which decodes the same tokens."""
+    import specrt.runtime.backends.ort_fusions as fusions
+    from specrt.runtime.pipeline import Pipeline
+
+    rewrite = fusions.fuse_grouped_attention
+
+    def refused(model, *args):
+        made = rewrite(model, *args)
+        for node in model.graph.node:
+            if node.op_type == "GroupQueryAttention":  # a head count the kernel refuses as it is made
+                next(a for a in node.attribute if a.name == "num_heads").i = 0
+        return made
+
+    monkeypatch.setattr(fusions, "fuse_grouped_attention", refused)
+    with pytest.warns(RuntimeWarning, match="refused .*GroupQueryAttention .*: loading it as exported"):
+        pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="inplace")
+    assert pipe.target.grouped_attention == pipe.target.kernel_rotary == 0 and pipe.target.grouped_attention_refused
+    prompts = [[5, 9, 200, 31, 7] * 4, [11, 12, 13]]
+    want = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=12)]
+    assert [o.token_ids for o in pipe.generate(prompts, method="sd", max_new_tokens=12, batch_size=2)] == want
+
+
 def test_the_in_graph_update_is_refused_where_it_cannot_run(inplace_bundle, demo_bundle, tmp_path):
     from specrt.bundle.machine import Machine
     from specrt.runtime.pipeline import Pipeline
