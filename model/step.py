@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from specrt.contract import SUPPORTED_MODEL_TYPES
+from specrt.contract import SUPPORTED_MODEL_TYPES, rotate_half_matrix
 from specrt.errors import UnsupportedModelError
 
 
@@ -103,13 +103,9 @@ def family_of(config) -> Family:
 
 
 def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
-    """R with x @ R == cat(-x[..., D/2:], x[..., :D/2]): one MatMul in the graph instead of
-    Slice, Slice, Neg and Concat (the tiny demo models are bound by per-op overhead)."""
-    half = head_dim // 2
-    r = torch.zeros(head_dim, head_dim)
-    r[half:, :half] = -torch.eye(half)
-    r[:half, half:] = torch.eye(half)
-    return r
+    """R with x @ R == cat(-x[..., D/2:], x[..., :D/2]) (contract.rotate_half_matrix): one MatMul in the graph
+    instead of Slice, Slice, Neg and Concat (the tiny demo models are bound by per-op overhead)."""
+    return torch.from_numpy(rotate_half_matrix(head_dim))
 
 
 class StepModule(nn.Module):

@@ -118,3 +118,14 @@ def in_graph_mask(attention_mask: np.ndarray, starts: np.ndarray, capacity: int,
     rows = np.arange(num_tokens)
     out[np.arange(batch)[:, None, None], rows[:, None], (starts[:, None] + rows)[:, None, :]] = attention_mask[:, :, past:]
     return out
+
+
+def rotate_half_matrix(dim: int) -> np.ndarray:
+    """R [dim, dim] float32 with x @ R == cat(-x[..., dim/2:], x[..., :dim/2]): the rotary embedding's rotate-half as
+    one MatMul, the constant every exported step graph multiplies q and k by (model/step.py), and what the ort
+    backend's load-time fusions recognise it by (runtime/backends/ort_fusions.py)."""
+    half = dim // 2
+    r = np.zeros((dim, dim), np.float32)
+    r[half:, :half] = -np.eye(half)
+    r[:half, half:] = np.eye(half)
+    return r

@@ -395,14 +395,12 @@ def _rotation(g: _Graph, reshaped):
 
 
 def _is_rotate_half(r) -> bool:
-    """Whether r is the matrix of x -> cat(-x[D/2:], x[:D/2]) (model.step._rotate_half_matrix)."""
+    """Whether r is the rotate-half matrix (contract.rotate_half_matrix) of its size."""
+    from specrt.contract import rotate_half_matrix
+
     if r is None or r.ndim != 2 or r.shape[0] != r.shape[1] or r.shape[0] % 2:
         return False
-    half = r.shape[0] // 2
-    want = np.zeros_like(r)
-    want[half:, :half] = -np.eye(half)
-    want[:half, half:] = np.eye(half)
-    return bool(np.array_equal(r, want))
+    return bool(np.array_equal(r, rotate_half_matrix(r.shape[0])))
 
 
 def _rotary_tables(g: _Graph, model, rotary, max_positions: int, prefix: str):
@@ -450,7 +448,7 @@ def _rotary_tables(g: _Graph, model, rotary, max_positions: int, prefix: str):
     except Exception:  # onnxruntime's own exception types: leave the rotation in the graph
         return None
     cos_v, sin_v = (v.reshape(max_positions, -1) for v in (cos_v, sin_v))
-    half = cos_v.shape[1] // 2
+    half = cos_v.shape[1] // 2  # the kernel's rotation wants a head size that is a multiple of 16
     if cos_v.shape[1] % 16 or not (np.array_equal(cos_v[:, :half], cos_v[:, half:])
                                    and np.array_equal(sin_v[:, :half], sin_v[:, half:])):
         return None
