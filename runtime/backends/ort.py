@@ -11,7 +11,7 @@ the largest one; the memory-pattern planner, which keeps an allocation plan per 
 Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
 ragged step's holes are left out of its projections and MLPs; with its float32 RMSNorms (and the residual adds
 before them) fused into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v;
-gate, up) merged into one MatMul each (ort_fusions.py).
+a weight-only variant's gate and up) merged into one MatMul each (ort_fusions.py).
 
 kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
@@ -74,6 +74,7 @@ class OrtBackend(Backend):
     merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
     grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_fusions.py)
     kernel_rotary = 0  # of those, the layers whose q and k the kernel rotates
+    packed_qkv = 0  # of those, the layers whose q, k and v the kernel reads as one MatMul's rows
     grouped_attention_refused = None  # why ONNX Runtime refused the rewrite (the graph then runs as exported)
     _merged = None  # while the session loads: the merged weights it is given
 
@@ -97,7 +98,7 @@ class OrtBackend(Backend):
                 why = str(e).strip().splitlines()[0][:200]
                 if grouped and self.grouped_attention:  # our rewrite refused: the graph as exported still runs
                     self.grouped_attention_refused = why
-                    self.grouped_attention = self.kernel_rotary = 0
+                    self.grouped_attention = self.kernel_rotary = self.packed_qkv = 0
                     warnings.warn(f"ONNX Runtime {ort.__version__} refused {onnx_path} with its layers rewritten into "
                                   f"GroupQueryAttention ({why}): loading it as exported", RuntimeWarning, stacklevel=2)
                     continue
@@ -150,7 +151,7 @@ class OrtBackend(Backend):
             fuse_skip_norms(model)
         self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external)
         if grouped and grouped_attention_available():
-            self.grouped_attention, self.kernel_rotary = fuse_grouped_attention(
+            self.grouped_attention, self.kernel_rotary, self.packed_qkv = fuse_grouped_attention(
                 model, self.entry.num_heads, self.entry.max_positions, onnx_path.parent)
         if merged:  # copied into the session as it loads: kept alive until then (__init__ drops them)
             self._merged = [ort.OrtValue.ortvalue_from_numpy(a) for a in merged.values()], merged

@@ -11,9 +11,11 @@ is checked against the unfused one in the tests.
 Only float32 norms are fused: a float16 graph computes the statistics after a Cast to float32 and casts back before
 the weight, which the kernel would round differently.
 
-`fuse_projections` merges the MatMuls that read one input (q, k, v; gate, up) into one over their weights side by
-side: at one token a step is a chain of matrix-vector products, and each dispatch costs its own thread-pool
-round (ONNX Runtime GenAI's builder emits q, k and v as one MatMul too).
+`fuse_projections` merges the MatMuls that read one input (q, k, v; gate and up of the weight-only variants) into
+one over their weights side by side: at one token a step is a chain of matrix-vector products, and each dispatch
+costs its own thread-pool round (ONNX Runtime GenAI's builder emits q, k and v as one MatMul too). A float MLP's gate
+and up stay two MatMuls, as that builder leaves them: on 2 AVX2 cores the merged [768, 6144] MatMul and the Split of
+its output ran slower at 1, 4 and 8 tokens than the two [768, 3072] ones (docs/benchmarks.md).
 
 `fuse_grouped_attention` runs each layer of an in-graph step graph (`specrt inplace`) by GroupQueryAttention, the
 kernel ONNX Runtime GenAI's models attend with: it writes the new K/V into the bound cache and reads each sequence's
@@ -169,24 +171,31 @@ def _replace_nodes(graph, replaced: dict[int, list]) -> None:
     graph.node.extend(nodes)
 
 
-def _attr(node, name: str):
+def _attr(node, name: str, default=None):
     from onnx import helper
 
-    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, np.ndarray]]:
     """Rewrite each set of weight MatMuls that read one input (a layer's q, k and v projections; its gate and up)
     into one over the weights side by side and a Split, in place: one dispatch and one pass over the input instead
-    of one each. Float MatMuls with weights [K, N_i] are joined on N; so are MatMulNBits nodes (the int8/int4
-    weight variants) of one K, bit width and block size, whose packed weights, scales and zero points all lead
-    with N. Returns (the number of nodes merged away, the merged initializers by name): with `inline` they are the
-    graph's own and the dict is empty; else the graph declares them as external data in no file, for the session
-    to be given with SessionOptions.add_external_initializers (a graph of external weights is not reserialized
-    with hundreds of MB in it). `weights_dir`: where the model's external data files are."""
+    of one each. Float MatMuls with weights [K, N_i] are joined on N where three or more read the input (q, k and
+    v: a pair, the MLP's gate and up, runs faster as two; see the module's doc), and so are their biases where each
+    is added right after (Qwen2's q, k and v); MatMulNBits nodes (the int8/int4 weight variants) of one K, bit width
+    and block size are joined in any number, their packed weights, scales and zero points all leading with N.
+    Returns (the number of nodes merged away, the merged initializers by name): with `inline` they are the graph's
+    own and the dict is empty; else the graph declares them as external data in no file, for the session to be given
+    with SessionOptions.add_external_initializers (a graph of external weights is not reserialized with hundreds of
+    MB in it). `weights_dir`: where the model's external data files are."""
     from onnx import TensorProto, helper, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    outputs = {o.name for o in model.graph.output}
     groups: dict[tuple, list] = {}
     for node in model.graph.node:
         key = _merge_key(node, inits)
@@ -194,7 +203,7 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
             groups.setdefault(key, []).append(node)
     replaced, arrays, merged = {}, {}, 0
     for (source, op, *_), nodes in groups.items():
-        if len(nodes) < 2:
+        if len(nodes) < (3 if op == "MatMul" else 2):
             continue
         name = f"{PREFIX}merged/{nodes[0].output[0]}"
         axis = 1 if op == "MatMul" else 0  # MatMul's weight is [K, N]; every MatMulNBits constant leads with N
@@ -208,10 +217,17 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
         attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
         if op == "MatMulNBits":
             attrs["N"] = sum(widths)
-        replaced[id(nodes[0])] = [helper.make_node(op, inputs, [name + "/out"], name=name, domain=nodes[0].domain,
-                                                   **attrs),
-                                  helper.make_node("Split", [name + "/out", sizes.name], [n.output[0] for n in nodes],
-                                                   name=name + "/split", axis=-1)]
+        made = [helper.make_node(op, inputs, [name + "/out"], name=name, domain=nodes[0].domain, **attrs)]
+        ends = [n.output[0] for n in nodes]
+        biases = [_bias(n, widths[i], inits, consumers, outputs) for i, n in enumerate(nodes)] if op == "MatMul" else []
+        if biases and all(biases):  # one Add of the biases side by side, before the Split
+            arrays[name + "/bias"] = np.concatenate([_values(inits[b], weights_dir) for _, b in biases])
+            made.append(helper.make_node("Add", [name + "/out", name + "/bias"], [name + "/biased"],
+                                         name=name + "/bias"))
+            ends = [add.output[0] for add, _ in biases]
+            replaced.update({id(add): [] for add, _ in biases})
+        made.append(helper.make_node("Split", [made[-1].output[0], sizes.name], ends, name=name + "/split", axis=-1))
+        replaced[id(nodes[0])] = made
         replaced.update({id(n): [] for n in nodes[1:]})
         merged += len(nodes) - 1
     if not arrays:
@@ -229,6 +245,17 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
         graph.initializer.append(t)
     _drop_unused_initializers(graph)
     return merged, {} if inline else arrays
+
+
+def _bias(matmul, width: int, inits, consumers, outputs) -> tuple | None:
+    """(the Add, its bias's name) where the MatMul's output is read only by an Add of a float bias [width], else None."""
+    users = consumers.get(matmul.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Add" or matmul.output[0] in outputs:
+        return None
+    bias = _other(users[0], matmul.output[0])
+    t = inits.get(bias)
+    weight = inits[matmul.input[1]]
+    return (users[0], bias) if t is not None and list(t.dims) == [width] and t.data_type == weight.data_type else None
 
 
 def _merge_key(node, inits) -> tuple | None:
@@ -284,11 +311,11 @@ def grouped_attention_available() -> bool:
     return any(i.name == "query_seqlens" for i in schema.inputs)
 
 
-def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_dir) -> tuple[int, int]:
+def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_dir) -> tuple[int, int, int]:
     """Rewrite each layer of an in-graph step graph (InPlaceStepModule: two TensorScatter nodes writing the new K/V
     into the cache at write_indices, then ONNX's Attention over the whole cache under the slot mask) into one
     GroupQueryAttention (com.microsoft, ONNX Runtime >= 1.32's right-padded query chunks), in place; returns (the
-    layers rewritten, those of them whose q and k the kernel rotates). The kernel writes the new rows into
+    layers rewritten, those of them whose q and k the kernel rotates, those whose q, k and v it reads packed). The kernel writes the new rows into
     past_key/past_value where they are bound to the same memory as present_key/present_value (as OrtBackend binds
     them) and attends to each sequence's slots up to its last new row only, not to the whole capacity:
     seqlens_k = write_indices + T - 1, every one of the T rows valid (query_seqlens = T), the slot mask an additive
@@ -306,7 +333,8 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
     g = _Graph(model, weights_dir)
     graph = model.graph
     inputs = {i.name: i for i in graph.input}
-    replaced, biases, tables, layers, rotated = {}, {}, {}, 0, 0
+    shapes = {v.name: v for v in graph.value_info}
+    replaced, biases, tables, layers, rotated, qkv = {}, {}, {}, 0, 0, 0
     p = PREFIX + "gqa/"
     for node in graph.node:
         found = _scattered_attention(g, node, inputs)
@@ -347,26 +375,67 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
             made.append(helper.make_node("Reshape", [source, p + "rows"], [f"{name}/{what}/rows"],
                                          name=f"{name}/{what}/r"))
             rows.append(made[-1].output[0])
+        kv_heads, head = _dim(inputs[scatter_k.input[0]], 1), _dim(inputs[scatter_k.input[0]], 3)
+        packed = _packed_qkv(g, rows, [num_heads, kv_heads, kv_heads], head)
+        if packed is not None:  # q, k and v split from one MatMul's rows: the kernel reads those rows as they are
+            source, gather = packed
+            if gather is not None:
+                made.append(helper.make_node("Gather", [source, gather.input[1]], [f"{name}/qkv"], name=f"{name}/qkv",
+                                             axis=_attr(gather, "axis", 0)))
+                source = made[-1].output[0]
+            rows = [source, "", ""]
+            qkv += 1
         cos, sin = rotary or ("", "")
+        # the kernel's [B, T, H x D] stands for the Transpose of Attention's output to [B, T, H, D]; the Reshape
+        # reading that (StepLayer.end's) goes too where the graph says it makes [B, T, H x D]
+        out = out_transpose.output[0]
+        end = g.only_use(out, "Reshape")
+        rows_shape = _shape(inputs[contract.INPUT_IDS])
+        if rows_shape is not None and _shape(shapes.get(end.output[0])) == [*rows_shape, num_heads * head]:
+            replaced[id(end)], out = [], end.output[0]
         made.append(helper.make_node(
             "GroupQueryAttention",
             [*rows, scatter_k.input[0], scatter_v.input[0], p + "seqlens_k", p + "total", cos, sin,
              p + "positions" if rotary else "", biases[mask], "", "", "", "", "", p + "query_seqlens"],
-            [out_transpose.output[0], scatter_k.output[0], scatter_v.output[0]], name=name, domain="com.microsoft",
-            num_heads=num_heads, kv_num_heads=_dim(inputs[scatter_k.input[0]], 1), scale=_attr(node, "scale"),
+            [out, scatter_k.output[0], scatter_v.output[0]], name=name, domain="com.microsoft",
+            num_heads=num_heads, kv_num_heads=kv_heads, scale=_attr(node, "scale"),
             do_rotary=int(bool(rotary))))
-        # the kernel's [B, T, H x D] stands for the Transpose of Attention's output to [B, T, H, D]: the Reshape
-        # reading it (StepLayer.end's, to [B, T, H x D]) gives the same either way
         replaced[id(node)] = made
         replaced.update({id(scatter_k): [], id(scatter_v): [], id(out_transpose): []})
         layers, rotated = layers + 1, rotated + bool(rotary)
     if layers:
         _replace_nodes(graph, replaced)
+        made = {o for node in graph.node if node.op_type == "GroupQueryAttention" for o in node.output}
+        kept = [v for v in graph.value_info if v.name not in made]  # the shapes the replaced nodes gave them
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
         _drop_dead_nodes(graph)
         _drop_unused_initializers(graph)
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return layers, rotated
+    return layers, rotated, qkv
+
+
+def _packed_qkv(g: _Graph, rows: list[str], heads: list[int], head_dim: int):
+    """(the tensor [.., (H + 2 Hkv) x D] that q, k and v (`rows`, [B, T, heads x D] each) are split from, in that
+    order and only for this layer, the Gather of packed rows (packed_rows.py, axis 0) each of them is read through,
+    or None) where they are; else None. GroupQueryAttention reads such a tensor as its packed query."""
+    gathers = [g.made_by(r, "Gather") for r in rows]
+    if all(gathers):
+        if len({(x.input[1], _attr(x, "axis")) for x in gathers}) != 1:
+            return None
+        parts = [x.input[0] for x in gathers]
+    elif any(gathers):
+        return None
+    else:
+        parts, gathers = rows, [None]
+    split = g.made_by(parts[0], "Split")
+    sizes = g.values.get(split.input[1]) if split is not None and len(split.input) == 2 else None
+    if sizes is None or list(split.output) != parts or list(sizes) != [h * head_dim for h in heads] \
+            or _attr(split, "axis", 0) != -1 \
+            or any(len(g.consumers.get(t, [])) != 1 or t in g.outputs for t in [*parts, *rows]):
+        return None
+    return split.input[0], gathers[0]
 
 
 def _rotation(g: _Graph, reshaped):
@@ -467,6 +536,14 @@ def _drop_dead_nodes(graph) -> None:
             return
         del graph.node[:]
         graph.node.extend(live)
+
+
+def _shape(value_info) -> list | None:
+    """A value's dims as the graph declares them (sizes, or names of symbolic ones), None where it declares none."""
+    if value_info is None or not value_info.type.tensor_type.HasField("shape"):
+        return None
+    dims = [d.dim_value or d.dim_param or None for d in value_info.type.tensor_type.shape.dim]
+    return None if None in dims else dims
 
 
 def _dim(value_info, axis: int) -> int:

@@ -200,7 +200,9 @@ class _Packer:
         kept = [t for t in graph.initializer if t.name in used or t.name not in self.replaced]  # (ONNX Runtime warns
         del graph.initializer[:]  # of an initializer nothing reads)
         graph.initializer.extend(kept + [numpy_helper.from_array(v, k) for k, v in self.consts.items() if k in used])
-        kept = [v for v in graph.value_info if v.name not in self.packed]  # a packed tensor's shape changed
+        # a packed tensor has a name of its own (and no declared shape): a name still made keeps its shape
+        made = {o for n in graph.node for o in n.output}
+        kept = [v for v in graph.value_info if v.name in made]
         del graph.value_info[:]
         graph.value_info.extend(kept)
 

@@ -83,8 +83,9 @@ def test_a_step_writes_its_new_kv_into_the_runtime_cache_where_the_sequences_end
 
     layers = inplace_pipe.target.entry.num_layers
     # ONNX Runtime runs each layer's TensorScatter and Attention nodes as one GroupQueryAttention kernel, which
-    # rotates q and k itself (runtime/backends/ort_fusions.py)
+    # rotates q and k itself and reads them packed, as the merged projection's rows (runtime/backends/ort_fusions.py)
     assert inplace_pipe.target.grouped_attention == inplace_pipe.target.kernel_rotary == layers
+    assert inplace_pipe.target.packed_qkv == layers
     plain, graph = pipelines["ort"].target.runner(), inplace_pipe.target.runner()
     caches = [r.new_cache(2) for r in (plain, graph)]
     for cache in caches:
@@ -148,7 +149,8 @@ def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bun
     monkeypatch.setattr(fusions, "fuse_grouped_attention", refused)
     with pytest.warns(RuntimeWarning, match="refused .*GroupQueryAttention .*: loading it as exported"):
         pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="inplace")
-    assert pipe.target.grouped_attention == pipe.target.kernel_rotary == 0 and pipe.target.grouped_attention_refused
+    assert pipe.target.grouped_attention == pipe.target.kernel_rotary == pipe.target.packed_qkv == 0
+    assert pipe.target.grouped_attention_refused
     prompts = [[5, 9, 200, 31, 7] * 4, [11, 12, 13]]
     want = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=12)]
     assert [o.token_ids for o in pipe.generate(prompts, method="sd", max_new_tokens=12, batch_size=2)] == want

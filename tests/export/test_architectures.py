@@ -111,6 +111,9 @@ def test_the_in_graph_kv_update_decodes_the_checkpoints_tokens(tmp_path, kind, e
     assert pipe.target.grouped_attention == pipe.draft.grouped_attention == 2  # both layers of both models
     # the kernel rotates whole heads (partial RoPE stays in the graph)
     assert pipe.target.kernel_rotary == (0 if kind == "phi4-mini" else 2)
+    # q, k and v read as the merged projection's rows, biases merged too (Qwen2); not where q and k are normed
+    # after their projection (Qwen3, OLMo 2) or the checkpoint projects them as one (Phi-4-mini)
+    assert pipe.target.packed_qkv == (0 if kind in ("qwen3", "olmo2", "phi4-mini") else 2)
     ids = [p[0].tolist() for p in prompts]
     for method in ("autoregressive", "sd", "tree", "anpd"):
         for batch_size in (1, 2):

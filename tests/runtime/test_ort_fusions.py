@@ -58,8 +58,8 @@ def test_the_fused_graph_computes_what_the_step_graph_does(demo_bundle, role, pa
     assert (norms, skips) == (2 * entry.num_layers + 1, 2 * entry.num_layers)
     assert (ops["SimplifiedLayerNormalization"], ops["SkipSimplifiedLayerNormalization"]) == (1, 2 * entry.num_layers)
     assert ops["Reciprocal"] == ops["Pow"] == 0
-    assert merged == 3 * entry.num_layers  # q, k, v into one; gate, up into one
-    assert ops["Split"] == 2 * entry.num_layers
+    assert merged == 2 * entry.num_layers  # q, k, v into one; a float MLP's gate and up stay apart
+    assert ops["Split"] == entry.num_layers
     plain, fast = _session(model), _session(fused)
     feed = _feed(plain)
     for name, want, got in zip([o.name for o in plain.get_outputs()], plain.run(None, feed), fast.run(None, feed)):
@@ -103,11 +103,42 @@ def test_merged_weights_of_an_external_data_graph_are_given_to_the_session(tmp_p
     entry = manifest.models["target"]
     model = onnx.load(str(tmp_path / "b" / entry.onnx), load_external_data=False)
     merged, arrays = fuse_projections(model, tmp_path / "b", inline=False)
-    assert merged == 3 * entry.num_layers and len(arrays) == 2 * entry.num_layers
+    assert merged == 2 * entry.num_layers and len(arrays) == entry.num_layers
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer if t.name in arrays)
     external = Pipeline.load(tmp_path / "b", threads=1)
-    assert external.target.merged_matmuls == 3 * entry.num_layers
+    assert external.target.merged_matmuls == 2 * entry.num_layers
     inline = Pipeline.load(demo_bundle, threads=1)
     prompts = [[5, 9, 200, 31, 7] * 4, [11, 12, 13]]
     want = [o.token_ids for o in inline.generate(prompts, method="autoregressive", max_new_tokens=16)]
     assert [o.token_ids for o in external.generate(prompts, method="autoregressive", max_new_tokens=16)] == want
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_projections_merge_with_their_biases_and_a_pair_stays_apart(with_bias):
+    """Three MatMuls reading one input merge into one, their biases (added right after, as Qwen2's q, k and v) into
+    one Add before the Split; a pair reading another input (an MLP's gate and up) stays two MatMuls."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    widths, inits, nodes, outs = (8, 4, 4), [], [], []
+    for i, n in enumerate(widths + (6, 6)):
+        x, w = ("x" if i < 3 else "h"), f"w{i}"
+        inits.append(numpy_helper.from_array(rng.standard_normal((5, n)).astype(np.float32), w))
+        nodes.append(helper.make_node("MatMul", [x, w], [f"m{i}"]))
+        out = f"m{i}"
+        if with_bias and i < 3:
+            inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), f"b{i}"))
+            nodes.append(helper.make_node("Add", [f"b{i}", out] if i == 1 else [out, f"b{i}"], [f"y{i}"]))
+            out = f"y{i}"
+        outs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+    inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, 5]) for x in ("x", "h")]
+    model = helper.make_model(helper.make_graph(nodes, "projections", inputs, outs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    merged = onnx.ModelProto()
+    merged.CopyFrom(model)
+    assert fuse_projections(merged, None, inline=True) == (2, {})
+    ops = collections.Counter(n.op_type for n in merged.graph.node)
+    assert (ops["MatMul"], ops["Split"], ops["Add"]) == (3, 1, int(with_bias))
+    feed = {"x": rng.standard_normal((7, 5)).astype(np.float32), "h": rng.standard_normal((7, 5)).astype(np.float32)}
+    for want, got in zip(_session(model).run(None, feed), _session(merged).run(None, feed)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
