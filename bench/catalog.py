@@ -18,7 +18,8 @@ VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: me
          "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
          "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted"),
          "load": ("LoadBenchConfig", "Start-up: fresh process to first token"),
-         "serve": ("ServeBenchConfig", "Serving: a real Triton server against the same load in process")}
+         "serve": ("ServeBenchConfig", "Serving: a real Triton server against the same load in process"),
+         "fusions": ("FusionsConfig", "Load-time fusions: the step by the projections merged")}
 
 
 # -- commands --------------------------------------------------------------------------------------

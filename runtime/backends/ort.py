@@ -33,9 +33,12 @@ import numpy as np
 
 from specrt import contract
 from specrt.bundle.manifest import ModelEntry
-from specrt.errors import BundleError
+from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend
 from specrt.runtime.kv_cache import CacheRows, StorePool
+
+
+PROJECTIONS = ("qkv", "all", "none")  # OrtBackend's merges of the weight MatMuls that read one input
 
 
 class _GrowingBuffer:
@@ -79,11 +82,16 @@ class OrtBackend(Backend):
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
-                 kv_update: str = "runtime"):
+                 kv_update: str = "runtime", projections: str = "qkv"):
+        """projections: which weight MatMuls reading one input are merged (ort_fusions.fuse_projections): "qkv" (q, k
+        and v; a weight-only variant's gate and up too), "all" (a float MLP's gate and up too) or "none"; `specrt
+        bench fusions` times them against each other."""
         import onnxruntime as ort
 
+        if projections not in PROJECTIONS:
+            raise InvalidRequestError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
-        self.kv_update = kv_update
+        self.kv_update, self.projections = kv_update, projections
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
         # steps on the same cores, so its pool must not spin (spinning draft threads take the cores the target's
@@ -149,7 +157,9 @@ class OrtBackend(Backend):
         self.fused_norms = fuse_rms_norms(model)
         if self.fused_norms:
             fuse_skip_norms(model)
-        self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external)
+        self.merged_matmuls, merged = fuse_projections(model, onnx_path.parent, inline=not external,
+                                                       pairs=self.projections == "all") \
+            if self.projections != "none" else (0, {})
         if grouped and grouped_attention_available():
             self.grouped_attention, self.kernel_rotary, self.packed_qkv = fuse_grouped_attention(
                 model, self.entry.num_heads, self.entry.max_positions, onnx_path.parent)

@@ -177,13 +177,14 @@ def _attr(node, name: str, default=None):
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
-def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, np.ndarray]]:
+def fuse_projections(model, weights_dir, inline: bool, pairs: bool = False) -> tuple[int, dict[str, np.ndarray]]:
     """Rewrite each set of weight MatMuls that read one input (a layer's q, k and v projections; its gate and up)
     into one over the weights side by side and a Split, in place: one dispatch and one pass over the input instead
     of one each. Float MatMuls with weights [K, N_i] are joined on N where three or more read the input (q, k and
-    v: a pair, the MLP's gate and up, runs faster as two; see the module's doc), and so are their biases where each
-    is added right after (Qwen2's q, k and v); MatMulNBits nodes (the int8/int4 weight variants) of one K, bit width
-    and block size are joined in any number, their packed weights, scales and zero points all leading with N.
+    v: a pair, the MLP's gate and up, runs faster as two, see the module's doc; `pairs` merges those too), and so are
+    their biases where each is added right after (Qwen2's q, k and v); MatMulNBits nodes (the int8/int4 weight
+    variants) of one K, bit width and block size are joined in any number, their packed weights, scales and zero
+    points all leading with N.
     Returns (the number of nodes merged away, the merged initializers by name): with `inline` they are the graph's
     own and the dict is empty; else the graph declares them as external data in no file, for the session to be given
     with SessionOptions.add_external_initializers (a graph of external weights is not reserialized with hundreds of
@@ -203,7 +204,7 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
             groups.setdefault(key, []).append(node)
     replaced, arrays, merged = {}, {}, 0
     for (source, op, *_), nodes in groups.items():
-        if len(nodes) < (3 if op == "MatMul" else 2):
+        if len(nodes) < (3 if op == "MatMul" and not pairs else 2):
             continue
         name = f"{PREFIX}merged/{nodes[0].output[0]}"
         axis = 1 if op == "MatMul" else 0  # MatMul's weight is [K, N]; every MatMulNBits constant leads with N
@@ -248,7 +249,8 @@ def fuse_projections(model, weights_dir, inline: bool) -> tuple[int, dict[str, n
 
 
 def _bias(matmul, width: int, inits, consumers, outputs) -> tuple | None:
-    """(the Add, its bias's name) where the MatMul's output is read only by an Add of a float bias [width], else None."""
+    """(the Add, its bias's name) where the MatMul's output is read only by an Add of a float bias [width], else
+    None."""
     users = consumers.get(matmul.output[0], [])
     if len(users) != 1 or users[0].op_type != "Add" or matmul.output[0] in outputs:
         return None
@@ -312,20 +314,20 @@ def grouped_attention_available() -> bool:
 
 
 def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_dir) -> tuple[int, int, int]:
-    """Rewrite each layer of an in-graph step graph (InPlaceStepModule: two TensorScatter nodes writing the new K/V
-    into the cache at write_indices, then ONNX's Attention over the whole cache under the slot mask) into one
+    """Rewrite each layer of an in-graph step graph (InPlaceStepModule: two TensorScatter nodes writing the new K/V into
+    the cache at write_indices, then ONNX's Attention over the whole cache under the slot mask) into one
     GroupQueryAttention (com.microsoft, ONNX Runtime >= 1.32's right-padded query chunks), in place; returns (the
-    layers rewritten, those of them whose q and k the kernel rotates, those whose q, k and v it reads packed). The kernel writes the new rows into
-    past_key/past_value where they are bound to the same memory as present_key/present_value (as OrtBackend binds
-    them) and attends to each sequence's slots up to its last new row only, not to the whole capacity:
-    seqlens_k = write_indices + T - 1, every one of the T rows valid (query_seqlens = T), the slot mask an additive
-    bias over the capacity (total_sequence_length), under the kernel's causal mask, which a step's mask never
-    crosses (no token sees a later row of its step).
+    layers rewritten, those of them whose q and k the kernel rotates, those whose q, k and v it reads packed). The
+    kernel writes the new rows into past_key/past_value where they are bound to the same memory as
+    present_key/present_value (as OrtBackend binds them) and attends to each sequence's slots up to its last new row
+    only, not to the whole capacity: seqlens_k = write_indices + T - 1, every one of the T rows valid (query_seqlens
+    = T), the slot mask an additive bias over the capacity (total_sequence_length), under the kernel's causal mask,
+    which a step's mask never crosses (no token sees a later row of its step).
 
-    Where a layer rotates its whole q and k by rotate_half (StepLayer's _rope), the kernel rotates them too, at
-    the step's own position_ids (a tree's rows at their depths), from cos/sin tables over `max_positions` that the
-    graph's own rotary subgraph computes here once: the layer's rotation nodes, reshapes and transposes go.
-    Only float32 graphs: there the kernel computes as Attention's softmax_precision asks."""
+    Where a layer rotates its whole q and k by rotate_half (StepLayer's _rope), the kernel rotates them too, at the
+    step's own position_ids (a tree's rows at their depths), from cos/sin tables over `max_positions` that the
+    graph's own rotary subgraph computes here once: the layer's rotation nodes, reshapes and transposes go. Only
+    float32 graphs: there the kernel computes as Attention's softmax_precision asks."""
     from onnx import helper, numpy_helper
 
     from specrt import contract

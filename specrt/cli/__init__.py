@@ -302,6 +302,8 @@ BENCH_VERBS = {
     "serve": ("serve", "ServeBenchConfig", "run_serve", "concurrent clients over a real Triton server against the same "
                                                         "load in process and served one request at a time: "
                                                         "throughput, time to first token, inter-token latency"),
+    "fusions": ("fusions", "FusionsConfig", "run_fusions", "the target's step by the ort backend's projection merges "
+                                                           "(q/k/v, gate/up, none), interleaved in one run"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }
