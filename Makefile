@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers peers soak docs clean
+.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -161,6 +161,18 @@ bench-peers: $(STAMP)
 	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers --num-prompts 5 --threads $(THREADS) \
 		--kv-update inplace --methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
+		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
+
+# The same with 8-bit weights on every side: our in-graph graphs' int8-weights twin against ORT GenAI's int8 model and
+# llama.cpp's Q8_0 (the plan is left to the float32 rows above: no `auto` row here).
+bench-peers-int8: $(STAMP)
+	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
+	test -f build/inflated/bundle/inplace.json || $(BIN)/specrt inplace --bundle build/inflated/bundle
+	$(BIN)/specrt quantize --bundle build/inflated/bundle --scheme int8-weights --kv-update inplace
+	$(BIN)/specrt profile --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --threads $(THREADS) \
+		--batch-sizes 1 --contexts 512
+	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers-int8 --num-prompts 5 \
+		--threads $(THREADS) --quant int8-weights --kv-update inplace --methods autoregressive,sd,anpd-hw,dynamic-ngram \
 		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).

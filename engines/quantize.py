@@ -58,7 +58,7 @@ import numpy as np
 
 from specrt import contract
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import QuantSet, QuantVariant, Stamp
+from specrt.bundle.artifacts import InPlaceGraphs, QuantSet, QuantVariant, Stamp
 from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, sha256_file
 from specrt.config import option
 from specrt.errors import BundleError, InvalidRequestError, SpecrtError
@@ -72,8 +72,10 @@ BLOCK = 32  # weights per quantization block (int8-weights, int4-weights)
 ZERO_POINT = 128  # dynamic-int8: the uint8 activation that stands for 0
 WEIGHT_LEVELS = 63  # dynamic-int8: weights in -63..63 (7 bits; see above)
 QUANT_DIR = "quant"
+IN_GRAPH_DIR = "inplace"  # quant/<scheme>/inplace/: the scheme's twins of the in-graph step graphs
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")  # onnxruntime.quantization.CalibrationMethod's
 KEEP_ROLES = ("down", "head")  # projections --keep leaves in float
+UNCALIBRATED = ("int8-weights", "int4-weights", "dynamic-int8")  # the schemes that never run the graph
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,15 @@ class QuantizeConfig(BundleOptions):
     calibration_method: str = option("minmax", "static-int8, int8-qdq: activation ranges from the extremes seen "
                                                "(minmax), a histogram's 99.999th percentile (percentile) or its "
                                                "entropy-optimal clip (entropy)", choices=CALIBRATION_METHODS)
+    kv_update: str = option("runtime", "runtime: quantize the exported step graphs; inplace: their in-graph variants "
+                                       "(`specrt inplace`; schemes without calibration), run with --kv-update inplace",
+                            choices=("runtime", "inplace"))
 
     def __post_init__(self):
         super().__post_init__()
+        if self.kv_update == "inplace" and self.scheme not in UNCALIBRATED:
+            raise InvalidRequestError(f"--scheme {self.scheme} calibrates on the exported step graphs' steps: quantize "
+                                      f"the in-graph variants with one of {', '.join(UNCALIBRATED)}")
         if any(r not in KEEP_ROLES for r in self.keep) or len(set(self.keep)) < len(self.keep):
             raise InvalidRequestError(f"--keep takes each of {', '.join(KEEP_ROLES)} at most once, got "
                                       f"{','.join(self.keep)}")
@@ -294,29 +302,37 @@ def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:
                               "8-bit kernels take float32 activations)")
     tok = Tokenizer.from_file(str(bundle / manifest.tokenizer / "tokenizer.json"))
     encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
-    previous = {}
+    previous = QuantSet(stamp=Stamp.make(bundle), variants={})
     if (bundle / QuantSet.FILE).is_file():
         try:
-            previous = artifacts.load(bundle, QuantSet).variants
+            previous = artifacts.load(bundle, QuantSet)
         except BundleError:
-            previous = {}  # made for another export: its variants are stale
-    scheme_dir = bundle / QUANT_DIR / cfg.scheme
+            pass  # made for another export: its variants are stale
+    sources = {role: e.onnx for role, e in entries.items()}
+    relative = f"{QUANT_DIR}/{cfg.scheme}"
+    if cfg.kv_update == "inplace":  # the in-graph variants, checked against inplace.json (Pipeline.load does the same)
+        in_graph = artifacts.load(bundle, InPlaceGraphs).graphs
+        missing = [role for role in roles if role not in in_graph]
+        if missing:
+            raise BundleError(f"{bundle} has no in-graph step graph of its {' and '.join(missing)}: run "
+                              f"`specrt inplace --bundle {bundle}` first")
+        sources, relative = {role: in_graph[role].file for role in roles}, f"{relative}/{IN_GRAPH_DIR}"
+    scheme_dir = bundle / relative
     staging = bundle / QUANT_DIR / f".{cfg.scheme}-{int(time.time() * 1e6)}"
     staging.mkdir(parents=True)
     made = {}
     try:
         for role in tqdm(roles, desc=f"quantize ({cfg.scheme})", unit="model", disable=not progress):
-            e = entries[role]
-            made[role] = quantize_graph(bundle / e.onnx, staging / f"{role}.onnx", e, cfg, encode)
+            made[role] = quantize_graph(bundle / sources[role], staging / f"{role}.onnx", entries[role], cfg, encode)
         scheme_dir.mkdir(parents=True, exist_ok=True)
         for role, v in made.items():  # the scheme's other models stay as they were
             for f in staging.glob(f"{role}.onnx*"):
                 f.replace(scheme_dir / f.name)
-            made[role] = replace(v, file=f"{QUANT_DIR}/{cfg.scheme}/{role}.onnx")
+            made[role] = replace(v, file=f"{relative}/{role}.onnx")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    variants = {k: dict(v) for k, v in previous.items()}
-    variants.setdefault(cfg.scheme, {}).update(made)
-    result = QuantSet(stamp=Stamp.make(bundle), variants=variants)
+    sets = {k: {s: dict(v) for s, v in getattr(previous, k).items()} for k in ("variants", "in_graph")}
+    sets["in_graph" if cfg.kv_update == "inplace" else "variants"].setdefault(cfg.scheme, {}).update(made)
+    result = QuantSet(stamp=Stamp.make(bundle), **sets)
     artifacts.save(bundle, result)
     return result

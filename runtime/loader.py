@@ -141,9 +141,6 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
     if backend != "ort":
         raise InvalidRequestError(f"the in-graph KV update (kv_update='inplace') runs on the ort backend (and trt, "
                                   f"built with --kv-update inplace), not {backend!r}")
-    if quant is not None:
-        raise InvalidRequestError(f"quantized step graphs (quant={quant!r}) update the KV cache in the runtime: load "
-                                  "them without kv_update='inplace'")
     graphs = artifacts.load(bundle, InPlaceGraphs).graphs
     missing = [role for role in ("target", "draft") if role not in graphs]
     if missing:
@@ -153,6 +150,8 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
         if verify_files(bundle, {g.file: g.sha256}, verify) or not (bundle / g.file).is_file():
             raise BundleError(f"{bundle / g.file} is missing or changed since `specrt inplace` wrote it: re-run "
                               f"`specrt inplace --bundle {bundle}`")
+    if quant is not None:  # its quantized twin (`specrt quantize --kv-update inplace`), made from these graphs
+        return artifacts.load(bundle, QuantSet).graphs(bundle, quant, verify, {r: g.sha256 for r, g in graphs.items()})
     return {role: g.file for role, g in graphs.items()}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -37,20 +37,31 @@ class QuantSet(Artifact):
     COMMAND: ClassVar[str] = "specrt quantize --bundle {bundle}"
 
     variants: dict[str, dict[str, QuantVariant]]  # scheme -> role -> variant
+    # the same of the in-graph step graphs (`specrt inplace`; `specrt quantize --kv-update inplace`), each made from
+    # the graph inplace.json names (source_sha256)
+    in_graph: dict[str, dict[str, QuantVariant]] = field(default_factory=dict)
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
         scheme = f" --scheme {machine.quant}" if machine and machine.quant else ""
         return f"specrt quantize --bundle {bundle}{scheme}"
 
-    def graphs(self, bundle: Path, scheme: str, verify: bool | str = True) -> dict[str, str]:
+    def graphs(self, bundle: Path, scheme: str, verify: bool | str = True, sources: dict[str, str] | None = None
+               ) -> dict[str, str]:
         """role -> the step graph (relative to the bundle) of variant `scheme`, refused where it is missing or
-        (verify) changed since `specrt quantize` wrote it."""
-        if scheme not in self.variants:
-            raise BundleError(f"{bundle} has no {scheme} variant (it has: {', '.join(sorted(self.variants)) or 'none'}): "
-                              f"run `specrt quantize --bundle {bundle} --scheme {scheme}`")
-        for v in self.variants[scheme].values():
+        (verify) changed since `specrt quantize` wrote it. With `sources` (role -> the sha256 of each in-graph step
+        graph, inplace.json's), the variant of the in-graph graphs, refused where it was made from other ones."""
+        variants = self.variants if sources is None else self.in_graph
+        redo = f"specrt quantize --bundle {bundle} --scheme {scheme}" + ("" if sources is None else " --kv-update inplace")
+        if scheme not in variants:
+            what = "" if sources is None else " in-graph"
+            raise BundleError(f"{bundle} has no{what} {scheme} variant (it has: {', '.join(sorted(variants)) or 'none'}): "
+                              f"run `{redo}`")
+        for role, v in variants[scheme].items():
             if verify_files(bundle, {v.file: v.sha256}, verify) or not (Path(bundle) / v.file).is_file():
                 raise BundleError(f"{Path(bundle) / v.file} is missing or changed since `specrt quantize` wrote it: "
-                                  f"re-run `specrt quantize --bundle {bundle} --scheme {scheme}`")
-        return {role: v.file for role, v in self.variants[scheme].items()}
+                                  f"re-run `{redo}`")
+            if sources is not None and sources.get(role) != v.source_sha256:
+                raise BundleError(f"{Path(bundle) / v.file} was quantized from an earlier in-graph {role} graph "
+                                  f"(`specrt inplace` made it again since): re-run `{redo}`")
+        return {role: v.file for role, v in variants[scheme].items()}

@@ -118,11 +118,13 @@ def cmd_quantize(args) -> None:
 
     cfg = config_from(QuantizeConfig, args)
     q = quantize(cfg)
-    for role, v in q.variants[cfg.scheme].items():
+    in_graph = cfg.kv_update == "inplace"
+    for role, v in (q.in_graph if in_graph else q.variants)[cfg.scheme].items():
         if role == cfg.model or cfg.model == "both":
             print(f"{role}: {v.file}, {v.quantized_nodes} weight MatMuls quantized, {v.source_bytes / 2**20:.1f} -> "
                   f"{v.bytes / 2**20:.1f} MiB in {v.seconds:.1f} s")
-    print(f"wrote {cfg.bundle}/quant.json (run it with --quant {cfg.scheme})")
+    print(f"wrote {cfg.bundle}/quant.json (run it with --quant {cfg.scheme}"
+          f"{' --kv-update inplace' if in_graph else ''})")
 
 
 def cmd_inplace(args) -> None:

@@ -207,3 +207,48 @@ def test_bench_e2e_runs_in_graph_rows_beside_the_runtime_ones(inplace_bundle, tm
     assert rows["sd (in-graph)"]["tokens_per_target_call"] == rows["sd"]["tokens_per_target_call"]
     with pytest.raises(SpecrtError, match="in-graph row 'anpd' is not one of this run's rows"):
         E2EConfig(bundle=inplace_bundle, methods=("sd",), in_graph=("anpd",))
+
+
+def test_a_quantized_twin_of_the_in_graph_graphs_decodes_the_quantized_exported_graphs_tokens(inplace_bundle,
+                                                                                             tmp_path, capsys):
+    """`specrt quantize --kv-update inplace`: the in-graph graphs' int8-weights twin, recorded beside the exported
+    graphs' variant and checked against the in-graph graphs it was made from, computes what the exported graphs'
+    variant does: the same tokens for every lossless method, through the GroupQueryAttention kernel."""
+    from specrt.bundle.artifacts import QuantSet
+    from specrt.bundle.manifest import sha256_file
+    from specrt.cli import main
+    from specrt.engines.quantize import QuantizeConfig, quantize
+    from specrt.export.inplace import InPlaceConfig, in_place
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(inplace_bundle, b)
+    with pytest.raises(BundleError, match="has no quant.json|no quant.json"):
+        Pipeline.load(b, kv_update="inplace", quant="int8-weights")
+    quantize(QuantizeConfig(bundle=b, scheme="int8-weights"), progress=False)
+    with pytest.raises(BundleError, match="has no in-graph int8-weights variant .*--kv-update inplace`"):
+        Pipeline.load(b, kv_update="inplace", quant="int8-weights")
+    assert main(["quantize", "--bundle", str(b), "--kv-update", "inplace", "--scheme", "int8-weights"]) == 0
+    assert "run it with --quant int8-weights --kv-update inplace" in capsys.readouterr().out
+    q = artifacts.load(b, QuantSet)
+    graphs = artifacts.load(b, InPlaceGraphs).graphs
+    assert sorted(q.variants) == sorted(q.in_graph) == ["int8-weights"]  # the exported graphs' variant is kept
+    for role, v in q.in_graph["int8-weights"].items():
+        assert v.file == f"quant/int8-weights/inplace/{role}.onnx" and v.source_sha256 == graphs[role].sha256
+        assert sha256_file(b / v.file) == v.sha256 and v.bytes < v.source_bytes
+    exported = Pipeline.load(b, threads=2, quant="int8-weights")
+    twin = Pipeline.load(b, threads=2, kv_update="inplace", quant="int8-weights")
+    layers = twin.target.entry.num_layers
+    assert twin.target.grouped_attention == twin.target.packed_qkv == layers  # q, k, v of one MatMulNBits
+    prompts = [[5, 9, 200, 31, 7] * 4, [11, 12, 13]]
+    want = [o.token_ids for o in exported.generate(prompts, method="autoregressive", max_new_tokens=16)]
+    for method in ("autoregressive", "sd", "anpd"):
+        for batch_size in (1, 2):
+            got = twin.generate(prompts, method=method, max_new_tokens=16, batch_size=batch_size)
+            assert [o.token_ids for o in got] == want, (method, batch_size)
+    with pytest.raises(InvalidRequestError, match="--scheme static-int8 calibrates on the exported step graphs"):
+        QuantizeConfig(bundle=b, scheme="static-int8", kv_update="inplace")
+    # the in-graph draft made again, its weights in a file beside it this time (another graph file): its twin is stale
+    in_place(InPlaceConfig(bundle=b, model="draft", external_data="always"), progress=False)
+    with pytest.raises(BundleError, match="quantized from an earlier in-graph draft graph .*--kv-update inplace`"):
+        Pipeline.load(b, kv_update="inplace", quant="int8-weights")
