@@ -310,7 +310,7 @@ def quantize(cfg: QuantizeConfig, progress: bool = True) -> QuantSet:
             pass  # made for another export: its variants are stale
     sources = {role: e.onnx for role, e in entries.items()}
     relative = f"{QUANT_DIR}/{cfg.scheme}"
-    if cfg.kv_update == "inplace":  # the in-graph variants, checked against inplace.json (Pipeline.load does the same)
+    if cfg.kv_update == "inplace":  # the in-graph variants inplace.json names (each twin records its source's sha256)
         in_graph = artifacts.load(bundle, InPlaceGraphs).graphs
         missing = [role for role in roles if role not in in_graph]
         if missing:

@@ -150,9 +150,12 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
         if verify_files(bundle, {g.file: g.sha256}, verify) or not (bundle / g.file).is_file():
             raise BundleError(f"{bundle / g.file} is missing or changed since `specrt inplace` wrote it: re-run "
                               f"`specrt inplace --bundle {bundle}`")
-    if quant is not None:  # its quantized twin (`specrt quantize --kv-update inplace`), made from these graphs
-        return artifacts.load(bundle, QuantSet).graphs(bundle, quant, verify, {r: g.sha256 for r, g in graphs.items()})
-    return {role: g.file for role, g in graphs.items()}
+    files = {role: g.file for role, g in graphs.items()}
+    if quant is not None:  # the quantized twins (`specrt quantize --kv-update inplace`) made from these graphs; a model
+        # without one runs its float in-graph graph, as a model without a variant runs its exported graph
+        sources = {role: g.sha256 for role, g in graphs.items()}
+        files.update(artifacts.load(bundle, QuantSet).graphs(bundle, quant, verify, sources))
+    return files
 
 
 def _check_quant(backend: str, quant: str | None) -> None:

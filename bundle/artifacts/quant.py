@@ -19,7 +19,7 @@ class QuantVariant:
     file: str  # relative to the bundle
     bytes: int  # of the graph and its external data
     sha256: str  # of the graph file
-    source_sha256: str  # of the step graph it was made from (the manifest's)
+    source_sha256: str  # of the step graph it was made from (the manifest's; an in-graph twin's: inplace.json's)
     source_bytes: int
     quantized_nodes: int  # MatMul nodes with 8-bit weights
     seconds: float
@@ -52,11 +52,11 @@ class QuantSet(Artifact):
         (verify) changed since `specrt quantize` wrote it. With `sources` (role -> the sha256 of each in-graph step
         graph, inplace.json's), the variant of the in-graph graphs, refused where it was made from other ones."""
         variants = self.variants if sources is None else self.in_graph
-        redo = f"specrt quantize --bundle {bundle} --scheme {scheme}" + ("" if sources is None else " --kv-update inplace")
+        redo = f"specrt quantize --bundle {bundle} --scheme {scheme}"
+        redo += "" if sources is None else " --kv-update inplace"
         if scheme not in variants:
-            what = "" if sources is None else " in-graph"
-            raise BundleError(f"{bundle} has no{what} {scheme} variant (it has: {', '.join(sorted(variants)) or 'none'}): "
-                              f"run `{redo}`")
+            what, have = "" if sources is None else " in-graph", ", ".join(sorted(variants)) or "none"
+            raise BundleError(f"{bundle} has no{what} {scheme} variant (it has: {have}): run `{redo}`")
         for role, v in variants[scheme].items():
             if verify_files(bundle, {v.file: v.sha256}, verify) or not (Path(bundle) / v.file).is_file():
                 raise BundleError(f"{Path(bundle) / v.file} is missing or changed since `specrt quantize` wrote it: "

@@ -14,8 +14,9 @@ the weight, which the kernel would round differently.
 `fuse_projections` merges the MatMuls that read one input (q, k, v; gate and up of the weight-only variants) into
 one over their weights side by side: at one token a step is a chain of matrix-vector products, and each dispatch
 costs its own thread-pool round (ONNX Runtime GenAI's builder emits q, k and v as one MatMul too). A float MLP's gate
-and up stay two MatMuls, as that builder leaves them: on 2 AVX2 cores the merged [768, 6144] MatMul and the Split of
-its output ran slower at 1, 4 and 8 tokens than the two [768, 3072] ones (docs/benchmarks.md).
+and up stay two MatMuls, as that builder leaves them: on 2 AVX2 cores the inflated target's in-graph step ran its
+one-token step 1.07x slower with them merged (`specrt bench fusions`, which times the choices on any machine;
+docs/benchmarks.md).
 
 `fuse_grouped_attention` runs each layer of an in-graph step graph (`specrt inplace`) by GroupQueryAttention, the
 kernel ONNX Runtime GenAI's models attend with: it writes the new K/V into the bound cache and reads each sequence's

@@ -228,6 +228,12 @@ def test_a_quantized_twin_of_the_in_graph_graphs_decodes_the_quantized_exported_
     quantize(QuantizeConfig(bundle=b, scheme="int8-weights"), progress=False)
     with pytest.raises(BundleError, match="has no in-graph int8-weights variant .*--kv-update inplace`"):
         Pipeline.load(b, kv_update="inplace", quant="int8-weights")
+    # the target's twin alone: the draft runs its float in-graph graph (its q, k, v merged; the twin's gate/up too)
+    quantize(QuantizeConfig(bundle=b, scheme="int8-weights", kv_update="inplace", model="target"), progress=False)
+    half = Pipeline.load(b, threads=1, kv_update="inplace", quant="int8-weights")
+    assert (half.target.merged_matmuls, half.draft.merged_matmuls) == (3 * half.target.entry.num_layers,
+                                                                       2 * half.draft.entry.num_layers)
+    assert half.draft.grouped_attention == half.draft.entry.num_layers
     assert main(["quantize", "--bundle", str(b), "--kv-update", "inplace", "--scheme", "int8-weights"]) == 0
     assert "run it with --quant int8-weights --kv-update inplace" in capsys.readouterr().out
     q = artifacts.load(b, QuantSet)
