@@ -56,16 +56,17 @@ def readme_table(results_dir: Path, readme: Path, page_path: Path) -> str:
 
 
 def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, str, dict]]:
-    """The latest result (by date and time, then name) of each verb in README_VERBS, on a GPU and on the CPU apart."""
+    """The latest result (by date and time, then name) of each verb in README_VERBS, on a GPU and on the CPU apart,
+    and of the exported weights and each quantized variant apart (a run with --quant does not hide the float one)."""
     latest = {}
     for path, verb, data in results:
         gpu = (data.get("roofline") or {}).get("device", "cpu") != "cpu"
-        key = (verb, not gpu)  # GPU rows first
+        key = (verb, not gpu, (data.get("config") or {}).get("quant") or "")  # GPU rows first, then float weights
         when = (data.get("date", ""), data.get("time", ""), path.name)
         if verb in README_VERBS and (key not in latest or when >= (latest[key][2].get("date", ""),
                                                                  latest[key][2].get("time", ""), latest[key][0].name)):
             latest[key] = (path, verb, data)
-    return [latest[k] for k in sorted(latest, key=lambda k: (README_VERBS.index(k[0]), k[1]))]
+    return [latest[k] for k in sorted(latest, key=lambda k: (README_VERBS.index(k[0]), *k[1:]))]
 
 
 def run_docs(cfg: DocsConfig) -> str:
