@@ -168,7 +168,8 @@ bench-peers: $(STAMP)
 bench-peers-int8: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/inplace.json || $(BIN)/specrt inplace --bundle build/inflated/bundle
-	$(BIN)/specrt quantize --bundle build/inflated/bundle --scheme int8-weights --kv-update inplace
+	test -f build/inflated/bundle/quant/int8-weights/inplace/target.onnx || \
+		$(BIN)/specrt quantize --bundle build/inflated/bundle --scheme int8-weights --kv-update inplace
 	$(BIN)/specrt profile --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --threads $(THREADS) \
 		--batch-sizes 1 --contexts 512
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers-int8 --num-prompts 5 \
