@@ -19,7 +19,7 @@ lengths[b] + j), binds write_indices = the lengths, and binds each present_key/p
 same memory as its past input, so ONNX Runtime's TensorScatter writes the new K/V into the runtime's cache in
 place. The step returns CacheRows: the runtime then commits the accepted rows where they already are. Where this
 ONNX Runtime has it (1.32), each layer's TensorScatter and Attention nodes run as one GroupQueryAttention kernel
-(ort_fusions.fuse_grouped_attention), which writes in place the same way and reads only the slots up to each
+(ort_attention.fuse_grouped_attention), which writes in place the same way and reads only the slots up to each
 sequence's end.
 """
 
@@ -75,7 +75,7 @@ class OrtBackend(Backend):
     name = "ort"
     fused_norms = 0  # RMSNorms fused into ONNX Runtime's SimplifiedLayerNormalization kernel (ort_fusions.py)
     merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
-    grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_fusions.py)
+    grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_attention.py)
     kernel_rotary = 0  # of those, the layers whose q and k the kernel rotates
     packed_qkv = 0  # of those, the layers whose q, k and v the kernel reads as one MatMul's rows
     grouped_attention_refused = None  # why ONNX Runtime refused the rewrite (the graph then runs as exported)
@@ -144,8 +144,8 @@ class OrtBackend(Backend):
         import onnx
         import onnxruntime as ort
 
-        from specrt.runtime.backends.ort_fusions import (fuse_grouped_attention, fuse_projections, fuse_rms_norms,
-                                                         fuse_skip_norms, grouped_attention_available)
+        from specrt.runtime.backends.ort_attention import fuse_grouped_attention, grouped_attention_available
+        from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
         from specrt.runtime.backends.packed_rows import pack_rows
 
         try:

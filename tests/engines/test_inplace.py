@@ -134,10 +134,10 @@ def test_lossless_methods_give_autoregressive_tokens_with_the_in_graph_update(in
 def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bundle, pipelines, monkeypatch):
     """Where ONNX Runtime will not load the layers rewritten into GroupQueryAttention, the backend says why and loads
     the in-graph graph as it was exported, which decodes the same tokens."""
-    import specrt.runtime.backends.ort_fusions as fusions
+    import specrt.runtime.backends.ort_attention as attention
     from specrt.runtime.pipeline import Pipeline
 
-    rewrite = fusions.fuse_grouped_attention
+    rewrite = attention.fuse_grouped_attention
 
     def refused(model, *args):
         made = rewrite(model, *args)
@@ -146,7 +146,7 @@ def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bun
                 next(a for a in node.attribute if a.name == "num_heads").i = 0
         return made
 
-    monkeypatch.setattr(fusions, "fuse_grouped_attention", refused)
+    monkeypatch.setattr(attention, "fuse_grouped_attention", refused)
     with pytest.warns(RuntimeWarning, match="refused .*GroupQueryAttention .*: loading it as exported"):
         pipe = Pipeline.load(inplace_bundle, threads=2, kv_update="inplace")
     assert pipe.target.grouped_attention == pipe.target.kernel_rotary == pipe.target.packed_qkv == 0

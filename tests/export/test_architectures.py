@@ -89,7 +89,7 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
                                          ("mistral", {"sliding_window": 8})]])
 def test_the_in_graph_kv_update_decodes_the_checkpoints_tokens(tmp_path, kind, extra):
     """The in-graph step graphs (`specrt inplace`), each layer run by ONNX Runtime's GroupQueryAttention kernel
-    (ort_fusions.fuse_grouped_attention): every lossless method gives the checkpoint's greedy tokens, one at a time
+    (ort_attention.fuse_grouped_attention): every lossless method gives the checkpoint's greedy tokens, one at a time
     and as a ragged batch (tree rows, a sliding window and partial RoPE reach the kernel through its bias and our
     rotated keys)."""
     import torch
