@@ -34,7 +34,7 @@ OURS = ("autoregressive", "sd", "anpd", "anpd-hw", "dynamic", "dynamic-ngram")
 # our rows that are a method with options: anpd as the paper sets it (N = 5, K = 7) and beyond it
 # (anpd-hw: n-gram trees of 2 continuations per node, up to 16 nodes, each round verifying as many as the
 # bundle's latency profile says pay; needs `specrt profile` on this machine); dynamic-ngram: dynamic trees
-# of 8 nodes with up to 7 n-gram drafts merged in; sd-ngram (not a default row): a chain of 5 with the same
+# of 8 nodes with up to 16 n-gram drafts merged in; sd-ngram (not a default row): a chain of 5 with the same
 # n-gram drafts merged in, to tell the n-gram branch's share from the dynamic tree's
 VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
             "dynamic-ngram": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS}),

@@ -207,7 +207,8 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
     if kind == "ngram":
         return f"ANPD: up to {num_nodes} n-gram drafted tokens (no draft model)"
     what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} node{'' if num_nodes == 1 else 's'}"
-    return what + (f" + up to {ngram_tokens} n-gram drafts" if ngram_tokens else "")
+    # a merged tree's n-gram drafts are those that pay each round (runtime.methods.Auto), up to the calibrated number
+    return what + (f" + up to {ngram_tokens} n-gram drafts that pay" if ngram_tokens else "")
 
 
 def describe_auto(plan: Plan, batch_size: int) -> str:

@@ -145,6 +145,13 @@ class Autoregressive(Method):
 class NgramOptions(Method):
     ngram_n: int = option(5, "highest n-gram order N of the n-gram memory", ge=2)
     ngram_branches: int = option(1, "continuations per node of an n-gram tree (1: a chain)", ge=1)
+    ngram_hardware_aware: bool = option(False, "per round, verify the best-first n-gram drafts that pay off under the "
+                                               "bundle's latency profile (latency.json), on top of any other drafter's "
+                                               "nodes")
+
+    def _ngram_costs(self, ctx: "MethodContext", num_tokens: int, batch_size: int) -> list[float] | None:
+        """The hardware-aware n-gram drafter's round costs up to num_tokens drafted tokens in all, else None."""
+        return ctx.evidence.ngram_round_costs(num_tokens, batch_size) if self.ngram_hardware_aware else None
 
 
 @dataclass(frozen=True)
@@ -174,10 +181,11 @@ class MergeOptions(NgramOptions):
         """round_tokens without the merged n-gram drafts."""
         return None
 
-    def _merge(self, built: Built, params: SamplingParams) -> Built:
+    def _merge(self, built: Built, ctx: MethodContext, params: SamplingParams, batch_size: int) -> Built:
         if not self.ngram_tokens:
             return built
-        ngram = NgramDrafter(self.ngram_n, self.ngram_tokens, self.ngram_branches, self.ngram_min_prob)
+        costs = self._ngram_costs(ctx, built.slack + self.ngram_tokens, batch_size)  # the other drafter's nodes first
+        ngram = NgramDrafter(self.ngram_n, self.ngram_tokens, self.ngram_branches, self.ngram_min_prob, costs)
         # the merged tree holds up to every node of both; the draft cache needs no more than before
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
 
@@ -203,7 +211,8 @@ class Sd(MergeOptions):
         if self.ngram_tokens and not params.greedy:
             raise InvalidRequestError("ngram_tokens needs deterministic drafts, but sd samples its chain when "
                                       "temperature > 0: use method 'tree' or 'dynamic'")
-        return self._merge(static_tree_built(ctx, TreeSpec.chain(self.num_draft_tokens), params), params)
+        return self._merge(static_tree_built(ctx, TreeSpec.chain(self.num_draft_tokens), params), ctx, params,
+                           batch_size)
 
 
 @register
@@ -238,7 +247,7 @@ class Tree(MergeOptions):
         return TreeSpec.from_paths(DEFAULT_TREE)
 
     def build(self, ctx, params, batch_size):
-        return self._merge(static_tree_built(ctx, self.spec(ctx, batch_size), params), params)
+        return self._merge(static_tree_built(ctx, self.spec(ctx, batch_size), params), ctx, params, batch_size)
 
 
 @register
@@ -269,7 +278,7 @@ class Dynamic(MergeOptions):
         temperature = self.draft_temperature or ctx.evidence.draft_temperature()
         drafter = DynamicTreeDrafter(ctx.draft_runner(), self.num_draft_tokens, width, depth, ctx.bucket,
                                      temperature)
-        return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), params)
+        return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), ctx, params, batch_size)
 
 
 @register
@@ -280,16 +289,14 @@ class Anpd(NgramOptions):
 
     num_draft_tokens: int = option(7, "K: n-gram drafted tokens (tree nodes) per round", ge=1)
     ngram_min_prob: float = option(0.0, "no n-gram draft whose estimated path probability is lower", ge=0, le=1)
-    ngram_hardware_aware: bool = option(False, "per round, verify the best-first drafts that pay off under the "
-                                               "bundle's latency profile (latency.json)")
 
     def round_tokens(self):
         return self.num_draft_tokens + 1
 
     def build(self, ctx, params, batch_size):
         k = self.num_draft_tokens
-        costs = ctx.evidence.ngram_round_costs(k, batch_size) if self.ngram_hardware_aware else None
-        drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob, costs)
+        drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob,
+                               self._ngram_costs(ctx, k, batch_size))
         return Built(drafter, make_verifier(params), self.round_tokens())
 
 
@@ -390,7 +397,8 @@ class Ppd(MergeOptions):
             verifier = TypicalVerifier(self.typical_epsilon, self.typical_delta)
         else:
             verifier = make_verifier(params)
-        return self._merge(Built(drafter, verifier, len(paths) + tokens.num_ensemble * sum(prompts) + 1), params)
+        return self._merge(Built(drafter, verifier, len(paths) + tokens.num_ensemble * sum(prompts) + 1), ctx, params,
+                           batch_size)
 
 
 @register
@@ -405,9 +413,10 @@ class Auto(Method):
         choice = ctx.evidence.plan().choice_for(batch_size)
         best = choice.best
         if choice.method == "dynamic":
-            merge = {"ngram_tokens": best.ngram_tokens} if best.ngram_tokens else {}
-            if best.ngram_tokens and best.ngram_min_prob is not None:
-                merge["ngram_min_prob"] = best.ngram_min_prob
+            # merged n-gram drafts: per round those that pay on this machine's profile (which the plan was tuned on),
+            # up to the calibrated number; that choice replaces calibration's fixed floor on their path estimates
+            merge = ({"ngram_tokens": best.ngram_tokens, "ngram_hardware_aware": True, "ngram_min_prob": 0.0}
+                     if best.ngram_tokens else {})
             return Dynamic(num_draft_tokens=best.num_nodes, num_beams=best.width, tree_depth=best.depth, **merge)
         if choice.method == "tree":
             return Tree(tree=best.paths)

@@ -134,7 +134,8 @@ def test_prompt_longer_than_context(pipelines):
     (dict(method="dynamic", draft_temperature="hot"), "draft_temperature must be a finite number"),
     (dict(method="dynamic", ngram_tokens=-1), "ngram_tokens must be an integer >= 0"),
     (dict(method="anpd", ngram_tokens=4), "ngram_tokens do not apply to method 'anpd'"),
-    (dict(method="dynamic", ngram_tokens=4, ngram_hardware_aware=True), "ngram_hardware_aware do not apply to method 'dynamic'"),
+    (dict(method="dynamic", ngram_hardware_aware=True), "ngram_hardware_aware apply to merged n-gram drafts: give "
+                                                        "ngram_tokens > 0"),
     # refused before a drafter or a tree is built (a chain of 100000 built its O(n^2) mask for minutes, then died)
     (dict(method="sd", num_draft_tokens=100000), "sd with num_draft_tokens=100000 feeds 100001 tokens a round, more "
                                                  "than the 1024 a round may hold"),

@@ -9,6 +9,12 @@ the rest of the emitted tokens is simply text it has not seen (a model drafter f
 tokens next round; an n-gram memory reads it from the sequence; PPD shifts its guesses by that many
 positions, Verdict.beyond). A drafter that reads the target's logits (PPD) gets the rows of its own nodes.
 
+A hardware-aware n-gram drafter (NgramDrafter with step costs) merged after the others is told, per sequence, how
+many nodes they put in this round's tree, how many tokens they are expected to yield (the most any of them yielded
+per round so far, on average: its own path's share of the accepted path, counted from one token in one round) and
+the milliseconds their drafting took this round. It then adds the n-gram drafts that pay on top of that round, not
+on top of an empty one.
+
 Only deterministic drafts merge (top-k children, n-grams; no sampled chain with its q): siblings then
 carry distinct tokens, so exact match (greedy) and one-hot rejection (sampling) stay lossless.
 """
@@ -51,21 +57,34 @@ class MergedDrafter(Drafter):
             raise ValueError(f"merging needs at least two drafters, got {len(drafters)}")
         self.drafters = drafters
         self._maps: list[list[np.ndarray]] = []  # per sequence, per drafter: merged node of each of its nodes
+        # per drafter, per sequence: tokens its own nodes yielded and rounds, from a prior of one token in one round
+        self._yielded = np.ones((len(drafters), 0))
+        self._rounds = np.ones(0)
 
     def usage(self) -> tuple[int, float]:
         steps, busy = zip(*(d.usage() for d in self.drafters))
         return sum(steps), sum(busy)
 
     def _start(self, seqs) -> None:
+        self._yielded, self._rounds = np.ones((len(self.drafters), len(seqs))), np.ones(len(seqs))
         for d in self.drafters:
             d.start(seqs)
 
     def _admit(self, new) -> None:
+        self._yielded = np.concatenate([self._yielded, np.ones((len(self.drafters), len(new)))], axis=1)
+        self._rounds = np.concatenate([self._rounds, np.ones(len(new))])
         for d in self.drafters:
             d.admit(new)
 
     def _propose(self, seqs, params, rng) -> list[DraftTree]:
-        proposed = [d.propose(seqs, params, rng) for d in self.drafters]  # [drafter][sequence]
+        proposed = []  # [drafter][sequence]
+        for k, d in enumerate(self.drafters):
+            if k and getattr(d, "step_costs", None) is not None:  # a hardware-aware n-gram drafter (module docstring)
+                expected = (self._yielded[:k] / self._rounds).max(axis=0)
+                spent = 1e3 * sum(e.seconds for e in self.drafters[:k])  # their drafting is part of the round's cost
+                d.ahead = [(len(merge_trees([p[b] for p in proposed])[0]), float(expected[b]), spent)
+                           for b in range(len(seqs))]
+            proposed.append(d.propose(seqs, params, rng))
         trees, self._maps = [], []
         for b in range(len(seqs)):
             merged, maps = merge_trees([p[b] for p in proposed])
@@ -96,9 +115,12 @@ class MergedDrafter(Drafter):
                         break
                     path.append(back[node])
                 own.append(Verdict(path, v.bonus, len(v.path) - len(path)))
+                self._yielded[k, b] += len(path)
             d.commit(seqs, own)
+        self._rounds += 1
 
     def keep(self, rows) -> None:
+        self._yielded, self._rounds = self._yielded[:, rows], self._rounds[rows]
         for d in self.drafters:
             d.keep(rows)
 

@@ -150,18 +150,24 @@ class NgramMemory:
         return out
 
 
-def best_prefix(probs, step_costs) -> int:
+def best_prefix(probs, step_costs, base: float = 1.0) -> int:
     """How many of the best-first nodes with path estimates `probs` to verify: the n that maximises
-    (1 + sum(probs[:n])) / step_costs[n], step_costs[n] being the cost of a round verifying n drafted
-    tokens (n = 0 included: no draft)."""
+    (base + sum(probs[:n])) / step_costs[n], step_costs[n] being the cost of a round verifying n drafted
+    tokens (n = 0 included: no draft) and `base` the tokens the round yields without them (1: the bonus token)."""
     n = min(len(probs), len(step_costs) - 1)
-    gain = 1.0 + np.concatenate([[0.0], np.cumsum(probs[:n])])
+    if n < 0:
+        return 0
+    gain = base + np.concatenate([[0.0], np.cumsum(probs[:n])])
     return int(np.argmax(gain / np.asarray(step_costs[: n + 1])))
 
 
 class NgramDrafter(Drafter):
     """One NgramMemory per sequence; per round a chain of up to K tokens, or with `branches` > 1 a tree
-    of up to K nodes (one-hot drafts); with `step_costs`, the best-first prefix worth verifying."""
+    of up to K nodes (one-hot drafts); with `step_costs`, the best-first prefix worth verifying.
+
+    Merged behind other drafters (MergedDrafter), the round already verifies their nodes: `ahead` then holds, per
+    sequence, (their nodes this round, the tokens they are expected to yield, the ms they took), and the prefix is
+    chosen on the costs from that many nodes on plus those ms, from that many tokens expected (best_prefix's base)."""
 
     def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1, min_prob: float = 0.0,
                  step_costs=None):
@@ -174,7 +180,8 @@ class NgramDrafter(Drafter):
         self.num_draft_tokens = num_draft_tokens
         self.branches = branches
         self.min_prob = min_prob
-        self.step_costs = step_costs  # [K + 1] ms of a round verifying 0..K drafted tokens, or None
+        self.step_costs = step_costs  # ms of a round verifying 0, 1, ... drafted tokens, or None
+        self.ahead: list[tuple[int, float, float]] | None = None  # set per round by a MergedDrafter (class docstring)
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
@@ -196,7 +203,11 @@ class NgramDrafter(Drafter):
                 trees.append(DraftTree.chain(np.asarray(self.memories[b].draft(tokens, self.num_draft_tokens), dtype=np.int64)))
                 continue
             toks, parents, probs = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches, self.min_prob)
-            n = len(toks) if self.step_costs is None else best_prefix(probs, self.step_costs)
+            if self.step_costs is None:
+                n = len(toks)
+            else:
+                nodes, expected, spent = self.ahead[b] if self.ahead is not None else (0, 0.0, 0.0)
+                n = best_prefix(probs, np.asarray(self.step_costs[nodes:]) + spent, 1.0 + expected)
             trees.append(DraftTree(np.asarray(toks[:n], dtype=np.int64), np.asarray(parents[:n], dtype=np.int64)))
         return trees
 

@@ -301,7 +301,9 @@ def test_measured_merged_tree_is_a_candidate_and_auto_runs_it(demo_bundle, tmp_p
     assert isinstance(drafter, MergedDrafter)
     model, ngram = drafter.drafters
     assert isinstance(model, DynamicTreeDrafter) and model.num_nodes == 6 and isinstance(ngram, NgramDrafter)
-    assert (ngram.num_draft_tokens, ngram.min_prob) == (7, 0.3)
+    # the plan's n-gram budget, each round's drafts chosen on this profile (no fixed floor on their estimates)
+    assert (ngram.num_draft_tokens, ngram.min_prob) == (7, 0.0)
+    assert ngram.step_costs[:3] == pytest.approx([10.1, 10.2, 10.3])  # L(n + 1) at batch 1 (no host work profiled)
     prompts = ["def add(a, b):", "import os\n"]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=24)
     assert [o.token_ids for o in pipe.generate(prompts, method="auto", max_new_tokens=24)] == [o.token_ids for o in ar]

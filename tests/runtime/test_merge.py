@@ -56,6 +56,7 @@ class _Fixed(Drafter):
 def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
     model, ngram = _Fixed(_tree([5, 6, 7], [-1, -1, 0])), _Fixed(DraftTree.chain([5, 7, 9]))
     drafter = MergedDrafter([model, ngram])
+    drafter.start([None])
     merged = drafter.propose([None], None, None)[0]  # nodes 5, 6, 7, 9 (merged ids 0..3)
     assert merged.tokens.tolist() == [5, 6, 7, 9]
     drafter.commit([None], [Verdict([0, 2, 3], bonus=11)])  # 5, 7, 9 accepted: 9 only the n-gram drafted
@@ -71,6 +72,7 @@ def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
             seen.append((logits, rows))
 
     drafter = MergedDrafter([Reading(model.tree), Reading(ngram.tree), _Fixed(ngram.tree)])  # the last reads none
+    drafter.start([None])
     drafter.propose([None], None, None)
     logits = np.arange(5)[None, :, None] * np.ones((1, 5, 2))  # [B, root + 4 merged nodes, V]: row r holds r
     drafter.target_logits(logits)  # each drafter: the rows of the root, then of its own nodes in its own order
@@ -78,6 +80,36 @@ def test_each_drafter_commits_the_accepted_prefix_in_its_own_tree():
     assert [rows[0].tolist() for _, rows in seen] == [[0, 1, 2, 3], [0, 1, 3, 4]]
     with pytest.raises(ValueError, match="at least two"):
         MergedDrafter([model])
+
+
+def test_a_hardware_aware_ngram_drafter_is_told_what_the_round_already_holds():
+    from specrt.runtime.drafters.ngram import NgramDrafter
+
+    class Seq:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+    # text where 1 2 3 4 always follows: the n-gram drafter's chain is 1 2 3 4, each estimated likely
+    seqs = [Seq([1, 2, 3, 4] * 6 + [1]), Seq([1, 2, 3, 4] * 6 + [1])]
+    model = _Fixed(_tree([2, 9, 3], [-1, -1, 0]))  # 3 nodes; agrees with the n-gram chain on 2 3
+    ngram = NgramDrafter(5, 4, step_costs=[10.0] * 12)  # verification free up to 11 drafted tokens
+    drafter = MergedDrafter([model, ngram])
+    drafter.start(seqs)
+    merged = drafter.propose(seqs, None, None)
+    assert [(n, e) for n, e, _ in ngram.ahead] == [(3, 1.0), (3, 1.0)]  # the model's 3 nodes, the prior of 1 token
+    assert all(spent >= 0 for *_, spent in ngram.ahead)
+    assert merged[0].tokens.tolist() == [2, 9, 3, 4, 1]  # free: the whole chain, merged where it agrees
+    drafter.commit(seqs, [Verdict([0, 2], bonus=4), Verdict([], bonus=7)])  # the model's 2 3 accepted in row 0
+    drafter.propose(seqs, None, None)
+    assert [round(e, 6) for _, e, _ in ngram.ahead] == [1.5, 0.5]  # (1 + 2) / 2 rounds and (1 + 0) / 2
+    drafter.keep([1])  # row 0 left the batch: its counts go with it
+    drafter.propose(seqs[1:], None, None)
+    assert [round(e, 6) for _, e, _ in ngram.ahead] == [0.5]
+    # where a step of more than the model's 3 nodes costs ten, the round verifies those and no n-gram draft
+    steep = NgramDrafter(5, 4, step_costs=[10.0] * 4 + [100.0] * 8)
+    drafter = MergedDrafter([model, steep])
+    drafter.start(seqs)
+    assert drafter.propose(seqs, None, None)[0].tokens.tolist() == [2, 9, 3]
 
 
 def test_merged_drafts_are_token_identical_to_autoregressive(pipelines, humaneval):
@@ -114,3 +146,32 @@ def test_merged_sampling_is_seeded_and_sampled_chains_are_refused(pipelines, hum
     assert a.token_ids == b.token_ids
     with pytest.raises(InvalidRequestError, match="deterministic drafts"):
         pipe.generate(humaneval[4], method="sd", ngram_tokens=5, temperature=0.8)
+
+
+def test_hardware_aware_merged_drafts_are_lossless_and_follow_the_latency_profile(demo_bundle, humaneval, tmp_path):
+    import shutil
+
+    from specrt.errors import BundleError
+    from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import write_latency
+
+    b = tmp_path / "b"
+    shutil.copytree(demo_bundle, b)
+    pipe = Pipeline.load(b, threads=2)
+    kw = dict(method="dynamic", num_draft_tokens=3, ngram_tokens=12, ngram_min_prob=0.0, ngram_hardware_aware=True,
+              max_new_tokens=48)
+    with pytest.raises(BundleError, match="no latency.json.*specrt profile --bundle .* --backend ort --threads 2"):
+        pipe.generate(humaneval[:1], **kw)
+    ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=48)
+    drafted = {}
+    for name, step_ms in (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1))):
+        write_latency(b, step_ms, machine=pipe.machine)
+        outs = pipe.generate(humaneval[:6], **kw)
+        assert [o.token_ids for o in outs] == [a.token_ids for a in ar], name
+        drafted[name] = sum(o.stats.drafted for o in outs) / sum(o.stats.rounds for o in outs)
+        batched = pipe.generate(humaneval[:6], batch_size=3, **kw)
+        assert [o.token_ids for o in batched] == [a.token_ids for a in ar], name
+    # free verification: the model's 3 nodes and most of the n-gram chain; at +40% of a step per token, n-gram drafts
+    # only where they are likely
+    assert drafted["steep"] < drafted["flat"] - 1 and drafted["flat"] > 5
+    assert drafted["steep"] >= 3  # the model's nodes are verified whatever they cost

@@ -81,6 +81,10 @@ def test_best_prefix_maximises_expected_tokens_per_ms():
     assert best_prefix(probs, [10, 11, 12, 13]) == 2  # (1 + 1.4) / 12 beats 2.5 / 13 and 1.9 / 11
     assert best_prefix(probs, [10, 30, 40, 50]) == 0  # one more token costs 3 steps: do not draft
     assert best_prefix(probs, [10, 10]) == 1  # costs known up to 1 node only
+    assert best_prefix(probs, []) == 0  # no cost known (a merged round already as wide as the profile): no draft
+    # a round already expected to yield 3 tokens pays for fewer drafts: (3 + 0.9) / 12 beats 4.4 / 14; alone, 2.4 / 14
+    # beats 1.9 / 12
+    assert best_prefix(probs, [10, 12, 14, 16]) == 2 and best_prefix(probs, [10, 12, 14, 16], base=3.0) == 1
 
 
 def test_sequences_do_not_share_memories():
