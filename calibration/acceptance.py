@@ -81,7 +81,7 @@ class CalibrationConfig(BundleOptions, BackendOptions):
     seed: int = option(0, "seed of the prompt sampler", ge=0)
     dynamic_sizes: tuple[int, ...] = option((2, 4, 6, 8, 10, 12, 16, 24, 32),
                                             "dynamic tree sizes whose acceptance is measured by decoding ('' for none)", ge=1)
-    merged_sizes: tuple[int, ...] = option((2, 3, 4, 6, 8, 10, 12, 16),
+    merged_sizes: tuple[int, ...] = option((1, 2, 3, 4, 6, 8, 10, 12, 16),
                                            "dynamic tree sizes measured with n-gram drafts merged in ('' for none)", ge=1)
     ngram_sizes: tuple[int, ...] = option((3, 5, 7, 10), "ANPD draft lengths K measured by decoding ('' for none)", ge=1)
     ppd_budgets: tuple[int, ...] | None = option(None, "PPD sparse trees (step rows) measured by decoding where the "
