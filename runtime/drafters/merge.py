@@ -9,8 +9,8 @@ the rest of the emitted tokens is simply text it has not seen (a model drafter f
 tokens next round; an n-gram memory reads it from the sequence; PPD shifts its guesses by that many
 positions, Verdict.beyond). A drafter that reads the target's logits (PPD) gets the rows of its own nodes.
 
-A hardware-aware n-gram drafter (NgramDrafter with step costs) merged after the others is told, per sequence, how
-many nodes they put in this round's tree, how many tokens they are expected to yield (the most any of them yielded
+A hardware-aware n-gram drafter (NgramDrafter with step costs) merged after the others is told, per sequence, the
+tree they drafted this round (merged), how many tokens they are expected to yield (the most any of them yielded
 per round so far, on average: its own path's share of the accepted path, counted from one token in one round) and
 the milliseconds their drafting took this round. It then adds the n-gram drafts that pay on top of that round, not
 on top of an empty one.
@@ -82,8 +82,7 @@ class MergedDrafter(Drafter):
             if k and getattr(d, "step_costs", None) is not None:  # a hardware-aware n-gram drafter (module docstring)
                 expected = (self._yielded[:k] / self._rounds).max(axis=0)
                 spent = 1e3 * sum(e.seconds for e in self.drafters[:k])  # their drafting is part of the round's cost
-                d.ahead = [(len(merge_trees([p[b] for p in proposed])[0]), float(expected[b]), spent)
-                           for b in range(len(seqs))]
+                d.ahead = [(merge_trees([p[b] for p in proposed])[0], float(expected[b]), spent) for b in range(len(seqs))]
             proposed.append(d.propose(seqs, params, rng))
         trees, self._maps = [], []
         for b in range(len(seqs)):

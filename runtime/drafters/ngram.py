@@ -166,8 +166,9 @@ class NgramDrafter(Drafter):
     of up to K nodes (one-hot drafts); with `step_costs`, the best-first prefix worth verifying.
 
     Merged behind other drafters (MergedDrafter), the round already verifies their nodes: `ahead` then holds, per
-    sequence, (their nodes this round, the tokens they are expected to yield, the ms they took), and the prefix is
-    chosen on the costs from that many nodes on plus those ms, from that many tokens expected (best_prefix's base)."""
+    sequence, (their merged tree this round, the tokens it is expected to yield, the ms its drafting took), and the
+    prefix is chosen on the costs of the rows it adds to that tree plus those ms, from that many tokens expected
+    (best_prefix's base)."""
 
     def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1, min_prob: float = 0.0,
                  step_costs=None):
@@ -181,7 +182,7 @@ class NgramDrafter(Drafter):
         self.branches = branches
         self.min_prob = min_prob
         self.step_costs = step_costs  # ms of a round verifying 0, 1, ... drafted tokens, or None
-        self.ahead: list[tuple[int, float, float]] | None = None  # set per round by a MergedDrafter (class docstring)
+        self.ahead: list[tuple[DraftTree, float, float]] | None = None  # set per round by a MergedDrafter (class docstring)
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
@@ -205,11 +206,26 @@ class NgramDrafter(Drafter):
             toks, parents, probs = self.memories[b].draft_tree(tokens, self.num_draft_tokens, self.branches, self.min_prob)
             if self.step_costs is None:
                 n = len(toks)
+            elif self.ahead is None:
+                n = best_prefix(probs, self.step_costs)
             else:
-                nodes, expected, spent = self.ahead[b] if self.ahead is not None else (0, 0.0, 0.0)
-                n = best_prefix(probs, np.asarray(self.step_costs[nodes:]) + spent, 1.0 + expected)
+                n = self._best_behind(toks, parents, probs, *self.ahead[b])
             trees.append(DraftTree(np.asarray(toks[:n], dtype=np.int64), np.asarray(parents[:n], dtype=np.int64)))
         return trees
+
+    def _best_behind(self, toks, parents, probs, prior: DraftTree, expected: float, spent: float) -> int:
+        """best_prefix behind the other drafters' tree `prior` (class docstring): a drafted node whose path of tokens
+        `prior` already holds adds no step row and no expected token (they are counted in `prior`'s)."""
+        held = []  # per drafted node: its node in prior, or -1 (new, and so are its descendants)
+        for tok, par in zip(toks, parents):
+            at = -1 if par < 0 else held[par]
+            kids = [] if par >= 0 and at < 0 else prior.children(at)
+            held.append(next((int(k) for k in kids if prior.tokens[k] == tok), -1))
+        new = np.asarray(held) < 0
+        rows = len(prior) + np.concatenate([[0], np.cumsum(new)])  # drafted rows of the round with n of these nodes
+        fits = int(np.searchsorted(rows, len(self.step_costs), side="left"))  # prefixes whose step is profiled
+        costs = np.asarray(self.step_costs)[rows[:fits]] + spent
+        return best_prefix(np.where(new, probs, 0.0)[: max(0, fits - 1)], costs, 1.0 + expected)
 
     def keep(self, rows) -> None:
         self.memories = [self.memories[r] for r in rows]

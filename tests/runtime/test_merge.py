@@ -96,7 +96,7 @@ def test_a_hardware_aware_ngram_drafter_is_told_what_the_round_already_holds():
     drafter = MergedDrafter([model, ngram])
     drafter.start(seqs)
     merged = drafter.propose(seqs, None, None)
-    assert [(n, e) for n, e, _ in ngram.ahead] == [(3, 1.0), (3, 1.0)]  # the model's 3 nodes, the prior of 1 token
+    assert [(t.tokens.tolist(), e) for t, e, _ in ngram.ahead] == [([2, 9, 3], 1.0)] * 2  # the model's tree, prior 1
     assert all(spent >= 0 for *_, spent in ngram.ahead)
     assert merged[0].tokens.tolist() == [2, 9, 3, 4, 1]  # free: the whole chain, merged where it agrees
     drafter.commit(seqs, [Verdict([0, 2], bonus=4), Verdict([], bonus=7)])  # the model's 2 3 accepted in row 0
@@ -105,7 +105,8 @@ def test_a_hardware_aware_ngram_drafter_is_told_what_the_round_already_holds():
     drafter.keep([1])  # row 0 left the batch: its counts go with it
     drafter.propose(seqs[1:], None, None)
     assert [round(e, 6) for _, e, _ in ngram.ahead] == [0.5]
-    # where a step of more than the model's 3 nodes costs ten, the round verifies those and no n-gram draft
+    # where a step of more than the model's 3 nodes costs ten times more: the n-gram's 2 3 are the model's own nodes
+    # (no row, no gain), its 4 1 would add the dear rows, so the round verifies the model's tree alone
     steep = NgramDrafter(5, 4, step_costs=[10.0] * 4 + [100.0] * 8)
     drafter = MergedDrafter([model, steep])
     drafter.start(seqs)
