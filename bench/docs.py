@@ -57,11 +57,16 @@ def readme_table(results_dir: Path, readme: Path, page_path: Path) -> str:
 
 def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, str, dict]]:
     """The latest result (by date and time, then name) of each verb in README_VERBS, on a GPU and on the CPU apart,
-    and of the exported weights and each quantized variant apart (a run with --quant does not hide the float one)."""
+    of the exported weights and each quantized variant apart (a run with --quant does not hide the float one), and
+    with peer runtimes beside ours and without apart (an ablation run does not hide the comparison)."""
+    from specrt.bench.peers import PEERS
+
     latest = {}
     for path, verb, data in results:
         gpu = (data.get("roofline") or {}).get("device", "cpu") != "cpu"
-        key = (verb, not gpu, (data.get("config") or {}).get("quant") or "")  # GPU rows first, then float weights
+        config = data.get("config") or {}
+        peers = bool(set(config.get("baselines") or ()) & set(PEERS))
+        key = (verb, not gpu, not peers, config.get("quant") or "")  # GPU rows first, then with peers, float first
         when = (data.get("date", ""), data.get("time", ""), path.name)
         if verb in README_VERBS and (key not in latest or when >= (latest[key][2].get("date", ""),
                                                                  latest[key][2].get("time", ""), latest[key][0].name)):

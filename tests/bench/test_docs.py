@@ -22,23 +22,26 @@ def test_results_page_from_json(tmp_path):
     (results / "e2e-old.json").write_text(json.dumps({**old, "label": "old"}))
     int8 = {**old, "label": "int8", "config": {**old["config"], "quant": "int8-weights"}}
     (results / "e2e-int8.json").write_text(json.dumps(int8))  # older, but the only one with 8-bit weights
+    peers = {**old, "label": "peers", "config": {**old["config"], "baselines": ["ort-genai", "hf"]}}
+    (results / "e2e-peers.json").write_text(json.dumps(peers))  # older, but the only one beside a peer runtime
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
     page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
     assert page == (tmp_path / "docs" / "results.md").read_text()
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
-    assert page.count("Command: `specrt bench e2e ") == 3 and "--num-prompts 3 --baselines ''" in page
+    assert page.count("Command: `specrt bench e2e ") == 4 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
     from specrt.bundle.machine import CPU_FEATURES, cpu_model
 
     machine = json.loads((results / "e2e-t.json").read_text())["machine"]  # where it ran, with what the CPU has
     assert machine["cpu"] == cpu_model() and set(machine["cpu_features"]) <= set(CPU_FEATURES)
-    assert page.count(f"Ran on: {cpu_model()}, ") == 1  # e2e-old and e2e-int8 predate it: no line
+    assert page.count(f"Ran on: {cpu_model()}, ") == 1  # e2e-old, -int8 and -peers predate it: no line
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "| stale |" not in text
     assert "| [`e2e-t`](docs/results.md#end-to-end) | best lossless `sd` **2.00x** our AR (200.0 vs 100.0 tok/s) |" in text
     assert "e2e-old" not in text  # the README shows the latest result of each kind; the page shows them all
     assert text.index("[`e2e-t`]") < text.index("[`e2e-int8`]")  # a quantized variant is a kind of its own, after
+    assert text.index("[`e2e-peers`]") < text.index("[`e2e-t`]")  # so is a run beside peer runtimes, before
     readme.write_text("no markers")
     with pytest.raises(SpecrtError, match="has no results markers"):
         run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
