@@ -123,6 +123,30 @@ def write_latency(bundle: Path, target_ms, draft_ms=lambda n: 0.1, batches=(1,),
     return lat
 
 
+FLAT_AND_STEEP = (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1)))  # +40% of a step a token
+
+
+def hardware_aware_drafted(pipe: Pipeline, bundle: Path, prompts, kw: dict, batch_sizes=(1,)) -> tuple[dict, list]:
+    """Decode `prompts` with a hardware-aware method (`kw`) under a flat and a steep latency.json (FLAT_AND_STEEP), at
+    each batch size, after checking it is refused without one; asserts each run token-identical to autoregressive.
+    Returns the drafted tokens per round by profile name (at the first batch size), and the autoregressive outputs."""
+    import pytest
+
+    from specrt.errors import BundleError
+
+    with pytest.raises(BundleError, match="no latency.json.*specrt profile --bundle .* --backend ort --threads 2"):
+        pipe.generate(prompts[:1], **kw)
+    ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=kw["max_new_tokens"])
+    drafted = {}
+    for name, step_ms in FLAT_AND_STEEP:
+        write_latency(bundle, step_ms, machine=pipe.machine)
+        for batch in batch_sizes:
+            outs = pipe.generate(prompts, batch_size=batch, **kw)
+            assert [o.token_ids for o in outs] == [a.token_ids for a in ar], (name, batch)
+            drafted.setdefault(name, sum(o.stats.drafted for o in outs) / sum(o.stats.rounds for o in outs))
+    return drafted, ar
+
+
 def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes: int = 8, draft_temperature: float = 1.0,
                      ngram=(), quant: str | None = None, by_position=(), ppd=(), ppd_source=None):
     """An acceptance.json from a depth x rank table (and measured dynamic / merged trees / PPD trees of the prompt

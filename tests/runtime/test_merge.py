@@ -152,26 +152,15 @@ def test_merged_sampling_is_seeded_and_sampled_chains_are_refused(pipelines, hum
 def test_hardware_aware_merged_drafts_are_lossless_and_follow_the_latency_profile(demo_bundle, humaneval, tmp_path):
     import shutil
 
-    from specrt.errors import BundleError
     from specrt.runtime.pipeline import Pipeline
-    from tests.fakes import write_latency
+    from tests.fakes import hardware_aware_drafted
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
     pipe = Pipeline.load(b, threads=2)
     kw = dict(method="dynamic", num_draft_tokens=3, ngram_tokens=12, ngram_min_prob=0.0, ngram_hardware_aware=True,
               max_new_tokens=48)
-    with pytest.raises(BundleError, match="no latency.json.*specrt profile --bundle .* --backend ort --threads 2"):
-        pipe.generate(humaneval[:1], **kw)
-    ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=48)
-    drafted = {}
-    for name, step_ms in (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1))):
-        write_latency(b, step_ms, machine=pipe.machine)
-        outs = pipe.generate(humaneval[:6], **kw)
-        assert [o.token_ids for o in outs] == [a.token_ids for a in ar], name
-        drafted[name] = sum(o.stats.drafted for o in outs) / sum(o.stats.rounds for o in outs)
-        batched = pipe.generate(humaneval[:6], batch_size=3, **kw)
-        assert [o.token_ids for o in batched] == [a.token_ids for a in ar], name
+    drafted, _ = hardware_aware_drafted(pipe, b, humaneval[:6], kw, batch_sizes=(1, 3))  # and ragged batches of 3
     # free verification: the model's 3 nodes and most of the n-gram chain; at +40% of a step per token, n-gram drafts
     # only where they are likely
     assert drafted["steep"] < drafted["flat"] - 1 and drafted["flat"] > 5

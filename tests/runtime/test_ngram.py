@@ -134,21 +134,13 @@ def test_hardware_aware_anpd_is_lossless_and_drafts_what_the_latency_profile_pay
     from specrt.bundle.machine import Machine
     from specrt.errors import BundleError
     from specrt.runtime.pipeline import Pipeline
-    from tests.fakes import write_latency
+    from tests.fakes import hardware_aware_drafted, write_latency
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
     pipe = Pipeline.load(b, threads=2)
     kw = dict(method="anpd", ngram_branches=2, num_draft_tokens=12, ngram_hardware_aware=True, max_new_tokens=48)
-    with pytest.raises(BundleError, match="no latency.json.*specrt profile --bundle .* --backend ort --threads 2"):
-        pipe.generate(humaneval[:1], **kw)
-    ar = pipe.generate(humaneval[:6], method="autoregressive", max_new_tokens=48)
-    drafted = {}
-    for name, step_ms in (("flat", lambda n: 10.0), ("steep", lambda n: 10.0 + 4.0 * (n - 1))):
-        write_latency(b, step_ms, machine=pipe.machine)
-        outs = pipe.generate(humaneval[:6], **kw)
-        assert [o.token_ids for o in outs] == [a.token_ids for a in ar]
-        drafted[name] = sum(o.stats.drafted for o in outs) / sum(o.stats.rounds for o in outs)
+    drafted, ar = hardware_aware_drafted(pipe, b, humaneval[:6], kw)
     # free verification: the whole best-first tree (up to 12 nodes) each round; at +40% of a step per
     # token only the likeliest few
     assert drafted["steep"] < 0.5 * drafted["flat"] and drafted["flat"] > 3
