@@ -82,7 +82,8 @@ class MergedDrafter(Drafter):
             if k and getattr(d, "step_costs", None) is not None:  # a hardware-aware n-gram drafter (module docstring)
                 expected = (self._yielded[:k] / self._rounds).max(axis=0)
                 spent = 1e3 * sum(e.seconds for e in self.drafters[:k])  # their drafting is part of the round's cost
-                d.ahead = [(merge_trees([p[b] for p in proposed])[0], float(expected[b]), spent) for b in range(len(seqs))]
+                d.ahead = [(merge_trees([p[b] for p in proposed])[0], float(expected[b]), spent)
+                           for b in range(len(seqs))]
             proposed.append(d.propose(seqs, params, rng))
         trees, self._maps = [], []
         for b in range(len(seqs)):

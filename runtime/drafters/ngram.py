@@ -182,7 +182,7 @@ class NgramDrafter(Drafter):
         self.branches = branches
         self.min_prob = min_prob
         self.step_costs = step_costs  # ms of a round verifying 0, 1, ... drafted tokens, or None
-        self.ahead: list[tuple[DraftTree, float, float]] | None = None  # set per round by a MergedDrafter (class docstring)
+        self.ahead: list[tuple[DraftTree, float, float]] | None = None  # set each round by a MergedDrafter (above)
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
