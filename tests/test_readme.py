@@ -31,11 +31,28 @@ def test_readme_is_short_and_links_every_docs_page():
     assert pages == linked, f"docs pages not linked from README: {sorted(pages - linked)}"
 
 
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lowercased, punctuation dropped, spaces to hyphens, repeats
+    numbered), code blocks left out."""
+    anchors, seen, fenced = set(), {}, False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else re.match(r"#{1,6} (.+)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
 def test_relative_links_in_readme_and_docs_resolve():
     root = README.parent
     broken = []
     for page in [README, *sorted((root / "docs").glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
-            if "://" not in target and not (page.parent / target).exists():
-                broken.append(f"{page.relative_to(root)}: {target}")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+            if "://" in target:
+                continue
+            dest = page.parent / target if target else page
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest)):
+                broken.append(f"{page.relative_to(root)}: {target}" + (f"#{anchor}" if anchor else ""))
     assert not broken, broken
