@@ -144,7 +144,7 @@ peers: $(STAMP)
 	ls build/peers/wheels/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl >/dev/null 2>&1 || \
 		CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF" \
 		$(BIN)/pip wheel -q --no-deps -w build/peers/wheels $(LLAMA_SDIST)
-	$(BIN)/pip install -q --no-deps build/peers/wheels/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl
+	$(BIN)/pip install -q build/peers/wheels/llama_cpp_python-$(LLAMA_CPP_PYTHON)-*.whl
 	mkdir -p build/peers/llama.cpp
 	tar -xzf $(LLAMA_SDIST) -C build/peers/llama.cpp --strip-components=3 \
 		llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/convert_hf_to_gguf.py \

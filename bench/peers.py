@@ -45,6 +45,10 @@ def llama_cpp_missing(source: Path) -> str | None:
     peers` builds the one and unpacks the other into build/peers)."""
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed: `make peers` builds it (it compiles llama.cpp: long on few cores)"
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:  # installed without what it needs (a wheel installed --no-deps)
+        return f"llama-cpp-python does not import ({e}): `make peers` installs it with its dependencies"
     if not (source / "convert_hf_to_gguf.py").is_file():
         return f"no llama.cpp GGUF converter in {source}: `make peers` unpacks it from the llama-cpp-python sdist"
     return None
@@ -152,7 +156,7 @@ class LlamaCpp:
             return out
 
         outs, first_s, decode_s = timed(prompts, one)
-        return Decoded(outs, 0, 0.0, first_s, decode_s)
+        return Decoded(outs, first_s=first_s, decode_s=decode_s)
 
 
 class OrtGenAI:
@@ -191,7 +195,7 @@ class OrtGenAI:
             return [int(t) for t in generator.get_sequence(0)[len(ids):]]
 
         outs, first_s, decode_s = timed(prompts, one)
-        return Decoded(outs, 0, 0.0, first_s, decode_s)
+        return Decoded(outs, first_s=first_s, decode_s=decode_s)
 
 
 def peer_runners(cfg, pipe, names) -> tuple[dict, dict]:
