@@ -1,7 +1,7 @@
 """What one pass of an e2e row returns, and its two latencies measured the same way for every runtime.
 
-A row's runner decodes every prompt once and returns Decoded: the new token ids, the target calls and host seconds
-where the runtime says them (ours), and for each prompt two wall times taken around the runtime, not inside it: from
+A row's runner decodes every prompt once and returns Decoded: the new token ids, the target calls, the rows they
+verified and the seconds by stage where the runtime says them (ours), and for each prompt two wall times taken around the runtime, not inside it: from
 the prompt's start to its first new token (the time to first token: prefill and the first round), and from then to
 its last. The time per output token (TPOT) is the second summed over prompts / the tokens after each first: it
 compares the decode loops of runtimes whose prefill differs, and its inverse is a row's decode rate.
@@ -14,12 +14,24 @@ import time
 from typing import NamedTuple
 
 
+# Where a pass of ours spends its wall time, one partition: the prompts' prefill (target and draft), the target's
+# decode steps, the draft model's steps, the rest of each round (drafting's host work, verification, cache
+# bookkeeping), and what lies outside the rounds (tokenizing, setting up, detokenizing).
+STAGES = ("prefill", "target", "draft_model", "host")
+
+
+def stage_seconds(outputs) -> dict[str, float]:
+    """The STAGES' seconds of a pass, summed over its outputs' stats (one prompt at a time: they add up)."""
+    return {k: sum(getattr(o.stats.seconds, k) for o in outputs) for k in STAGES}
+
+
 class Decoded(NamedTuple):
     outputs: list[list[int]]  # new token ids per prompt
     target_calls: int = 0  # target decode steps, prefill excluded (ours only)
-    host_seconds: float = 0.0  # outside any model call (ours only)
+    stage_seconds: dict[str, float] | None = None  # summed over prompts, keys STAGES (ours only)
     first_s: tuple[float, ...] = ()  # per prompt: seconds from its start to its first new token
     decode_s: tuple[float, ...] = ()  # per prompt: seconds from its first new token to its last
+    rows: int = 0  # token rows the target's decode steps verified (drafts + 1 per step; ours only)
 
 
 class PromptClock:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bench.decoded import Decoded, latencies, timed
+from specrt.bench.decoded import STAGES, Decoded, latencies, stage_seconds, timed
 from specrt.bench.peers import PEERS, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
@@ -87,7 +87,8 @@ class MethodResult:
     seconds: list[float] = field(default_factory=list)  # wall time of each run (all prompts)
     tokens: int = 0  # new tokens per run
     target_calls: int = 0  # target decode steps per run, prefill excluded (ours only)
-    host_seconds: float = 0.0  # per run, outside any model call (ours only)
+    stage_seconds: dict | None = None  # the last run's seconds by stage (bench.decoded.STAGES; ours only)
+    rows: int = 0  # token rows the target's decode steps verified per run (ours only)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     joules: list[float] = field(default_factory=list)  # energy of each timed run (GPU, NVML), else empty
     divergence: dict | None = None  # where the outputs leave our AR's (bench.quality.divergence), else None
@@ -117,13 +118,13 @@ class OurRunner:
     def __call__(self, prompts) -> Decoded:
         outs = self.pipe.generate(prompts, method=self.method, max_new_tokens=self.cfg.max_new_tokens, **self.options)
         calls = sum(o.stats.rounds for o in outs)  # decode steps of the target (prefill excluded)
-        host = sum(o.stats.seconds.host for o in outs)
         # one prompt at a time: each starts when the one before it finished (its first and last tokens are timed
         # from the call's start)
         ends = [0.0] + [o.stats.seconds.finished for o in outs]
-        return Decoded([o.token_ids for o in outs], calls, host,
+        return Decoded([o.token_ids for o in outs], calls, stage_seconds(outs),
                        tuple(o.stats.seconds.first - start for o, start in zip(outs, ends)),
-                       tuple(o.stats.seconds.finished - o.stats.seconds.first for o in outs))
+                       tuple(o.stats.seconds.finished - o.stats.seconds.first for o in outs),
+                       rows=calls + sum(o.stats.drafted for o in outs))
 
 
 class _HF:
@@ -152,7 +153,7 @@ class _HF:
             return seq[0, ids["input_ids"].shape[1]:][: self.cfg.max_new_tokens].tolist()
 
         outs, first_s, decode_s = timed(prompts, one)
-        return Decoded(outs, 0, 0.0, first_s, decode_s)
+        return Decoded(outs, first_s=first_s, decode_s=decode_s)
 
 
 class _Streamer:
@@ -298,7 +299,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
             d = last[name]
             timed_passes = passes[name][len(passes[name]) - len(seconds[name]):]
             results[name] = MethodResult(name, list(seconds[name]), sum(map(len, d.outputs)), d.target_calls,
-                                         d.host_seconds, d.outputs, list(joules.get(name, [])),
+                                         d.stage_seconds, d.rows, d.outputs, list(joules.get(name, [])),
                                          ttft_ms=[t for t, _ in timed_passes if t is not None],
                                          tpot_ms=[t for _, t in timed_passes if t is not None])
         return results
@@ -324,6 +325,16 @@ def run_e2e(cfg: E2EConfig) -> dict:
     return report(cfg, results, skipped, roofline)
 
 
+def time_shares(r: MethodResult) -> dict[str, float] | None:
+    """Where our row's last timed run spent its wall time: the shares of bench.decoded.STAGES, and `other` (outside
+    the rounds); None for a row whose runtime does not say (a baseline)."""
+    if not r.stage_seconds or not r.target_calls:
+        return None
+    wall = r.seconds[-1]
+    shares = {k: round(r.stage_seconds[k] / wall, 3) for k in STAGES}
+    return {**shares, "other": round(max(0.0, 1 - sum(r.stage_seconds.values()) / wall), 3)}
+
+
 def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | None = None,
            roofline: dict | None = None, partial: str | None = None) -> dict:
     base = results.get("autoregressive")
@@ -331,6 +342,7 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
     rows = []
     for r in results.values():
         ref = base.outputs if base else None
+        shares = time_shares(r)
         rows.append({
             "method": r.name,
             "tokens_per_s": round(r.tokens_per_s, 1),
@@ -340,7 +352,10 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             "speedup_vs_ours_ar": round(r.tokens_per_s / base.tokens_per_s, 3) if base else None,
             "speedup_vs_hf": round(r.tokens_per_s / hf.tokens_per_s, 3) if hf else None,
             "tokens_per_target_call": round(r.tokens / r.target_calls, 3) if r.target_calls else None,
-            "host_fraction": round(r.host_seconds / r.median_s, 3) if r.target_calls else None,
+            "host_fraction": shares["host"] if shares else None,
+            "time_shares": shares,
+            "target_step_ms": round(1e3 * r.stage_seconds["target"] / r.target_calls, 2) if shares else None,
+            "rows_per_step": round(r.rows / r.target_calls, 2) if shares else None,
             "same_tokens_as_ours_ar": (sum(a == b for a, b in zip(r.outputs, ref)) / len(ref)) if ref else None,
             "divergence": r.divergence,
             "roofline_fraction": round(r.tokens_per_s / roofline["tokens_per_s"], 4) if roofline else None,
@@ -399,7 +414,28 @@ def markdown(data: dict) -> str:
         lines += [f"- partial: {data['partial']} so far (the divergence check runs at the end)"]
     for name, why in data.get("skipped", {}).items():
         lines += [f"- {name} skipped: {why}"]
+    lines += time_table(data["rows"])
     return "\n".join(lines) + "\n"
+
+
+STAGE_WORDS = {"prefill": "prefill", "target": "target steps", "draft_model": "draft model", "host": "host",
+               "other": "outside rounds"}
+
+
+def time_table(rows: list[dict]) -> list[str]:
+    """Where our rows spent their last timed run: the stages' shares of its wall time, the mean target step and the
+    rows it verified (bench.decoded.STAGES)."""
+    ours = [r for r in rows if r.get("time_shares")]
+    if not ours:
+        return []
+    lines = ["", "Where the time goes (our rows, last timed run; host: each round outside the model steps, i.e. "
+                 "drafting's Python, verification, cache bookkeeping):", "",
+             "| method | " + " | ".join(STAGE_WORDS.values()) + " | target step ms | rows per step | tokens per step |",
+             "|---|" + "---:|" * (len(STAGE_WORDS) + 3)]
+    for r in ours:
+        lines.append(f"| {r['method']} | " + " | ".join(f"{r['time_shares'][k]:.1%}" for k in STAGE_WORDS)
+                     + f" | {r['target_step_ms']:.2f} | {r['rows_per_step']:.2f} | {r['tokens_per_target_call']:.2f} |")
+    return lines
 
 
 def plot(data: dict, path: Path) -> None:
@@ -407,12 +443,25 @@ def plot(data: dict, path: Path) -> None:
     if plt is None:
         return
     rows = data["rows"]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ours = [r for r in rows if r.get("time_shares")]
+    fig, axes = plt.subplots(1, 2 if ours else 1, figsize=(12 if ours else 7, 3.2), squeeze=False)
+    ax = axes[0, 0]
     ax.barh([r["method"] for r in rows], [r["tokens_per_s"] for r in rows],
             color=["tab:blue" if r["method"].split()[0] in OURS else "tab:gray" for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median)")
     ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
+    if ours:  # where our rows' time goes, stacked
+        ax = axes[0, 1]
+        left = np.zeros(len(ours))
+        for k, words in STAGE_WORDS.items():
+            share = np.array([r["time_shares"][k] for r in ours])
+            ax.barh([r["method"] for r in ours], share, left=left, label=words)
+            left += share
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("share of wall time (last timed run)")
+        ax.legend(fontsize=7, ncol=len(STAGE_WORDS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     save_figure(fig, path)
 
 

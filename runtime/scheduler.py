@@ -231,6 +231,7 @@ class Scheduler:
                 st.rounds_by_position[start // POSITION_BUCKET] += 1
                 st.accepted_by_position[start // POSITION_BUCKET] += len(v.path)
                 st.seconds.draft += t_draft
+                st.seconds.draft_model += t_draft_model
                 st.seconds.target += t_target
                 st.seconds.host += t_total - t_draft_model - t_target
             for s, out in zip(live, appended):

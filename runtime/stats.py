@@ -12,12 +12,14 @@ POSITION_BUCKET = 16
 
 @dataclass
 class StageSeconds:
-    """Wall seconds by stage. prefill: the batch's prompts; per round, draft: drafting, target: the target
-    step, host: round time outside any model call (draft or target); total: the whole batch; first and finished:
-    when this sequence's first and last new tokens came, from the start of the call."""
+    """Wall seconds by stage. prefill: the batch's prompts; per round, draft: drafting, draft_model: of that, the
+    draft model's steps, target: the target step, host: round time outside any model call (draft or target);
+    total: the whole batch; first and finished: when this sequence's first and last new tokens came, from the
+    start of the call."""
 
     prefill: float = 0.0
     draft: float = 0.0
+    draft_model: float = 0.0
     target: float = 0.0
     host: float = 0.0
     total: float = 0.0

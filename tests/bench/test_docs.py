@@ -12,8 +12,8 @@ from specrt.errors import SpecrtError
 
 def test_results_page_from_json(tmp_path):
     results = tmp_path / "results"
-    rows = {r.name: r for r in [MethodResult("autoregressive", [1.0, 1.1, 0.9], 100, 100, 0.0, [[1]]),
-                                MethodResult("sd", [0.5, 0.6, 0.4], 100, 40, 0.0, [[1]])]}
+    rows = {r.name: r for r in [MethodResult("autoregressive", [1.0, 1.1, 0.9], 100, 100, outputs=[[1]]),
+                                MethodResult("sd", [0.5, 0.6, 0.4], 100, 40, outputs=[[1]])]}
     report(E2EConfig(bundle=tmp_path, out=results, label="t", num_prompts=3, baselines=()), rows)
     (results / "plan-x.json").write_text("{}")  # not a bench report: listed, not rendered
     old = json.loads((results / "e2e-t.json").read_text())

@@ -1,10 +1,12 @@
 """bench e2e: speedups and the ANPD-vs-prompt-lookup ratio are computed from the same run's rows."""
 
+import pytest
+
 from specrt.bench.e2e import E2EConfig, MethodResult, report
 
 
 def result(name, seconds, tokens=100, calls=0, outputs=None):
-    return MethodResult(name, [seconds, seconds * 1.2, seconds * 0.9], tokens, calls, 0.0, outputs or [[1, 2]])
+    return MethodResult(name, [seconds, seconds * 1.2, seconds * 0.9], tokens, calls, outputs=outputs or [[1, 2]])
 
 
 def test_ngram_speedup_is_compared_with_prompt_lookup_speedup(tmp_path):
@@ -111,3 +113,27 @@ def test_peer_rows_are_compared_with_ours_but_never_counted_as_ours(tmp_path):
     text = headline(data)
     assert text.startswith("best lossless `sd` **2.00x** our AR")
     assert "0.50x ONNX Runtime GenAI's best speculative, our AR 0.75x its AR" in text
+
+
+def test_our_rows_say_where_their_time_goes(demo_bundle, tmp_path):
+    """Each of our rows splits its last timed run's wall time into prefill, target steps, draft model steps, host
+    work in the rounds and the rest: shares that add up to the whole, a draft model's only where one drafts."""
+    from specrt.bench.e2e import run_e2e
+
+    cfg = E2EConfig(bundle=demo_bundle, threads=2, num_prompts=2, max_new_tokens=24, runs=1, warmup_runs=0,
+                    methods=("autoregressive", "sd", "anpd"), num_draft_tokens=(4,), baselines=(), out=tmp_path,
+                    label="where")
+    rows = {r["method"]: r for r in run_e2e(cfg)["rows"]}
+    for r in rows.values():
+        shares = r["time_shares"]
+        assert set(shares) == {"prefill", "target", "draft_model", "host", "other"}
+        assert all(v >= 0 for v in shares.values()) and sum(shares.values()) == pytest.approx(1, abs=0.01), shares
+        assert shares["target"] > shares["host"] and r["host_fraction"] == shares["host"]
+        assert r["target_step_ms"] > 0 and r["rows_per_step"] >= r["tokens_per_target_call"] >= 1
+    assert rows["autoregressive"]["rows_per_step"] == 1 and rows["autoregressive"]["time_shares"]["draft_model"] == 0
+    assert rows["sd"]["time_shares"]["draft_model"] > 0 and 1 < rows["sd"]["rows_per_step"] <= 5
+    assert rows["anpd"]["time_shares"]["draft_model"] == 0  # n-gram drafts: no model
+    md = (tmp_path / "e2e-where.md").read_text()
+    table = md[md.index("Where the time goes"):]
+    assert "| prefill | target steps | draft model | host | outside rounds |" in table
+    assert all(f"| {m} | " in table for m in rows)

@@ -50,8 +50,9 @@ def bench_runs(bundle: Path, out: Path, elsewhere: Path) -> None:
     rows = [row("autoregressive", "autoregressive", 0, 80, 90, 1.0), row(tuned, best.kind, best.num_nodes, 150, 160, 2.5),
             row("chain 2", "chain", 2, 120, 130, 1.9)]
     trees_report(TreesConfig(bundle=bundle, out=out, label="b1"), rows, tuned=tuned)
-    results = {r.name: r for r in [MethodResult("autoregressive", [1.0, 1.1], 100, 100, 0.05, [[1]]),
-                                   MethodResult("sd", [0.5, 0.6], 100, 40, 0.05, [[1]])]}
+    stages = {"prefill": 0.1, "target": 0.3, "draft_model": 0.1, "host": 0.05}
+    results = {r.name: r for r in [MethodResult("autoregressive", [1.0, 1.1], 100, 100, stages, outputs=[[1]]),
+                                   MethodResult("sd", [0.5, 0.6], 100, 40, stages, outputs=[[1]])]}
     roofline = {"device": "cpu", "weight_bytes": 14_000_000, "copy_bandwidth_gb_s": 2.0, "ms_per_token": 7.0,
                 "tokens_per_s": 142.9, "energy": "no energy counter on the CPU"}
     e2e_report(E2EConfig(bundle=bundle, out=out, label="t", num_prompts=3, baselines=()), results, roofline=roofline)
