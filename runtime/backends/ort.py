@@ -82,16 +82,17 @@ class OrtBackend(Backend):
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
-                 kv_update: str = "runtime", projections: str = "qkv"):
+                 kv_update: str = "runtime", projections: str = "qkv", profile: Path | None = None):
         """projections: which weight MatMuls reading one input are merged (ort_fusions.fuse_projections): "qkv" (q, k
         and v; a weight-only variant's gate and up too), "all" (a float MLP's gate and up too) or "none"; `specrt
-        bench fusions` times them against each other."""
+        bench fusions` times them against each other. profile: a folder where ONNX Runtime's profiler records every
+        run's kernels (end_profiling); it slows each step, so only a bench that times nothing with it sets it."""
         import onnxruntime as ort
 
         if projections not in PROJECTIONS:
             raise InvalidRequestError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
-        self.kv_update, self.projections = kv_update, projections
+        self.kv_update, self.projections, self.profile = kv_update, projections, profile
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
         # steps on the same cores, so its pool must not spin (spinning draft threads take the cores the target's
@@ -127,6 +128,10 @@ class OrtBackend(Backend):
         opts.inter_op_num_threads = 1
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.enable_mem_pattern = False  # it keeps a plan per input shape: memory grows with each new one
+        if self.profile is not None:
+            Path(self.profile).mkdir(parents=True, exist_ok=True)
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(self.profile) / self.entry.role)
         try:
             with tempfile.TemporaryDirectory(prefix="specrt-packed-", ignore_cleanup_errors=True) as scratch:
                 source = self._packed(onnx_path, opts, Path(scratch), grouped)
@@ -176,6 +181,13 @@ class OrtBackend(Backend):
         onnx.save_model(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=dest.name + ".data", size_threshold=1024)
         return str(dest)
+
+    def end_profiling(self) -> Path:
+        """Stop ONNX Runtime's profiler (`profile` set) and return the JSON trace it wrote: one event per run and per
+        kernel a run ran (bench.fusions.op_times reads it)."""
+        if self.profile is None:
+            raise InvalidRequestError("this backend was loaded without profile=: ONNX Runtime records nothing")
+        return Path(self.session.end_profiling())
 
     def allocate(self, shape):
         return self.pool.allocate(shape)

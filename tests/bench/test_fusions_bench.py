@@ -41,3 +41,44 @@ def test_the_ort_backend_refuses_an_unknown_projections_setting(demo_bundle):
     entry = load_manifest(demo_bundle).models["target"]
     with pytest.raises(InvalidRequestError, match="projections must be one of qkv, all, none, got 'gate'"):
         OrtBackend(entry, demo_bundle / entry.onnx, threads=1, projections="gate")
+
+
+def test_op_times_assigns_each_kernel_to_the_run_it_ran_in():
+    from specrt.bench.fusions import op_times
+
+    trace = [{"cat": "Session", "name": "session_initialization", "ts": 0, "dur": 50},
+             {"cat": "Node", "name": "init_kernel_time", "ts": 10, "dur": 5, "args": {"op_name": "Cast"}},
+             {"cat": "Session", "name": "model_run", "ts": 100, "dur": 1000},
+             {"cat": "Node", "name": "mm_fence_before", "ts": 110, "dur": 0, "args": {"op_name": "MatMul"}},
+             {"cat": "Node", "name": "mm_kernel_time", "ts": 110, "dur": 600, "args": {"op_name": "MatMul"}},
+             {"cat": "Node", "name": "sm_kernel_time", "ts": 720, "dur": 100, "args": {"op_name": "Softmax"}},
+             {"cat": "Session", "name": "model_run", "ts": 2000, "dur": 500},
+             {"cat": "Node", "name": "mm_kernel_time", "ts": 2010, "dur": 200, "args": {"op_name": "MatMul"}},
+             {"cat": "Node", "name": "mm2_kernel_time", "ts": 2300, "dur": 100, "args": {"op_name": "MatMul"}}]
+    assert op_times(trace) == [(1.0, {"MatMul": 0.6, "Softmax": 0.1}), (0.5, {"MatMul": 0.3})]
+
+
+def test_bench_fusions_splits_each_step_by_operator_type(demo_bundle, tmp_path):
+    from specrt.bench.fusions import FusionsConfig, run_fusions
+
+    cfg = FusionsConfig(bundle=demo_bundle, out=tmp_path, label="ops", projections=("qkv", "none"), tokens=(1, 3),
+                        context=20, repeats=3, runs=1, threads=1, ops=True)
+    ops = run_fusions(cfg)["ops"]
+    assert [(r["projections"], r["tokens"]) for r in ops] == [(p, t) for p in ("qkv", "none") for t in (1, 3)]
+    for r in ops:
+        kernels = sum(r["ops_ms"].values())
+        assert 0 < kernels <= r["run_ms"] * 1.01, r  # the kernels ran inside the run
+        assert r["ops_ms"]["MatMul"] > 0 and list(r["ops_ms"].values()) == sorted(r["ops_ms"].values(), reverse=True)
+    md = (tmp_path / "fusions-ops.md").read_text()
+    table = md[md.index("by operator type"):]
+    assert "| MatMul |" in table.splitlines()[2]  # the header row names the operator types
+    assert "| none | 3 |" in table and "outside kernels" in table
+
+
+def test_a_backend_loaded_without_a_profile_folder_has_no_profile(demo_bundle):
+    from specrt.bundle.manifest import load_manifest
+    from specrt.runtime.backends.ort import OrtBackend
+
+    entry = load_manifest(demo_bundle).models["target"]
+    with pytest.raises(InvalidRequestError, match="without profile="):
+        OrtBackend(entry, demo_bundle / entry.onnx, threads=1).end_profiling()
