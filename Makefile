@@ -172,7 +172,7 @@ bench-peers-int8: $(STAMP)
 	test -f build/inflated/bundle/quant/int8-weights/inplace/target.onnx || \
 		$(BIN)/specrt quantize --bundle build/inflated/bundle --scheme int8-weights --kv-update inplace
 	test -f build/inflated/bundle/quant/int8-weights/acceptance.json || \
-		$(BIN)/specrt calibrate --bundle build/inflated/bundle --quant int8-weights --num-prompts 12
+		$(BIN)/specrt calibrate --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --num-prompts 12
 	$(BIN)/specrt profile --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --threads $(THREADS) \
 		--batch-sizes 1 --contexts 512
 	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1 --variants int8-weights
