@@ -254,19 +254,15 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
     return runners, skipped
 
 
-def run_weight_bytes(bundle: Path, pipe, role: str = "target") -> int:
+def run_weight_bytes(pipe, role: str = "target") -> int:
     """Bytes of a model's weights as `pipe` runs them: on ONNX Runtime, the step graph it loaded (a quantized
-    variant's where one runs); a PyTorch step, its module's tensors (quantized as the backend loaded them); else
-    its parameters at the export's dtype."""
+    variant's, an in-graph one's, where one runs); a PyTorch step, its module's tensors (quantized as the backend
+    loaded them); else its parameters at the export's dtype."""
     backend = getattr(pipe, role)
     if backend.name == "ort":
-        from specrt.bundle import artifacts
-        from specrt.bundle.artifacts import QuantSet
         from specrt.engines.quantize import graph_bytes
 
-        quant = pipe.machine.quant
-        variant = artifacts.load(bundle, QuantSet).variants.get(quant, {}).get(role) if quant else None
-        return graph_bytes(Path(bundle) / (variant.file if variant else pipe.manifest.models[role].onnx))
+        return graph_bytes(backend.onnx_path)
     if getattr(backend, "module", None) is not None:
         from specrt.model.quant import module_bytes
 
@@ -284,7 +280,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
     prompts = humaneval_prompts(cfg.num_prompts)
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
     runners, skipped = build_runners(cfg, pipe)
-    weight_bytes = run_weight_bytes(cfg.bundle, pipe)
+    weight_bytes = run_weight_bytes(pipe)
     bandwidth = copy_bandwidth(pipe.machine.device)
     meter, joules = EnergyMeter(pipe.machine.device), {}
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,

@@ -138,9 +138,9 @@ def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: st
     """(bytes of the model's weights as this variant runs them, seconds its quantization took)."""
     if cfg.backend != "ort":  # the PyTorch step, quantized when the backend loaded
         quant = getattr(pipe, role).quant
-        return run_weight_bytes(cfg.bundle, pipe, role), quant.seconds if quant else 0.0
+        return run_weight_bytes(pipe, role), quant.seconds if quant else 0.0
     v = variants.get(variant, {}).get(role)
-    return run_weight_bytes(cfg.bundle, pipe, role), v.seconds if v else 0.0
+    return run_weight_bytes(pipe, role), v.seconds if v else 0.0
 
 
 def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):

@@ -93,6 +93,7 @@ class OrtBackend(Backend):
             raise InvalidRequestError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
         self.kv_update, self.projections, self.profile = kv_update, projections, profile
+        self.onnx_path = Path(onnx_path)  # the step graph this session runs (a variant's, an in-graph one's)
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
         # steps on the same cores, so its pool must not spin (spinning draft threads take the cores the target's

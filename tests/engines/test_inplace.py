@@ -246,6 +246,12 @@ def test_a_quantized_twin_of_the_in_graph_graphs_decodes_the_quantized_exported_
     twin = Pipeline.load(b, threads=2, kv_update="inplace", quant="int8-weights")
     layers = twin.target.entry.num_layers
     assert twin.target.grouped_attention == twin.target.packed_qkv == layers  # q, k, v of one MatMulNBits
+    # the roofline a bench prices (bench.e2e.run_weight_bytes) reads the twin's own weights
+    from specrt.bench.e2e import run_weight_bytes
+    from specrt.engines.quantize import graph_bytes
+
+    assert run_weight_bytes(twin) == graph_bytes(b / q.in_graph["int8-weights"]["target"].file) \
+        < graph_bytes(b / graphs["target"].file)
     prompts = [[5, 9, 200, 31, 7] * 4, [11, 12, 13]]
     want = [o.token_ids for o in exported.generate(prompts, method="autoregressive", max_new_tokens=16)]
     for method in ("autoregressive", "sd", "anpd"):
