@@ -1,10 +1,11 @@
 """What one pass of an e2e row returns, and its two latencies measured the same way for every runtime.
 
 A row's runner decodes every prompt once and returns Decoded: the new token ids, the target calls, the rows they
-verified and the seconds by stage where the runtime says them (ours), and for each prompt two wall times taken around the runtime, not inside it: from
-the prompt's start to its first new token (the time to first token: prefill and the first round), and from then to
-its last. The time per output token (TPOT) is the second summed over prompts / the tokens after each first: it
-compares the decode loops of runtimes whose prefill differs, and its inverse is a row's decode rate.
+verified and the seconds by stage where the runtime says them (ours), and for each prompt two wall times taken
+around the runtime, not inside it: from the prompt's start to its first new token (the time to first token: prefill
+and the first round), and from then to its last. The time per output token (TPOT) is the second summed over prompts
+/ the tokens after each first: it compares the decode loops of runtimes whose prefill differs, and its inverse is a
+row's decode rate.
 """
 
 from __future__ import annotations
