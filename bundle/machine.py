@@ -83,27 +83,30 @@ class Machine:
     # (TORCH_QUANT_SCHEMES: torch and static backends); None: as exported
     quant: str | None = None
     kv_update: str = "runtime"  # "inplace": the step graphs' in-graph variant (`specrt inplace`), another step cost
+    packed_rows: bool = True  # False: the ort backend loaded without packed token rows (--no-packed-rows)
 
     @staticmethod
     def here(backend: str, threads: int, device: str = "cpu", quant: str | None = None,
-             kv_update: str = "runtime") -> "Machine":
+             kv_update: str = "runtime", packed_rows: bool = True) -> "Machine":
         gpu = None
         if device.startswith("cuda"):
             import torch
 
             gpu = torch.cuda.get_device_name(torch.device(device))
         return Machine(cpu_model(), os.cpu_count() or 1, platform.machine(), backend, threads, device, gpu, quant,
-                       kv_update)
+                       kv_update, packed_rows)
 
     def describe(self) -> str:
         where = f"GPU {self.gpu} ({self.device})" if self.gpu else self.device
         what = "projections" if self.quant in TORCH_QUANT_SCHEMES else "step graphs"
         quant = f", {self.quant} {what}" if self.quant else ""
         quant += ", in-graph KV update" if self.kv_update == "inplace" else ""
+        quant += ", token rows not packed" if not self.packed_rows else ""
         return f"{self.cpu} ({self.cores} cores), backend {self.backend}{quant}, {self.threads} threads, {where}"
 
     def flags(self) -> str:
         """The CLI flags that select this backend, variant, thread count and device."""
         return (f"--backend {self.backend} --threads {self.threads}" + (f" --device {self.device}" if self.device != "cpu"
                                                                           else "") + (f" --quant {self.quant}" if self.quant else "")
-                + (" --kv-update inplace" if self.kv_update == "inplace" else ""))
+                + (" --kv-update inplace" if self.kv_update == "inplace" else "")
+                + ("" if self.packed_rows else " --no-packed-rows"))

@@ -30,6 +30,7 @@ class ResolvedBundle:
     device: str
     quant: str | None  # the variant of the step graphs (or the torch backends' projections) that runs
     kv_update: str
+    packed_rows: bool
     engines: object | None  # the EngineSet or TrtEngineSet of the engine backends
     graphs: dict[str, str]  # role -> the step graph run instead of the exported one (ort), relative to the bundle
     prompt_tokens: PromptTokens | None  # PPD's, where this backend holds them
@@ -38,17 +39,18 @@ class ResolvedBundle:
 
     @property
     def machine(self) -> Machine:
-        return Machine.here(self.backend, self.threads, self.device, self.quant, self.kv_update)
+        return Machine.here(self.backend, self.threads, self.device, self.quant, self.kv_update, self.packed_rows)
 
     def load_model(self, role: str) -> Backend:
         source = ModelSource(self.manifest.models[role], self.threads, self.device, self.engines,
                              self.graphs.get(role), self.embeddings if role == "target" else None, self.kv_update,
-                             self.quant)
+                             self.quant, self.packed_rows)
         return load_backend(self.backend, self.bundle, source)
 
 
 def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
-            verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime") -> ResolvedBundle:
+            verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime",
+            packed_rows: bool = True) -> ResolvedBundle:
     """Pipeline.load's arguments (see there) resolved against the bundle, before any model loads."""
     from tokenizers import Tokenizer
 
@@ -56,6 +58,11 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
         raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
     if kv_update not in KV_UPDATES:
         raise InvalidRequestError(f"kv_update must be one of {', '.join(KV_UPDATES)}, got {kv_update!r}")
+    if not isinstance(packed_rows, bool):
+        raise InvalidRequestError(f"packed_rows must be True or False, got {packed_rows!r}")
+    if not packed_rows and backend != "ort":
+        raise InvalidRequestError(f"packed_rows=False turns off the ort backend's packed token rows; backend {backend!r} "
+                                  "does not pack them (leave packed_rows at True)")
     bundle = Path(bundle)
     manifest = load_manifest(bundle, verify=verify)
     if quant == "plan":  # the variant `specrt tune --variants` picked
@@ -86,7 +93,7 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
     if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
         graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
     return ResolvedBundle(bundle, manifest, tokenizer, backend, resolve_threads(threads), resolve_device(backend, device),
-                          quant, kv_update, engines, graphs, prompt_tokens, refused, embeddings)
+                          quant, kv_update, packed_rows, engines, graphs, prompt_tokens, refused, embeddings)
 
 
 def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, kv_update: str):

@@ -81,7 +81,8 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
-             verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime") -> "Pipeline":
+             verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime",
+             packed_rows: bool = True) -> "Pipeline":
         """Open a bundle made by `specrt export`; `verify` checks its files against the manifest's sha256: True hashes
         those not hashed before as the same file (bundle/manifest.py: .verified.json), "full" every one, False none.
 
@@ -91,10 +92,13 @@ class Pipeline:
         models it has a variant for run it, the others their exported graph; "plan": the variant plan.json picked
         (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported
         graphs return new K/V, the runtime writes the accepted rows) or "inplace" (`specrt inplace`'s variants write
-        them into the cache in place; ort backend, and trt engines built with --kv-update inplace)."""
+        them into the cache in place; ort backend, and trt engines built with --kv-update inplace); packed_rows (ort
+        backend): a ragged batch's holes are left out of the step's token-wise work (packed_rows.py); False saves the
+        packing's gathers where sequences are decoded one at a time (docs/batching.md), and its
+        latency profile and plan are then this setting's own (Machine.packed_rows)."""
         from specrt.runtime.loader import resolve
 
-        r = resolve(bundle, backend, threads, device, verify, quant, kv_update)
+        r = resolve(bundle, backend, threads, device, verify, quant, kv_update, packed_rows)
         pipe = cls(r.bundle, r.manifest, r.tokenizer, r.load_model("target"), r.load_model("draft"), machine=r.machine)
         pipe.prompt_tokens, pipe.prompt_tokens_refused = r.prompt_tokens, r.prompt_tokens_refused
         return pipe

@@ -118,18 +118,20 @@ def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
         seen.update(kw)
         raise Seen
 
-    def here(backend, threads, device="cpu", quant=None, kv_update="runtime"):
-        seen.update(backend=backend, threads=threads, device=device, quant=quant, kv_update=kv_update)
+    def here(backend, threads, device="cpu", quant=None, kv_update="runtime", packed_rows=True):
+        seen.update(backend=backend, threads=threads, device=device, quant=quant, kv_update=kv_update,
+                    packed_rows=packed_rows)
         raise Seen
 
     monkeypatch.setattr(Pipeline, "load", staticmethod(load))
     monkeypatch.setattr(machine.Machine, "here", staticmethod(here))
     monkeypatch.setattr(manifest, "load_manifest", lambda bundle, verify=True: {})
-    flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update inplace"
+    flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update inplace --no-packed-rows"
     args = parse([verb], flags + (" --prompt x" if verb == "generate" else ""))
     with pytest.raises(Seen):
         args.func(args)
-    assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"]) == ("ort", 3, "int8-weights", "inplace")
+    assert (seen["backend"], seen["threads"], seen["quant"], seen["kv_update"], seen["packed_rows"]) == \
+        ("ort", 3, "int8-weights", "inplace", False)
 
 
 def test_a_value_out_of_bounds_is_refused_as_the_flag_is_parsed(capsys):

@@ -42,6 +42,9 @@ class BackendOptions(ThreadOptions):
     kv_update: str = option("runtime", "runtime = the step graphs return new K/V and the runtime writes the accepted "
                                        "rows; inplace = their in-graph variants (`specrt inplace`) write them into the "
                                        "cache in place (ort backend)", choices=KV_UPDATES)
+    packed_rows: bool = option(True, "ort backend: leave a ragged batch's holes out of the step's token-wise work "
+                                     "(packed_rows.py); --no-packed-rows saves the packing's gathers where sequences "
+                                     "are decoded one at a time (docs/batching.md)")
 
     def pipeline_options(self) -> dict:
         """Pipeline.load's keyword arguments for these options (and, in a config that also names a bundle, --verify)."""
@@ -49,7 +52,7 @@ class BackendOptions(ThreadOptions):
 
         verify = {"verify": self.verify_mode} if isinstance(self, BundleOptions) and isinstance(self.verify, str) else {}
         return {"backend": self.backend, "threads": self.threads, "device": self.device, "quant": self.quant,
-                "kv_update": self.kv_update, **verify}
+                "kv_update": self.kv_update, "packed_rows": self.packed_rows, **verify}
 
 
 def resolve_device(backend: str, device: str | None) -> str:
@@ -93,7 +96,8 @@ class ModelSource:
     step graph to run instead of the exported one (a quantized variant, or the target with PPD's prompt tokens),
     relative to the bundle; `prompt_embeddings` (kinds "torch" and "static"): PPD's prompt tokens, [P, hidden];
     kv_update "inplace" (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit
-    projections (contract.TORCH_QUANT_SCHEMES; kind "static" takes its engines' scheme)."""
+    projections (contract.TORCH_QUANT_SCHEMES; kind "static" takes its engines' scheme); `packed_rows` (kind "ort"):
+    whether a ragged step's holes are left out (packed_rows.py)."""
 
     entry: ModelEntry
     threads: int
@@ -103,6 +107,7 @@ class ModelSource:
     prompt_embeddings: object | None = None
     kv_update: str = "runtime"
     quant: str | None = None
+    packed_rows: bool = True
 
 
 def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
@@ -126,7 +131,8 @@ def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                               "bfloat16 kernels): load it with backend torch, static or trt, or export in float32")
-        return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update)
+        return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update,
+                          pack_rows=s.packed_rows)
     if kind == "torch":
         from specrt.runtime.backends.pytorch import TorchBackend
 

@@ -8,8 +8,9 @@ Memory stays flat over any mix of prompt lengths (`specrt bench soak`): the runt
 shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops growing once it has seen
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
-Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
-ragged step's holes are left out of its projections and MLPs; with its float32 RMSNorms (and the residual adds
+Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made; unless
+pack_rows=False, for a deployment that decodes one sequence at a time and so has no holes): a ragged step's holes
+are left out of its projections and MLPs; with its float32 RMSNorms (and the residual adds
 before them) fused into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v;
 a weight-only variant's gate and up) merged into one MatMul each (ort_fusions.py).
 
@@ -82,17 +83,19 @@ class OrtBackend(Backend):
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
-                 kv_update: str = "runtime", projections: str = "qkv", profile: Path | None = None):
+                 kv_update: str = "runtime", projections: str = "qkv", profile: Path | None = None,
+                 pack_rows: bool = True):
         """projections: which weight MatMuls reading one input are merged (ort_fusions.fuse_projections): "qkv" (q, k
         and v; a weight-only variant's gate and up too), "all" (a float MLP's gate and up too) or "none"; `specrt
         bench fusions` times them against each other. profile: a folder where ONNX Runtime's profiler records every
-        run's kernels (end_profiling); it slows each step, so only a bench that times nothing with it sets it."""
+        run's kernels (end_profiling); it slows each step, so only a bench that times nothing with it sets it.
+        pack_rows: False loads the graph without packed token rows (a ragged step then computes its holes)."""
         import onnxruntime as ort
 
         if projections not in PROJECTIONS:
             raise InvalidRequestError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
-        self.kv_update, self.projections, self.profile = kv_update, projections, profile
+        self.kv_update, self.projections, self.profile, self.pack = kv_update, projections, profile, pack_rows
         self.onnx_path = Path(onnx_path)  # the step graph this session runs (a variant's, an in-graph one's)
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
@@ -159,7 +162,7 @@ class OrtBackend(Backend):
         except Exception:  # protobuf's DecodeError and OSError alike: let ONNX Runtime say what it finds
             return str(onnx_path)
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-        self.packs_rows = pack_rows(model)
+        self.packs_rows = self.pack and pack_rows(model)
         self.fused_norms = fuse_rms_norms(model)
         if self.fused_norms:
             fuse_skip_norms(model)

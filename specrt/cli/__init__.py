@@ -258,7 +258,7 @@ def cmd_inspect(args) -> None:
     manifest = load_manifest(args.bundle, config_from(BundleOptions, args).verify_mode)
     o = config_from(BackendOptions, args)
     machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device), o.quant,
-                           o.kv_update)
+                           o.kv_update, o.packed_rows)
     sizes = ", ".join(f"{role} {m.num_params / 1e6:.2f}M params" for role, m in manifest.models.items())
     print(f"{args.bundle}: specrt bundle made {manifest.created} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")

@@ -131,6 +131,21 @@ def test_lossless_methods_give_autoregressive_tokens_with_the_in_graph_update(in
         [o.token_ids for o in pipelines["ort"].generate(prompts, **mtad)]
 
 
+def test_without_packed_rows_a_ragged_in_graph_batch_writes_its_holes_where_nobody_reads_them(inplace_bundle, inplace_pipe,
+                                                                                               pipelines, humaneval):
+    """--no-packed-rows: the holes of a ragged batch are computed, and the in-graph step writes their K/V past each
+    sequence's end, in slots its commit never keeps."""
+    from specrt.runtime.pipeline import Pipeline
+
+    plain = Pipeline.load(inplace_bundle, threads=2, kv_update="inplace", packed_rows=False)
+    assert not plain.target.packs_rows and plain.target.grouped_attention == inplace_pipe.target.grouped_attention
+    prompts = humaneval[:5]
+    ar = [o.token_ids for o in pipelines["ort"].generate(prompts, method="autoregressive", max_new_tokens=24)]
+    for kw in (dict(method="anpd"), dict(method="dynamic", num_draft_tokens=6)):
+        got = plain.generate(prompts, max_new_tokens=24, batch_size=3, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+
+
 def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bundle, pipelines, monkeypatch):
     """Where ONNX Runtime will not load the layers rewritten into GroupQueryAttention, the backend says why and loads
     the in-graph graph as it was exported, which decodes the same tokens."""

@@ -159,3 +159,27 @@ def test_ort_backend_packs_the_rows_of_the_graphs_it_loads(demo_bundle, tmp_path
     one = alone.new_cache(1)
     solo, _ = alone.step(*pack_step(one, rows[1:], [np.arange(1)]), one)
     np.testing.assert_allclose(logits[1, 0], solo[0, 0], rtol=1e-5, atol=1e-5)  # the real row as it runs alone
+
+
+def test_a_pipeline_loaded_without_packed_rows_decodes_the_same_tokens_at_its_own_machine(demo_bundle):
+    """packed_rows=False (--no-packed-rows) loads the step graph as it is: a ragged batch then computes its holes,
+    and every method decodes what the packed pipeline decodes, alone and batched; its latency profile and plan are
+    its own (Machine.packed_rows)."""
+    from specrt.bundle.machine import Machine
+    from specrt.errors import InvalidRequestError
+    from specrt.runtime.pipeline import Pipeline
+
+    packed = Pipeline.load(demo_bundle, threads=1)
+    plain = Pipeline.load(demo_bundle, threads=1, packed_rows=False)
+    assert packed.target.packs_rows and not plain.target.packs_rows and not plain.draft.packs_rows
+    prompts = ["def add(a, b):", "import os\nimport sys\n", "class Stack:\n    def push(self, x):"]
+    for method, batch in (("autoregressive", 1), ("sd", 3), ("anpd", 3)):
+        want = [g.token_ids for g in packed.generate(prompts, method=method, max_new_tokens=24, batch_size=batch)]
+        got = [g.token_ids for g in plain.generate(prompts, method=method, max_new_tokens=24, batch_size=batch)]
+        assert got == want, method
+    assert plain.machine == Machine.here("ort", 1, packed_rows=False) != packed.machine
+    assert plain.machine.flags().endswith("--no-packed-rows") and "token rows not packed" in plain.machine.describe()
+    with pytest.raises(InvalidRequestError, match="backend 'torch' does not pack them"):
+        Pipeline.load(demo_bundle, backend="torch", device="cpu", packed_rows=False)
+    with pytest.raises(InvalidRequestError, match="packed_rows must be True or False, got 'no'"):
+        Pipeline.load(demo_bundle, packed_rows="no")
