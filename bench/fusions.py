@@ -1,9 +1,11 @@
-"""`specrt bench fusions`: the ort backend's load-time merges of the projections that read one input, against each
-other on this machine, in the same run.
+"""`specrt bench fusions`: the ort backend's load-time rewrites of a step graph against each other on this machine,
+in the same run: the merges of the projections that read one input, and the packing of token rows.
 
 Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" the default, "all" merging a float
-MLP's gate and up as well, "none") loads the bundle's target step graph (the exported one, a quantized variant with
---quant, the in-graph one with --kv-update inplace) in one process. A timed run is a step of T new tokens after
+MLP's gate and up as well, "none"), with packed token rows (packed_rows.py, the default) and, with --packing
+packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), loads the
+bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
+inplace) in one process. A timed run is a step of T new tokens after
 --context cached ones per setting, each T a median of --repeats steps as `specrt profile` times them
 (calibration.latency.step_times), the settings in a new random order in every run; a row's figure is the median over
 runs, and its ratio is against the first setting's in the same run. The tokens are not compared here: the
@@ -32,6 +34,8 @@ from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends.ort import PROJECTIONS
 
+PACKING = ("packed", "unpacked")
+
 
 @dataclass(frozen=True)
 class FusionsConfig(BenchConfig):
@@ -45,13 +49,17 @@ class FusionsConfig(BenchConfig):
     quant: str | None = option(None, "a quantized variant of the step graphs (`specrt quantize`)")
     kv_update: str = option("runtime", "runtime: the exported step graphs; inplace: `specrt inplace`'s variants",
                             choices=("runtime", "inplace"))
+    packing: tuple[str, ...] = option(("packed",), "token rows packed (packed_rows.py, the default) or not "
+                                                   "(--no-packed-rows), each with every projections setting",
+                                      choices=PACKING)
     ops: bool = option(False, "also split each setting's step by operator type (ONNX Runtime's profiler, after the "
                               "timed runs)")
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.projections or len(set(self.projections)) < len(self.projections):
-            raise InvalidRequestError("--projections takes each setting once, at least one")
+        for name, given in (("projections", self.projections), ("packing", self.packing)):
+            if not given or len(set(given)) < len(given):
+                raise InvalidRequestError(f"--{name} takes each setting once, at least one")
         if not self.tokens or min(self.tokens) < 1:
             raise InvalidRequestError(f"--tokens takes counts >= 1, got {self.tokens}")
 
@@ -67,29 +75,31 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     r = resolve(cfg.bundle, "ort", cfg.threads, None, cfg.verify_mode, cfg.quant, cfg.kv_update)
     entry = r.manifest.models["target"]
     graph = Path(cfg.bundle) / (r.graphs.get("target") or entry.onnx)
-    backends = {p: OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p)
-                for p in tqdm(cfg.projections, desc="load", unit="setting")}
-    ms: dict[tuple[str, int], list[float]] = {(p, t): [] for p in cfg.projections for t in cfg.tokens}
+    settings = [(p, k) for p in cfg.projections for k in cfg.packing]
+    backends = {(p, k): OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
+                                   pack_rows=k == "packed")
+                for p, k in tqdm(settings, desc="load", unit="setting")}
+    ms: dict[tuple, list[float]] = {(s, t): [] for s in settings for t in cfg.tokens}
     rng = np.random.default_rng(0)
     with tqdm(total=(cfg.runs + 1) * len(backends), desc=f"bench fusions {cfg.label}", unit="setting-run") as bar:
         for run in range(cfg.runs + 1):  # the first untimed
-            for i in rng.permutation(len(cfg.projections)):
-                p = cfg.projections[int(i)]
-                runner = backends[p].runner()
+            for i in rng.permutation(len(settings)):
+                setting = settings[int(i)]
+                runner = backends[setting].runner()
                 for t in cfg.tokens:
                     step = statistics.median(step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=2))
                     if run:
-                        ms[p, t].append(1000 * step)
+                        ms[setting, t].append(1000 * step)
                 runner.close()
                 bar.update()
     rows = []
-    for p, backend in backends.items():
+    for (p, k), backend in backends.items():
         for t in cfg.tokens:
-            med = statistics.median(ms[p, t])
-            first = statistics.median(ms[cfg.projections[0], t])
-            rows.append({"projections": p, "tokens": t, "merged_matmuls": backend.merged_matmuls,
+            med = statistics.median(ms[(p, k), t])
+            first = statistics.median(ms[settings[0], t])
+            rows.append({"projections": p, "packing": k, "tokens": t, "merged_matmuls": backend.merged_matmuls,
                          "step_ms": round(med, 3), "vs_first": round(med / first, 3),
-                         "runs_ms": [round(v, 3) for v in ms[p, t]]})
+                         "runs_ms": [round(v, 3) for v in ms[(p, k), t]]})
     data = {**header("fusions", cfg), "graph": str(graph.relative_to(cfg.bundle)), "rows": rows}
     if cfg.ops:
         data["ops"] = profile_ops(cfg, entry, graph)
@@ -112,8 +122,9 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="specrt-ops-") as scratch:
-        for p in tqdm(cfg.projections, desc="profile ops", unit="setting"):
+        for p, k in tqdm([(p, k) for p in cfg.projections for k in cfg.packing], desc="profile ops", unit="setting"):
             backend = OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
+                                 pack_rows=k == "packed",
                                  profile=Path(scratch) / p)
             with backend.runner() as runner:
                 for t in cfg.tokens:
@@ -126,7 +137,7 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
                 timed = runs[i * per_t + WARMUP:(i + 1) * per_t]
                 names = sorted({op for _, ops in timed for op in ops})
                 ops = {op: round(statistics.median(ops.get(op, 0.0) for _, ops in timed), 3) for op in names}
-                rows.append({"projections": p, "tokens": t, "run_ms": round(statistics.median(r for r, _ in timed), 3),
+                rows.append({"projections": p, "packing": k, "tokens": t, "run_ms": round(statistics.median(r for r, _ in timed), 3),
                              "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return rows
 
@@ -148,18 +159,25 @@ def op_times(trace: list[dict]) -> list[tuple[float, dict[str, float]]]:
     return [(dur / 1e3, {op: us / 1e3 for op, us in o.items()}) for (_, dur), o in zip(runs, ops)]
 
 
+def setting(r: dict) -> str:
+    """A row's setting as its tables name it: the projections merged, and "unpacked" where its token rows were not
+    (results from before --packing were all packed)."""
+    return r["projections"] + (", unpacked" if r.get("packing", "packed") == "unpacked" else "")
+
+
 def markdown(data: dict) -> str:
     c = data["config"]
-    lines = [f"### fusions `{data['label']}`: the target's step (`{data['graph']}`) by the ort backend's projection "
-             f"merges, {c['threads']} threads, {c['context']} cached tokens, median of {c['runs']} interleaved runs "
+    lines = [f"### fusions `{data['label']}`: the target's step (`{data['graph']}`) by the ort backend's load-time "
+             f"rewrites, {c['threads']} threads, {c['context']} cached tokens, median of {c['runs']} interleaved runs "
              f"of {c['repeats']} steps ({data['date']})", "",
-             "| projections merged | MatMuls merged away | new tokens | step (ms) | against the first row's |",
+             "| setting | MatMuls merged away | new tokens | step (ms) | against the first row's |",
              "|---|---:|---:|---:|---:|"]
     for r in data["rows"]:
-        lines.append(f"| {r['projections']} | {r['merged_matmuls']} | {r['tokens']} | {r['step_ms']:.2f} | "
+        lines.append(f"| {setting(r)} | {r['merged_matmuls']} | {r['tokens']} | {r['step_ms']:.2f} | "
                      f"{r['vs_first']:.2f}x |")
     lines += ["", "qkv: q, k and v merged (a weight-only variant's gate and up too), the ort backend's default; all: a "
-                  "float MLP's gate and up too; none: every projection its own MatMul."]
+                  "float MLP's gate and up too; none: every projection its own MatMul. Token rows packed (the default) "
+                  "unless a setting says unpacked (--no-packed-rows)."]
     lines += ops_table(data.get("ops"))
     return "\n".join(lines) + "\n"
 
@@ -194,11 +212,11 @@ def ops_table(ops: list[dict] | None) -> list[str]:
     lines = ["", "Where the step's time goes by operator type (ONNX Runtime's profiler, a separate profiled load; "
                  "median over steps; shares of the profiled run, whose time includes the profiler's own: compare it "
                  "with the step above):", "",
-             "| projections merged | new tokens | profiled run (ms) | " + " | ".join(names) + " |",
+             "| setting | new tokens | profiled run (ms) | " + " | ".join(names) + " |",
              "|---|---:|---:|" + "---:|" * len(names)]
     for r in ops:
         shares = op_shares(r, columns)
-        lines.append(f"| {r['projections']} | {r['tokens']} | {r['run_ms']:.2f} | "
+        lines.append(f"| {setting(r)} | {r['tokens']} | {r['run_ms']:.2f} | "
                      + " | ".join(f"{shares[n]:.1%}" for n in names) + " |")
     return lines
 
@@ -209,12 +227,12 @@ def plot(data: dict, path: Path) -> None:
         return
     rows, ops = data["rows"], data.get("ops")
     tokens = sorted({r["tokens"] for r in rows})
-    settings = list(dict.fromkeys(r["projections"] for r in rows))
+    settings = list(dict.fromkeys(setting(r) for r in rows))
     fig, axes = plt.subplots(1, 2 if ops else 1, figsize=(12 if ops else 6, 3.5), squeeze=False)
     ax = axes[0, 0]
     width = 0.8 / len(settings)
     for i, p in enumerate(settings):
-        got = {r["tokens"]: r["step_ms"] for r in rows if r["projections"] == p}
+        got = {r["tokens"]: r["step_ms"] for r in rows if setting(r) == p}
         ax.bar(np.arange(len(tokens)) + i * width, [got[t] for t in tokens], width, label=p)
     ax.set_xticks(np.arange(len(tokens)) + width * (len(settings) - 1) / 2, [f"T={t}" for t in tokens])
     ax.set_ylabel("target step (ms, median)")
@@ -224,7 +242,7 @@ def plot(data: dict, path: Path) -> None:
     if ops:  # each profiled step stacked by operator type
         ax = axes[0, 1]
         columns = op_columns(ops)
-        labels = [f"{r['projections']} T={r['tokens']}" for r in ops]
+        labels = [f"{setting(r)} T={r['tokens']}" for r in ops]
         left = np.zeros(len(ops))
         for name in [*columns, "other kernels", "outside kernels"]:
             share = np.array([op_shares(r, columns)[name] for r in ops])
@@ -239,6 +257,6 @@ def plot(data: dict, path: Path) -> None:
 
 def headline(data: dict) -> str:
     """One line a README reader can take away from a run, computed from its rows."""
-    first = data["rows"][0]["projections"]
-    return "; ".join(f"{r['projections']} {r['vs_first']:.2f}x {first}'s step at T={r['tokens']}"
-                     for r in data["rows"] if r["projections"] != first)
+    first = setting(data["rows"][0])
+    return "; ".join(f"{setting(r)} {r['vs_first']:.2f}x {first}'s step at T={r['tokens']}"
+                     for r in data["rows"] if setting(r) != first)

@@ -82,3 +82,20 @@ def test_a_backend_loaded_without_a_profile_folder_has_no_profile(demo_bundle):
     entry = load_manifest(demo_bundle).models["target"]
     with pytest.raises(InvalidRequestError, match="without profile="):
         OrtBackend(entry, demo_bundle / entry.onnx, threads=1).end_profiling()
+
+
+def test_bench_fusions_times_each_setting_with_and_without_packed_rows(demo_bundle, tmp_path):
+    from specrt.bench.catalog import headline
+    from specrt.bench.fusions import FusionsConfig, run_fusions
+
+    cfg = FusionsConfig(bundle=demo_bundle, out=tmp_path, label="p", projections=("qkv",), tokens=(1,), context=20,
+                        repeats=2, runs=1, threads=1, packing=("packed", "unpacked"), ops=True)
+    data = run_fusions(cfg)
+    assert [(r["projections"], r["packing"]) for r in data["rows"]] == [("qkv", "packed"), ("qkv", "unpacked")]
+    assert [(r["projections"], r["packing"]) for r in data["ops"]] == [("qkv", "packed"), ("qkv", "unpacked")]
+    packed, unpacked = (r["ops_ms"] for r in data["ops"])
+    assert "GatherND" in packed and "GatherND" not in unpacked  # the packing's gathers, and only there
+    md = (tmp_path / "fusions-p.md").read_text()
+    assert "| qkv, unpacked | " in md and headline("fusions", data).startswith("qkv, unpacked ")
+    with pytest.raises(InvalidRequestError, match="--packing takes each setting once"):
+        FusionsConfig(bundle=demo_bundle, packing=("unpacked", "unpacked"))
