@@ -35,6 +35,15 @@ class Decoded(NamedTuple):
     rows: int = 0  # token rows the target's decode steps verified (drafts + 1 per step; ours only)
 
 
+def joined(parts: "list[Decoded]") -> "Decoded":
+    """The Decoded of one pass over several prompts from the Decoded of each (in prompt order)."""
+    stages = [d.stage_seconds for d in parts]
+    return Decoded([o for d in parts for o in d.outputs], sum(d.target_calls for d in parts),
+                   {k: sum(s[k] for s in stages) for k in STAGES} if all(stages) else None,
+                   tuple(t for d in parts for t in d.first_s), tuple(t for d in parts for t in d.decode_s),
+                   sum(d.rows for d in parts))
+
+
 class PromptClock:
     """Times one prompt: made when the prompt starts; `token()` at each new token (only the first counts)."""
 

@@ -2,7 +2,8 @@
 
 Same prompts (HumanEval, first N), greedy, batch 1, same thread count, same checkpoints (the bundle's
 hf/ copies, on the same device in the bundle's dtype), in one process. Each run decodes every prompt once
-per method; runs interleave methods so that drift hits all of them alike; we report the median over runs
+per method, one prompt at a time, the (method, prompt) pairs in a new random order each run, so that drift hits
+all of them alike (a method's run is its prompts' seconds summed); we report the median over runs
 after an untimed warm-up run (the first pass over new prompt lengths and cache sizes costs ONNX Runtime
 about twice as much), and ratios against our own autoregressive measured in the same run. Beside them:
 the roofline (bench/hardware.py: measured copy bandwidth / the target's weight bytes) and each row's
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bench.decoded import STAGES, Decoded, latencies, stage_seconds, timed
+from specrt.bench.decoded import STAGES, Decoded, joined, latencies, stage_seconds, timed
 from specrt.bench.peers import PEERS, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
@@ -287,31 +288,37 @@ def run_e2e(cfg: E2EConfig) -> dict:
                 "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),
                 "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
 
-    passes = {name: [] for name in runners}  # every pass's latencies (bench.decoded), warm-up included
+    # A run is every row over every prompt, the (row, prompt) pairs in a new random order each run: the machine's
+    # drift (minutes of it on a shared VM) then falls on every row alike, not on the rows that ran later in the run.
+    pairs = [(name, i) for name in runners for i in range(len(prompts))]
+    decoded = {pair: [] for pair in pairs}  # every run's Decoded of each pair, warm-up runs included
 
-    def results_of(seconds, last) -> dict[str, MethodResult]:
+    def one(name, i):
+        decoded[name, i].append(runners[name]([prompts[i]]))
+
+    def results_of(pair_seconds) -> dict[str, MethodResult]:
         results = {}
-        for name in seconds:  # the rows' order (the last pass ran them in a shuffled one)
-            d = last[name]
-            timed_passes = passes[name][len(passes[name]) - len(seconds[name]):]
-            results[name] = MethodResult(name, list(seconds[name]), sum(map(len, d.outputs)), d.target_calls,
-                                         d.stage_seconds, d.rows, d.outputs, list(joules.get(name, [])),
-                                         ttft_ms=[t for t, _ in timed_passes if t is not None],
-                                         tpot_ms=[t for _, t in timed_passes if t is not None])
+        timed = len(next(iter(pair_seconds.values())))
+        for name in runners:
+            runs = [joined([decoded[name, i][r] for i in range(len(prompts))])
+                    for r in range(len(decoded[name, 0]) - timed, len(decoded[name, 0]))]
+            lat = [latencies(d) for d in runs]
+            seconds = [sum(pair_seconds[name, i][r] for i in range(len(prompts))) for r in range(timed)]
+            energy = [sum(joules[name, i][r] for i in range(len(prompts))) for r in range(timed)] \
+                if all((name, i) in joules for i in range(len(prompts))) else []
+            d = runs[-1]
+            results[name] = MethodResult(name, seconds, sum(map(len, d.outputs)), d.target_calls, d.stage_seconds,
+                                         d.rows, d.outputs, energy, ttft_ms=[t for t, _ in lat if t is not None],
+                                         tpot_ms=[t for _, t in lat if t is not None])
         return results
 
-    def one_pass(name, run):
-        decoded = run(prompts)
-        passes[name].append(latencies(decoded))
-        return decoded
+    def partial(pair_seconds, _):  # after each timed run but the last: what a cut-off run leaves
+        report(cfg, results_of(pair_seconds), skipped, roofline,
+               partial=f"{len(next(iter(pair_seconds.values())))} of {cfg.runs} timed runs")
 
-    def partial(seconds, last):  # after each timed pass but the last: what a cut-off run leaves
-        report(cfg, results_of(seconds, last), skipped, roofline, partial=f"{len(next(iter(seconds.values())))} of "
-                                                                           f"{cfg.runs} timed runs")
-
-    seconds, last = timed_runs({name: (lambda name=name, run=run: one_pass(name, run)) for name, run in runners.items()},
-                               cfg.runs, cfg.warmup_runs, f"bench e2e {cfg.label}", meter, joules, partial)
-    results = results_of(seconds, last)
+    pair_seconds, _ = timed_runs({pair: (lambda pair=pair: one(*pair)) for pair in pairs}, cfg.runs, cfg.warmup_runs,
+                                 f"bench e2e {cfg.label}", meter, joules, partial)
+    results = results_of(pair_seconds)
     if "autoregressive" in results:
         prompt_ids = [pipe.encode(p) for p in prompts]
         for r in results.values():

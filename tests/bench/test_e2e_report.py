@@ -73,6 +73,36 @@ def test_a_run_leaves_its_rows_after_each_timed_pass(demo_bundle, tmp_path, monk
     assert "| TTFT ms | TPOT ms |" in written[-1][1]
 
 
+def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts(demo_bundle, tmp_path, monkeypatch):
+    """Drift on a shared machine falls on every row alike: each runner decodes one prompt per call, and a run's
+    (row, prompt) calls come in a new random order; a row's run is its prompts' outputs, in prompt order, and their
+    seconds summed."""
+    import specrt.bench.e2e as e2e
+    from specrt.bench.decoded import Decoded
+    from specrt.bench.prompts import humaneval_prompts
+
+    prompts, calls = humaneval_prompts(3), []
+
+    def runner(name):
+        def run(given):
+            assert len(given) == 1
+            i = prompts.index(given[0])
+            calls.append((name, i))
+            return Decoded([[i, i + 1]], first_s=(0.001,), decode_s=(0.002,))
+        return run
+
+    monkeypatch.setattr(e2e, "build_runners", lambda cfg, pipe: ({n: runner(n) for n in "xy"}, {}))
+    cfg = E2EConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=3, runs=2, warmup_runs=1, baselines=(),
+                    threads=1)
+    data = e2e.run_e2e(cfg)
+    runs = [calls[6 * r:6 * (r + 1)] for r in range(3)]
+    assert all(sorted(run) == [(n, i) for n in "xy" for i in range(3)] for run in runs)
+    grouped = (list("xxxyyy"), list("yyyxxx"))
+    assert runs[1] != runs[2] and any([n for n, _ in run] not in grouped for run in runs[1:])  # rows mixed in a run
+    for row in data["rows"]:
+        assert row["tokens"] == 6 and len(row["runs_s"]) == 2 and row["ttft_ms"] == 1.0 and row["tpot_ms"] == 2.0
+
+
 def test_time_to_first_token_and_per_output_token_of_a_pass():
     from specrt.bench.decoded import Decoded, PromptClock, latencies, timed
 
