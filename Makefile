@@ -152,15 +152,17 @@ peers: $(STAMP)
 
 # Our AR and best lossless methods against each peer's AR and speculative modes, on the inflated pair (float32), our
 # rows on the in-graph step graphs (each layer ONNX Runtime's GroupQueryAttention kernel, as ONNX Runtime GenAI's).
+# One prompt at a time, as the peers decode: loaded, profiled and tuned as a single-stream deployment would be, without
+# packed token rows (a batch of one has no holes to leave out).
 bench-peers: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle build/inflated/bundle
 	test -f build/inflated/bundle/inplace.json || $(BIN)/specrt inplace --bundle build/inflated/bundle
-	$(BIN)/specrt profile --bundle build/inflated/bundle --kv-update inplace --threads $(THREADS) --batch-sizes 1 \
-		--contexts 512
+	$(BIN)/specrt profile --bundle build/inflated/bundle --kv-update inplace --no-packed-rows --threads $(THREADS) \
+		--batch-sizes 1 --contexts 512
 	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers --num-prompts 5 --threads $(THREADS) \
-		--kv-update inplace --methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
+		--kv-update inplace --no-packed-rows --methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
 		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
 
 # The same with 8-bit weights on every side: our in-graph graphs' int8-weights twin against ORT GenAI's int8 model and
@@ -173,11 +175,11 @@ bench-peers-int8: $(STAMP)
 		$(BIN)/specrt quantize --bundle build/inflated/bundle --scheme int8-weights --kv-update inplace
 	test -f build/inflated/bundle/quant/int8-weights/acceptance.json || \
 		$(BIN)/specrt calibrate --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --num-prompts 12
-	$(BIN)/specrt profile --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --threads $(THREADS) \
-		--batch-sizes 1 --contexts 512
+	$(BIN)/specrt profile --bundle build/inflated/bundle --quant int8-weights --kv-update inplace --no-packed-rows \
+		--threads $(THREADS) --batch-sizes 1 --contexts 512
 	$(BIN)/specrt tune --bundle build/inflated/bundle --batch-sizes 1 --variants int8-weights
 	$(BIN)/specrt bench e2e --bundle build/inflated/bundle --label inflated-peers-int8 --num-prompts 5 \
-		--threads $(THREADS) --quant int8-weights --kv-update inplace \
+		--threads $(THREADS) --quant int8-weights --kv-update inplace --no-packed-rows \
 		--methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
 		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
 
