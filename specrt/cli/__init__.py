@@ -1,6 +1,7 @@
 """The `specrt` command line (also `python -m specrt`).
 
     specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
+    specrt models distill              a draft trained on its target's distributions
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
@@ -70,6 +71,15 @@ def cmd_models(args) -> None:
         from specrt.checkpoints.train import train_pair
 
         train_pair(args.out)
+    elif args.models_cmd == "distill":
+        from specrt.checkpoints.distill import DistillConfig, distill
+
+        cfg = config_from(DistillConfig, args)
+        r = distill(cfg)
+        b, a = r["before"], r["after"]
+        print(f"distilled {cfg.draft} toward {cfg.target} in {r['train_seconds']:.0f} s: on held-out text, top-1 "
+              f"agreement {b['top1_agreement']:.3f} -> {a['top1_agreement']:.3f}, KL {b['kl']:.3f} -> {a['kl']:.3f}; "
+              f"wrote {cfg.out}")
     else:
         from specrt.checkpoints.inflate import InflateConfig, inflate
 
@@ -318,6 +328,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.acceptance import CalibrationConfig
     from specrt.calibration.latency import ProfileConfig
     from specrt.calibration.tune import TuneConfig
+    from specrt.checkpoints.distill import DistillConfig
     from specrt.checkpoints.inflate import InflateConfig
     from specrt.engines.config import BuildConfig
     from specrt.export.onnx_export import ExportConfig
@@ -334,12 +345,14 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    models = sub.add_parser("models", help="train the demo pair, or inflate a checkpoint")
+    models = sub.add_parser("models", help="train the demo pair, inflate a checkpoint, or distil a draft toward its target")
     msub = models.add_subparsers(dest="models_cmd", required=True)
     train = msub.add_parser("train", help="train tokenizer + target + draft on the stdlib source (CPU, ~30 min)")
     train.add_argument("--out", type=Path, default=Path("build/models"), help="where the pair goes (default: build/models)")
     add_config(msub.add_parser("inflate", help="function-preserving expansion of a checkpoint to a memory-bound size"),
                InflateConfig)
+    add_config(msub.add_parser("distill", help="train a draft on its target's next-token distributions (DistillSpec), "
+                                               "so that more of its drafts are accepted"), DistillConfig)
     models.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("export", help="export a target + draft pair into a bundle")
