@@ -5,11 +5,11 @@ Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" 
 MLP's gate and up as well, "none"), with packed token rows (packed_rows.py, the default) and, with --packing
 packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), loads the
 bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
-inplace) in one process. A timed run is a step of T new tokens after
---context cached ones per setting, each T a median of --repeats steps as `specrt profile` times them
-(calibration.latency.step_times), the settings in a new random order in every run; a row's figure is the median over
-runs, and its ratio is against the first setting's in the same run. The tokens are not compared here: the
-fusions are tested for the same function against the unfused graph. Writes JSON, Markdown and a plot.
+inplace) in one process. A timed run is a step of T new tokens after --context cached ones per setting, each T a
+median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
+random order in every run; a row's figure is the median over runs, and its ratio is against the first setting's in
+the same run. The tokens are not compared here: the fusions are tested for the same function against the unfused
+graph. Writes JSON, Markdown and a plot.
 
 --ops adds where each setting's step spends its time by operator type, from ONNX Runtime's own profiler: after the
 timed runs, each setting loaded once more with profiling on (it slows the steps: nothing timed above runs with it),
@@ -124,8 +124,7 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="specrt-ops-") as scratch:
         for p, k in tqdm([(p, k) for p in cfg.projections for k in cfg.packing], desc="profile ops", unit="setting"):
             backend = OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
-                                 pack_rows=k == "packed",
-                                 profile=Path(scratch) / p)
+                                 pack_rows=k == "packed", profile=Path(scratch) / f"{p}-{k}")
             with backend.runner() as runner:
                 for t in cfg.tokens:
                     step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=WARMUP)
@@ -137,7 +136,8 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
                 timed = runs[i * per_t + WARMUP:(i + 1) * per_t]
                 names = sorted({op for _, ops in timed for op in ops})
                 ops = {op: round(statistics.median(ops.get(op, 0.0) for _, ops in timed), 3) for op in names}
-                rows.append({"projections": p, "packing": k, "tokens": t, "run_ms": round(statistics.median(r for r, _ in timed), 3),
+                rows.append({"projections": p, "packing": k, "tokens": t,
+                             "run_ms": round(statistics.median(r for r, _ in timed), 3),
                              "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return rows
 
@@ -238,7 +238,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylabel("target step (ms, median)")
     ax.set_title(f"fusions {data['label']}")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, title="projections merged")
+    ax.legend(fontsize=8, title="setting")
     if ops:  # each profiled step stacked by operator type
         ax = axes[0, 1]
         columns = op_columns(ops)

@@ -61,8 +61,8 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
     if not isinstance(packed_rows, bool):
         raise InvalidRequestError(f"packed_rows must be True or False, got {packed_rows!r}")
     if not packed_rows and backend != "ort":
-        raise InvalidRequestError(f"packed_rows=False turns off the ort backend's packed token rows; backend {backend!r} "
-                                  "does not pack them (leave packed_rows at True)")
+        raise InvalidRequestError(f"packed_rows=False turns off the ort backend's packed token rows; backend "
+                                  f"{backend!r} does not pack them (leave packed_rows at True)")
     bundle = Path(bundle)
     manifest = load_manifest(bundle, verify=verify)
     if quant == "plan":  # the variant `specrt tune --variants` picked

@@ -131,8 +131,8 @@ def test_lossless_methods_give_autoregressive_tokens_with_the_in_graph_update(in
         [o.token_ids for o in pipelines["ort"].generate(prompts, **mtad)]
 
 
-def test_without_packed_rows_a_ragged_in_graph_batch_writes_its_holes_where_nobody_reads_them(inplace_bundle, inplace_pipe,
-                                                                                               pipelines, humaneval):
+def test_without_packed_rows_a_ragged_in_graph_batch_writes_its_holes_where_nobody_reads_them(
+        inplace_bundle, inplace_pipe, pipelines, humaneval):
     """--no-packed-rows: the holes of a ragged batch are computed, and the in-graph step writes their K/V past each
     sequence's end, in slots its commit never keeps."""
     from specrt.runtime.pipeline import Pipeline
