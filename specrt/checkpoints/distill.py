@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.checkpoints import DEMO_DIR
+from specrt.checkpoints.train import token_windows
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
@@ -40,7 +41,7 @@ class DistillConfig(Config):
                                        "library, the demo pair's corpus)")
     steps: int = option(800, "optimizer steps", ge=1)
     batch_size: int = option(16, "windows per step", ge=1)
-    seq_len: int = option(256, "tokens per window", ge=2)
+    seq_len: int = option(256, "tokens per window (each is read as seq_len + 1 tokens, as training reads them)", ge=1)
     lr: float = option(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = option(50, "linear warm-up steps", ge=0)
     eval_windows: int = option(64, "validation windows measured before and after", ge=1)
@@ -55,12 +56,6 @@ def _load(path: Path, what: str):
     if not (path / "config.json").is_file():
         raise SpecrtError(f"{what} {path} is not a Hugging Face checkpoint directory (no config.json)")
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-
-
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int):
-    import torch
-
-    return torch.from_numpy(tokens[starts[:, None] + np.arange(seq_len)[None, :]].astype(np.int64))
 
 
 def divergence(target, draft, batch) -> tuple:
@@ -82,12 +77,12 @@ def evaluate(target, draft, tokens: np.ndarray, cfg: DistillConfig) -> dict:
     """Mean KL and top-1 agreement over evenly spaced validation windows (deterministic)."""
     import torch
 
-    starts = np.linspace(0, len(tokens) - cfg.seq_len - 1, cfg.eval_windows).astype(np.int64)
+    starts = np.linspace(0, len(tokens) - cfg.seq_len - 2, cfg.eval_windows).astype(np.int64)
     kls, agrees = [], []
     draft.eval()
     with torch.no_grad():
         for chunk in np.array_split(starts, math.ceil(cfg.eval_windows / cfg.batch_size)):
-            kl, agree = divergence(target, draft, _windows(tokens, chunk, cfg.seq_len))
+            kl, agree = divergence(target, draft, token_windows(tokens, chunk, cfg.seq_len))
             kls.append(kl.item() * len(chunk))
             agrees.append(agree * len(chunk))
     return {"kl": round(sum(kls) / len(starts), 4), "top1_agreement": round(sum(agrees) / len(starts), 4)}
@@ -108,7 +103,7 @@ def _corpus_tokens(cfg: DistillConfig) -> tuple[np.ndarray, np.ndarray, str]:
         raise SpecrtError(f"corpus {cfg.corpus}: {e}; it needs Python sources for both splits") from None
     train, val = encode_files(tokenizer, train_files), encode_files(tokenizer, val_files)
     for name, tokens in (("train", train), ("validation", val)):
-        if len(tokens) <= cfg.seq_len + 1:
+        if len(tokens) < cfg.seq_len + 2:
             raise SpecrtError(f"the corpus's {name} files hold {len(tokens)} tokens, fewer than one window of "
                               f"{cfg.seq_len + 1}: give a larger corpus or a smaller --seq-len")
     return train, val, corpus_hash(train_files)
@@ -163,7 +158,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
     for step in tqdm(range(cfg.steps), desc="distill", unit="step", disable=not progress):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        batch = _windows(train, rng.integers(0, len(train) - cfg.seq_len, size=cfg.batch_size), cfg.seq_len)
+        batch = token_windows(train, rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size), cfg.seq_len)
         kl, _ = divergence(target, draft, batch)
         opt.zero_grad(set_to_none=True)
         kl.backward()

@@ -112,7 +112,8 @@ def build_model(cfg: ModelConfig, vocab_size: int, eos_id: int, seed: int):
     return model
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int):
+def token_windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int):
+    """The windows of seq_len + 1 tokens of a token stream at `starts`, as an int64 tensor [N, seq_len + 1]."""
     import torch
 
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
@@ -128,7 +129,7 @@ def evaluate(model, val_tokens: np.ndarray, seq_len: int, num_windows: int) -> f
     losses = []
     with torch.no_grad():
         for chunk in np.array_split(starts, max(1, num_windows // 32)):
-            batch = _windows(val_tokens, chunk, seq_len)
+            batch = token_windows(val_tokens, chunk, seq_len)
             out = model(input_ids=batch[:, :-1], labels=batch[:, :-1])
             # HF shifts labels internally: pass the inputs as labels, loss covers positions 1..T-1.
             losses.append(out.loss.item())
@@ -164,7 +165,7 @@ def train_model(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         starts = rng.integers(0, len(train_tokens) - cfg.seq_len - 1, size=cfg.batch_size)
-        batch = _windows(train_tokens, starts, cfg.seq_len)
+        batch = token_windows(train_tokens, starts, cfg.seq_len)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
