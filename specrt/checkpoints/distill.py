@@ -45,7 +45,7 @@ class DistillConfig(Config):
     lr: float = option(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = option(50, "linear warm-up steps", ge=0)
     eval_windows: int = option(64, "validation windows measured before and after", ge=1)
-    threads: int | None = option(None, "intra-op threads (default: every core this process may use)", ge=1)
+    threads: int | None = option(None, "PyTorch's intra-op threads (default: PyTorch's own, every core)", ge=1)
     seed: int = option(0, "seed of the windows drawn", ge=0)
 
 
@@ -128,9 +128,8 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
 
-    from specrt.bundle.machine import resolve_threads
-
-    torch.set_num_threads(resolve_threads(cfg.threads))
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     target, draft = _load(cfg.target, "target").eval(), _load(cfg.draft, "draft")
     vocab_t, vocab_d = target.config.vocab_size, draft.config.vocab_size
     if vocab_t != vocab_d:
