@@ -8,11 +8,11 @@ Memory stays flat over any mix of prompt lengths (`specrt bench soak`): the runt
 shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops growing once it has seen
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
-Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made; unless
-pack_rows=False, for a deployment that decodes one sequence at a time and so has no holes): a ragged step's holes
-are left out of its projections and MLPs; with its float32 RMSNorms (and the residual adds
-before them) fused into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v;
-a weight-only variant's gate and up) merged into one MatMul each (ort_fusions.py).
+Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
+ragged step's holes are left out of its projections and MLPs (unless pack_rows=False, for a deployment that decodes
+one sequence at a time and so has no holes); with its float32 RMSNorms (and the residual adds before them) fused
+into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v; a weight-only
+variant's gate and up) merged into one MatMul each (ort_fusions.py).
 
 kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.checkpoints import DEMO_DIR
-from specrt.checkpoints.train import token_windows
+from specrt.checkpoints.train import encode_files, token_windows
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
@@ -92,7 +92,6 @@ def _corpus_tokens(cfg: DistillConfig) -> tuple[np.ndarray, np.ndarray, str]:
     from transformers import PreTrainedTokenizerFast
 
     from specrt.checkpoints.corpus import corpus_hash, load_corpus
-    from specrt.checkpoints.train import encode_files
 
     if not (cfg.tokenizer / "tokenizer.json").is_file():
         raise SpecrtError(f"tokenizer {cfg.tokenizer} has no tokenizer.json")
