@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -150,10 +150,10 @@ def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str):
     from specrt.serving.tritonserver import free_ports
 
     http, grpc, metrics = free_ports(3)
-    serve = ServeConfig(bundle=cfg.bundle, out=Path("build") / "bench-serve" / f"{cfg.label}-{name}", backend=cfg.backend,
-                        threads=cfg.threads, method=cfg.method, max_batch=max_batch, http_port=http, grpc_port=grpc,
-                        stream_interval_ms=cfg.stream_interval_ms,
-                        metrics_port=metrics, server_dir=cfg.server_dir)
+    backend = {f.name: getattr(cfg, f.name) for f in fields(BackendOptions)}  # as the in-process pipeline loads
+    serve = ServeConfig(bundle=cfg.bundle, out=Path("build") / "bench-serve" / f"{cfg.label}-{name}", **backend,
+                        verify=cfg.verify, method=cfg.method, max_batch=max_batch, http_port=http, grpc_port=grpc,
+                        stream_interval_ms=cfg.stream_interval_ms, metrics_port=metrics, server_dir=cfg.server_dir)
     server, _ = start(serve, files)
     return server
 

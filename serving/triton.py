@@ -26,17 +26,17 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import TrtEngineSet
 from specrt.bundle.files import UMASK, replace_dir, write_atomic
-from specrt.bundle.manifest import BundleOptions, ModelEntry, load_manifest, manifest_sha256
-from specrt.config import option
+from specrt.bundle.manifest import VERIFY_FLAGS, BundleOptions, ModelEntry, load_manifest, manifest_sha256
+from specrt.config import field_types, option, unwrap_optional
 from specrt.errors import SpecrtError
-from specrt.runtime.backends import BACKENDS
+from specrt.runtime.backends import BackendOptions
 
 MARKER = "specrt-triton.json"  # a file at the repository's top level (Triton looks only at directories there)
 DECODE_MODEL = "specrt"
@@ -47,11 +47,10 @@ TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TY
 
 
 @dataclass(frozen=True)
-class TritonConfig(BundleOptions):
+class TritonConfig(BundleOptions, BackendOptions):
+    """The backend options are those the decode-loop model loads the bundle with (Pipeline.load's)."""
+
     out: Path = option(Path("build/triton"), "model repository directory (created, or replaced if specrt wrote it)")
-    backend: str = option("ort", "the backend the decode-loop model loads the bundle with", choices=BACKENDS)
-    device: str | None = option(None, "the decode-loop model's device, e.g. cuda:0 (default: the backend's)")
-    threads: int | None = option(None, "the decode-loop model's intra-op threads (default: every core)", ge=1)
     method: str = option("sd", "the method a request that names none gets")
     max_batch: int = option(8, "sequences one continuously batched loop decodes at once (more requests wait for a "
                                "place)", ge=1)
@@ -142,13 +141,32 @@ def _trt_model(repo: Path, bundle: Path, entry: ModelEntry, engines: TrtEngineSe
     return name
 
 
+def load_parameters(cfg: TritonConfig) -> dict[str, str]:
+    """The decode-loop model's parameters (config.pbtxt) that say how it loads the bundle: every backend option and
+    --verify, as strings (an option left at None is left out); pipeline_options reads them back."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(BackendOptions)}
+    values["verify"] = cfg.verify
+    return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in values.items() if v is not None}
+
+
+def pipeline_options(params: dict[str, str]) -> dict:
+    """Pipeline.load's keyword arguments from the decode-loop model's parameters (load_parameters)."""
+    types = field_types(BackendOptions)
+    values = {}
+    for f in fields(BackendOptions):
+        text = params.get(f.name)
+        if text is not None:
+            kind = unwrap_optional(types[f.name])[0]
+            values[f.name] = text == "true" if kind is bool else kind(text)
+    return {**BackendOptions(**values).pipeline_options(), "verify": VERIFY_FLAGS[params.get("verify", "recorded")]}
+
+
 def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
     src = Path(__file__).with_name("triton_model.py")
     (repo / DECODE_MODEL / "1").mkdir(parents=True)
     shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
-    params = {"bundle": str(bundle.resolve()), "backend": cfg.backend, "device": cfg.device or "",
-              "threads": str(cfg.threads or ""), "method": cfg.method, "max_batch": str(cfg.max_batch),
-              "stream_interval_ms": f"{cfg.stream_interval_ms:g}"}
+    params = {"bundle": str(bundle.resolve()), **load_parameters(cfg), "method": cfg.method,
+              "max_batch": str(cfg.max_batch), "stream_interval_ms": f"{cfg.stream_interval_ms:g}"}
     config = {
         "name": DECODE_MODEL, "backend": "python", "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": True},
@@ -180,6 +198,11 @@ def write_repository(cfg: TritonConfig) -> dict:
     entries = [manifest.models[role] for role in contract.ROLES]
     if not all(e.onnx for e in entries):
         raise SpecrtError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
+    if cfg.backend == "ort":  # what the model will load, refused here rather than in the server's log (the device
+        # backends run where Triton runs, which need not be this machine: they are checked as the model loads)
+        from specrt.runtime.loader import resolve
+
+        resolve(bundle, **cfg.pipeline_options())
     # the engines run where Triton runs, which need not be here: checked against the bundle, not this machine
     engines = artifacts.load(bundle, TrtEngineSet, here=False) if (bundle / TrtEngineSet.FILE).is_file() else None
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,9 @@ specrt_generated_tokens_total, specrt_target_calls_total, specrt_accepted_tokens
 specrt_rounds_total{sequences="n"} (decode rounds by the sequences they held), and the gauges
 specrt_tokens_per_target_call, specrt_queue_requests and specrt_running_sequences.
 
-The model's parameters (config.pbtxt) say which bundle to load, with which backend, device and threads, the method a
-request that names none gets, the sequences one batch holds (max_batch) and the stream interval.
+The model's parameters (config.pbtxt) say which bundle to load and how (every option of Pipeline.load: backend, device,
+threads, quant, kv_update, packed_rows, verify), the method a request that names none gets, the sequences one batch
+holds (max_batch) and the stream interval.
 """
 
 from __future__ import annotations
@@ -119,12 +120,12 @@ class TritonPythonModel:
     def initialize(self, args):
         from specrt.runtime.pipeline import Pipeline
         from specrt.serving.pool import ServerPool
+        from specrt.serving.triton import pipeline_options
 
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        threads = int(params["threads"]) if params.get("threads") else None
-        self.pipe = Pipeline.load(params["bundle"], backend=params.get("backend") or "ort", threads=threads,
-                                  device=params.get("device") or None)
+        self.pipe = Pipeline.load(params["bundle"], **pipeline_options(params))
+        pb_utils.Logger.log_info(f"specrt: {params['bundle']} loaded on {self.pipe.machine.describe()}")
         self.pool = ServerPool(self.pipe, int(params.get("max_batch") or 8), params.get("method") or "sd")
         self.stream_interval = float(params.get("stream_interval_ms") or 0) / 1000
         self.live: dict[int, _Live] = {}  # id of the runtime Request -> what answering it needs

@@ -59,3 +59,16 @@ def ppd_bundle(demo_bundle, tmp_path_factory):
     shutil.copytree(demo_bundle, b)
     train_prompt_tokens(PpdConfig(bundle=b, steps=30, lr=0.01, val_windows=8, budgets=(2, 4, 8, 16)), progress=False)
     return b
+
+
+@pytest.fixture(scope="session")
+def inplace_bundle(demo_bundle, tmp_path_factory):
+    """The demo bundle with its in-graph step graphs (`specrt inplace`: kv_update="inplace")."""
+    import shutil
+
+    from specrt.export.inplace import InPlaceConfig, in_place
+
+    b = tmp_path_factory.mktemp("inplace") / "b"
+    shutil.copytree(demo_bundle, b)
+    in_place(InPlaceConfig(bundle=b), progress=False)
+    return b

@@ -29,7 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from specrt.cli.args import ArgumentParser, add_config, add_flag, config_from, name_flags
-from specrt.config import field_types, format_value
+from specrt.config import field_types, format_value, to_flags
 from specrt.errors import SpecrtError
 
 
@@ -157,7 +157,7 @@ def cmd_triton(args) -> None:
     cfg = config_from(TritonConfig, args)
     info = write_repository(cfg)
     print(f"wrote the Triton model repository {cfg.out}: {', '.join(info['models'])}")
-    print(f"serve it with `specrt serve --bundle {cfg.bundle}`, or a Triton of your own: `tritonserver "
+    print(f"serve it with `specrt serve {to_flags(cfg)}`, or a Triton of your own: `tritonserver "
           f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
 
 

@@ -15,16 +15,6 @@ from specrt.errors import BundleError, InvalidRequestError
 
 
 @pytest.fixture(scope="module")
-def inplace_bundle(demo_bundle, tmp_path_factory):
-    from specrt.export.inplace import InPlaceConfig, in_place
-
-    b = tmp_path_factory.mktemp("inplace") / "b"
-    shutil.copytree(demo_bundle, b)
-    in_place(InPlaceConfig(bundle=b), progress=False)
-    return b
-
-
-@pytest.fixture(scope="module")
 def inplace_pipe(inplace_bundle):
     from specrt.runtime.pipeline import Pipeline
 

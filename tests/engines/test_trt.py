@@ -249,15 +249,13 @@ def test_concurrent_calls_hold_disjoint_contexts_and_profiles(trt, trt_bundle, h
 
 
 @pytest.fixture(scope="module")
-def in_graph_trt(demo_bundle, tmp_path_factory):
+def in_graph_trt(inplace_bundle, tmp_path_factory):
     """The demo bundle with `specrt inplace`'s graphs and fake-TensorRT 10.15 plans built from them."""
     from specrt.engines.config import BuildConfig
-    from specrt.export.inplace import InPlaceConfig, in_place
     from specrt.engines.trt import build_plans
 
     b = tmp_path_factory.mktemp("trt-in-graph") / "b"
-    shutil.copytree(demo_bundle, b)
-    in_place(InPlaceConfig(bundle=b), progress=False)
+    shutil.copytree(inplace_bundle, b)
     fake.reset("10.15.1")
     cfg = BuildConfig(bundle=b, backend="trt", kv_update="inplace", **TABLE)
     with pytest.MonkeyPatch.context() as m:

@@ -138,6 +138,28 @@ def test_ppd_is_served_token_identical_too(files, ppd_bundle, humaneval, tmp_pat
         server.stop()
 
 
+def test_the_served_model_loads_the_bundle_with_every_option_it_was_given(files, inplace_bundle, humaneval, tmp_path):
+    """A model loaded with the in-graph KV update and without packed rows (the single-stream deployment of
+    docs/benchmarks.md) serves what Pipeline.load with the same options generates; a plan tuned for those options is
+    only valid for a pipeline loaded with them, so the options must reach the served model."""
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.serving.client import http_generate
+    from specrt.serving.triton import TritonConfig, write_repository
+
+    options = {"threads": 2, "kv_update": "inplace", "packed_rows": False}
+    write_repository(TritonConfig(bundle=inplace_bundle, out=tmp_path / "repo", method="sd", **options))
+    pipe = Pipeline.load(inplace_bundle, **options)
+    server = _start(files, tmp_path / "repo", tmp_path)
+    try:
+        for p in humaneval[:3]:
+            want = pipe.generate(p, method="autoregressive", max_new_tokens=24).token_ids
+            assert http_generate(server.http_url, p, MAX_NEW_TOKENS=24)["TOKEN_IDS"] == want
+    finally:
+        server.stop()
+    # the tokens are the same with either KV update (lossless): what the model loaded is in the line it logs
+    assert f"specrt: {inplace_bundle.resolve()} loaded on {pipe.machine.describe()}" in (tmp_path / "server.log").read_text()
+
+
 def test_a_seeded_sampled_request_is_what_generate_samples_with_that_seed(server, pipelines, humaneval):
     from specrt.serving.client import http_generate
 

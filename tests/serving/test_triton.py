@@ -54,8 +54,9 @@ def test_the_repository_has_a_model_per_step_graph_and_the_decode_loop(repo, dem
     assert [o.name for o in c.output] == ["TEXT", "TOKEN_IDS", "FINISH_REASON"]
     assert c.instance_group[0].count == 2
     params = {k: v.string_value for k, v in c.parameters.items()}
-    assert params == {"bundle": str(demo_bundle.resolve()), "backend": "ort", "threads": "2", "method": "dynamic",
-                      "max_batch": "8", "stream_interval_ms": "20"}
+    assert params == {"bundle": str(demo_bundle.resolve()), "backend": "ort", "threads": "2", "kv_update": "runtime",
+                      "packed_rows": "true", "verify": "recorded", "method": "dynamic", "max_batch": "8",
+                      "stream_interval_ms": "20"}
     assert (repo / "specrt" / "1" / "model.py").is_file()
 
 
@@ -115,3 +116,24 @@ def test_a_directory_specrt_did_not_write_is_never_replaced(demo_bundle, repo, t
     assert _parse(again / "specrt" / "config.pbtxt").parameters["method"].string_value == "sd"
     with pytest.raises(SpecrtError, match="unknown method 'fast'"):
         write_repository(TritonConfig(bundle=demo_bundle, out=again, method="fast"))
+
+
+def test_every_load_option_reaches_the_decode_loop_model_and_a_bad_one_is_refused_before_writing(inplace_bundle,
+                                                                                                   tmp_path):
+    """quant, kv_update, packed_rows and verify are Pipeline.load's options as much as backend and threads: the
+    decode-loop model's parameters carry them, read back into the keyword arguments the same options give in process;
+    an ort option the bundle cannot run is refused as the repository is written, not in the server's log."""
+    from specrt.serving.triton import TritonConfig, pipeline_options, write_repository
+
+    cfg = TritonConfig(bundle=inplace_bundle, out=tmp_path / "repo", threads=2, kv_update="inplace", packed_rows=False,
+                       verify="full")
+    write_repository(cfg)
+    c = _parse(tmp_path / "repo" / "specrt" / "config.pbtxt")
+    params = {k: v.string_value for k, v in c.parameters.items()}
+    assert (params["kv_update"], params["packed_rows"], params["verify"]) == ("inplace", "false", "full")
+    assert pipeline_options(params) == cfg.pipeline_options() == {
+        "backend": "ort", "threads": 2, "device": None, "quant": None, "kv_update": "inplace", "packed_rows": False,
+        "verify": "full"}
+    with pytest.raises(SpecrtError, match="no quant.json in .*: run `specrt quantize"):
+        write_repository(TritonConfig(bundle=inplace_bundle, out=tmp_path / "other", quant="int8-weights"))
+    assert not (tmp_path / "other").exists()
