@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 peers soak docs clean
+.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -182,6 +182,27 @@ bench-peers-int8: $(STAMP)
 		--threads $(THREADS) --quant int8-weights --kv-update inplace --no-packed-rows \
 		--methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
 		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-lookup --out $(RESULTS)
+
+# The same as bench-peers with the demo draft distilled toward the target first (`specrt models distill`, DistillSpec:
+# DISTILL_STEPS optimizer steps against the demo target, whose function the inflated target computes; 2.2 steps a
+# second on 2 cores), exported with the inflated target into a bundle of its own, calibrated, profiled and tuned there.
+DISTILL_STEPS ?= 3000
+DISTILLED := build/distilled-$(DISTILL_STEPS)
+bench-peers-distilled: $(STAMP)
+	test -f build/inflated/target/config.json || $(MAKE) inflate
+	test -f $(DISTILLED)/draft/distill.json || $(BIN)/specrt models distill --target $(DEMO)/target \
+		--draft $(DEMO)/draft --out $(DISTILLED)/draft --steps $(DISTILL_STEPS) --threads $(THREADS)
+	test -f $(DISTILLED)/bundle/manifest.json || $(BIN)/specrt export --target build/inflated/target \
+		--draft $(DISTILLED)/draft --tokenizer $(DEMO)/tokenizer --out $(DISTILLED)/bundle
+	test -f $(DISTILLED)/bundle/inplace.json || $(BIN)/specrt inplace --bundle $(DISTILLED)/bundle
+	test -f $(DISTILLED)/bundle/acceptance.json || $(BIN)/specrt calibrate --bundle $(DISTILLED)/bundle \
+		--kv-update inplace --num-prompts 12
+	$(BIN)/specrt profile --bundle $(DISTILLED)/bundle --kv-update inplace --no-packed-rows --threads $(THREADS) \
+		--batch-sizes 1 --contexts 512
+	$(BIN)/specrt tune --bundle $(DISTILLED)/bundle --batch-sizes 1
+	$(BIN)/specrt bench e2e --bundle $(DISTILLED)/bundle --label inflated-distilled-$(DISTILL_STEPS)-peers \
+		--num-prompts 5 --threads $(THREADS) --kv-update inplace --no-packed-rows \
+		--methods autoregressive,sd,dynamic-ngram,auto --baselines ort-genai,ort-genai-sd,ort-genai-ngram --out $(RESULTS)
 
 # Tree sizes measured against the tuner's prediction (calibrates, profiles and tunes first).
 bench-trees: $(STAMP)
