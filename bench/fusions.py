@@ -1,9 +1,11 @@
 """`specrt bench fusions`: the ort backend's load-time rewrites of a step graph against each other on this machine,
-in the same run: the merges of the projections that read one input, and the packing of token rows.
+in the same run: the merges of the projections that read one input, the packing of token rows, and the huge pages
+the weights are loaded into.
 
 Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" the default, "all" merging a float
 MLP's gate and up as well, "none"), with packed token rows (packed_rows.py, the default) and, with --packing
-packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), loads the
+packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), and with
+--huge-pages on,off, with the weights left in the pages they were loaded into (huge_pages.py), loads the
 bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
 inplace) in one process. A timed run is a step of T new tokens after --context cached ones per setting, each T a
 median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
@@ -35,6 +37,7 @@ from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends.ort import PROJECTIONS
 
 PACKING = ("packed", "unpacked")
+HUGE_PAGES = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,16 @@ class FusionsConfig(BenchConfig):
     packing: tuple[str, ...] = option(("packed",), "token rows packed (packed_rows.py, the default) or not "
                                                    "(--no-packed-rows), each with every projections setting",
                                       choices=PACKING)
+    huge_pages: tuple[str, ...] = option(("on",), "the weights' memory backed by transparent huge pages (huge_pages.py, "
+                                                  "the default) or as loaded (off), each with every setting above",
+                                         choices=HUGE_PAGES)
     ops: bool = option(False, "also split each setting's step by operator type (ONNX Runtime's profiler, after the "
                               "timed runs)")
 
     def __post_init__(self):
         super().__post_init__()
-        for name, given in (("projections", self.projections), ("packing", self.packing)):
+        for name, given in (("projections", self.projections), ("packing", self.packing),
+                            ("huge-pages", self.huge_pages)):
             if not given or len(set(given)) < len(given):
                 raise InvalidRequestError(f"--{name} takes each setting once, at least one")
         if not self.tokens or min(self.tokens) < 1:
@@ -75,10 +82,10 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     r = resolve(cfg.bundle, "ort", cfg.threads, None, cfg.verify_mode, cfg.quant, cfg.kv_update)
     entry = r.manifest.models["target"]
     graph = Path(cfg.bundle) / (r.graphs.get("target") or entry.onnx)
-    settings = [(p, k) for p in cfg.projections for k in cfg.packing]
-    backends = {(p, k): OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
-                                   pack_rows=k == "packed")
-                for p, k in tqdm(settings, desc="load", unit="setting")}
+    settings = [(p, k, h) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages]
+    backends = {(p, k, h): OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
+                                      pack_rows=k == "packed", huge_pages=h == "on")
+                for p, k, h in tqdm(settings, desc="load", unit="setting")}
     ms: dict[tuple, list[float]] = {(s, t): [] for s in settings for t in cfg.tokens}
     rng = np.random.default_rng(0)
     with tqdm(total=(cfg.runs + 1) * len(backends), desc=f"bench fusions {cfg.label}", unit="setting-run") as bar:
@@ -93,13 +100,15 @@ def run_fusions(cfg: FusionsConfig) -> dict:
                 runner.close()
                 bar.update()
     rows = []
-    for (p, k), backend in backends.items():
+    for (p, k, h), backend in backends.items():
         for t in cfg.tokens:
-            med = statistics.median(ms[(p, k), t])
+            med = statistics.median(ms[(p, k, h), t])
             first = statistics.median(ms[settings[0], t])
-            rows.append({"projections": p, "packing": k, "tokens": t, "merged_matmuls": backend.merged_matmuls,
+            rows.append({"projections": p, "packing": k, "huge_pages": h, "tokens": t,
+                         "huge_page_mib": round(backend.huge_pages.bytes / 2**20, 1),
+                         "merged_matmuls": backend.merged_matmuls,
                          "step_ms": round(med, 3), "vs_first": round(med / first, 3),
-                         "runs_ms": [round(v, 3) for v in ms[(p, k), t]]})
+                         "runs_ms": [round(v, 3) for v in ms[(p, k, h), t]]})
     data = {**header("fusions", cfg), "graph": str(graph.relative_to(cfg.bundle)), "rows": rows}
     if cfg.ops:
         data["ops"] = profile_ops(cfg, entry, graph)
@@ -122,9 +131,10 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="specrt-ops-") as scratch:
-        for p, k in tqdm([(p, k) for p in cfg.projections for k in cfg.packing], desc="profile ops", unit="setting"):
+        for p, k, h in tqdm([(p, k, h) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages],
+                            desc="profile ops", unit="setting"):
             backend = OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
-                                 pack_rows=k == "packed", profile=Path(scratch) / f"{p}-{k}")
+                                 pack_rows=k == "packed", huge_pages=h == "on", profile=Path(scratch) / f"{p}-{k}-{h}")
             with backend.runner() as runner:
                 for t in cfg.tokens:
                     step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=WARMUP)
@@ -136,7 +146,7 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
                 timed = runs[i * per_t + WARMUP:(i + 1) * per_t]
                 names = sorted({op for _, ops in timed for op in ops})
                 ops = {op: round(statistics.median(ops.get(op, 0.0) for _, ops in timed), 3) for op in names}
-                rows.append({"projections": p, "packing": k, "tokens": t,
+                rows.append({"projections": p, "packing": k, "huge_pages": h, "tokens": t,
                              "run_ms": round(statistics.median(r for r, _ in timed), 3),
                              "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return rows
@@ -160,9 +170,11 @@ def op_times(trace: list[dict]) -> list[tuple[float, dict[str, float]]]:
 
 
 def setting(r: dict) -> str:
-    """A row's setting as its tables name it: the projections merged, and "unpacked" where its token rows were not
-    (results from before --packing were all packed)."""
-    return r["projections"] + (", unpacked" if r.get("packing", "packed") == "unpacked" else "")
+    """A row's setting as its tables name it: the projections merged, "unpacked" where its token rows were not
+    (results from before --packing were all packed), "huge pages off" where the weights were left as loaded (as in
+    every result from before --huge-pages, whose rows say nothing of it)."""
+    return (r["projections"] + (", unpacked" if r.get("packing", "packed") == "unpacked" else "")
+            + (", huge pages off" if r.get("huge_pages") == "off" else ""))
 
 
 def markdown(data: dict) -> str:
@@ -178,6 +190,10 @@ def markdown(data: dict) -> str:
     lines += ["", "qkv: q, k and v merged (a weight-only variant's gate and up too), the ort backend's default; all: a "
                   "float MLP's gate and up too; none: every projection its own MatMul. Token rows packed (the default) "
                   "unless a setting says unpacked (--no-packed-rows)."]
+    huge = [r for r in data["rows"] if r.get("huge_pages") == "on"]
+    if huge:  # (rows from before --huge-pages say nothing: their weights were left as loaded)
+        lines[-1] += (f" The weights' memory in transparent huge pages ({max(r['huge_page_mib'] for r in huge):.0f} "
+                      "MiB collapsed, huge_pages.py) unless a setting says huge pages off.")
     lines += ops_table(data.get("ops"))
     return "\n".join(lines) + "\n"
 

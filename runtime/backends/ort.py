@@ -14,6 +14,9 @@ one sequence at a time and so has no holes); with its float32 RMSNorms (and the 
 into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v; a weight-only
 variant's gate and up) merged into one MatMul each (ort_fusions.py).
 
+The memory the session loaded the weights into is then backed by transparent huge pages where the kernel allows
+(huge_pages.py): a memory-bound step streams them all, with 512x fewer TLB misses.
+
 kv_update "inplace" runs the in-graph variant of a step graph (`specrt inplace`; contract.py): the runner
 translates the step's mask [B, T, S + T] to the cache's slots [B, T, C] (new token j of sequence b at slot
 lengths[b] + j), binds write_indices = the lengths, and binds each present_key/present_value output to the
@@ -36,6 +39,7 @@ from specrt import contract
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.backends.base import Backend
+from specrt.runtime.backends.huge_pages import HugePages
 from specrt.runtime.kv_cache import CacheRows, StorePool
 
 
@@ -84,12 +88,14 @@ class OrtBackend(Backend):
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
                  kv_update: str = "runtime", projections: str = "qkv", profile: Path | None = None,
-                 pack_rows: bool = True):
+                 pack_rows: bool = True, huge_pages: bool = True):
         """projections: which weight MatMuls reading one input are merged (ort_fusions.fuse_projections): "qkv" (q, k
         and v; a weight-only variant's gate and up too), "all" (a float MLP's gate and up too) or "none"; `specrt
         bench fusions` times them against each other. profile: a folder where ONNX Runtime's profiler records every
         run's kernels (end_profiling); it slows each step, so only a bench that times nothing with it sets it.
-        pack_rows: False loads the graph without packed token rows (a ragged step then computes its holes)."""
+        pack_rows: False loads the graph without packed token rows (a ragged step then computes its holes).
+        huge_pages: back the memory the session loads its weights into with transparent huge pages (huge_pages.py;
+        False, as loaded: what `specrt bench fusions --huge-pages` compares)."""
         import onnxruntime as ort
 
         if projections not in PROJECTIONS:
@@ -105,7 +111,9 @@ class OrtBackend(Backend):
             spin = entry.role != "draft"
         for grouped in ([True, False] if kv_update == "inplace" else [False]):
             try:
-                self.session = self._session(Path(onnx_path), threads, spin, grouped)
+                with HugePages(huge_pages) as pages:
+                    self.session = self._session(Path(onnx_path), threads, spin, grouped)
+                self.huge_pages = pages  # what was collapsed into huge pages (.bytes), or why nothing was (.reason)
                 return
             except Exception as e:  # onnxruntime raises its own exception types
                 why = str(e).strip().splitlines()[0][:200]

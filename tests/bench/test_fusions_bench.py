@@ -99,3 +99,19 @@ def test_bench_fusions_times_each_setting_with_and_without_packed_rows(demo_bund
     assert "| qkv, unpacked | " in md and headline("fusions", data).startswith("qkv, unpacked ")
     with pytest.raises(InvalidRequestError, match="--packing takes each setting once"):
         FusionsConfig(bundle=demo_bundle, packing=("unpacked", "unpacked"))
+
+
+def test_bench_fusions_times_the_step_with_and_without_huge_pages(demo_bundle, tmp_path):
+    """--huge-pages on,off: each setting loaded twice, its weights' memory collapsed into huge pages or left as loaded
+    (which of the two the tables name, and what was collapsed)."""
+    from specrt.bench.fusions import FusionsConfig, run_fusions
+
+    cfg = FusionsConfig(bundle=demo_bundle, out=tmp_path, label="h", projections=("qkv",), tokens=(1,), context=20,
+                        repeats=2, runs=1, threads=1, huge_pages=("on", "off"))
+    data = run_fusions(cfg)
+    assert [(r["projections"], r["huge_pages"]) for r in data["rows"]] == [("qkv", "on"), ("qkv", "off")]
+    assert data["rows"][1]["huge_page_mib"] == 0
+    md = (tmp_path / "fusions-h.md").read_text()
+    assert "| qkv | " in md and "| qkv, huge pages off | " in md
+    with pytest.raises(InvalidRequestError, match="--huge-pages takes each setting once"):
+        FusionsConfig(bundle=demo_bundle, huge_pages=())
