@@ -8,8 +8,9 @@ Where transparent huge pages are enabled only for memory that asks for them ("ma
 weights an ONNX Runtime session copies into its own buffers (its MatMuls' packed weights included) are not huge-page
 backed. `HugePages` wraps the load: within the private anonymous memory that appeared during it, every 2 MiB-aligned
 huge page's worth whose pages are all resident (mincore: nothing unused becomes resident) is marked MADV_HUGEPAGE and
-collapsed into a huge page at once (MADV_COLLAPSE, Linux 6.1+). The contents do not change. Where the kernel refuses (huge pages "never", an older
-kernel, not Linux), nothing changes and `reason` says why.
+collapsed into a huge page at once (MADV_COLLAPSE, Linux 6.1+). The contents do not change. Where the kernel refuses
+(huge pages "never", an older kernel, not Linux), nothing changes and `reason` says why. Memory that was there before
+the load, such as a long-lived process's freed memory its allocator hands out again, is left as it is.
 """
 
 from __future__ import annotations
@@ -25,17 +26,14 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <asm-generic/mman-common.h>
 
 
-def anonymous_regions() -> dict[tuple[int, int], int]:
-    """This process's private writable anonymous regions (start, end) -> resident bytes, from /proc/self/smaps."""
-    out, current = {}, None
-    with open("/proc/self/smaps") as f:
+def anonymous_regions() -> set[tuple[int, int]]:
+    """This process's private writable anonymous regions, (start, end) each, from /proc/self/maps."""
+    out = set()
+    with open("/proc/self/maps") as f:
         for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:  # a mapping's line: range perms offset dev inode [path]
-                anonymous = head[1].startswith("rw") and head[1].endswith("p") and (len(head) == 5 or head[5] == "[heap]")
-                current = tuple(int(x, 16) for x in head[0].split("-")) if anonymous else None
-            elif current is not None and head[0] == "Rss:":
-                out[current] = int(head[1]) * 1024
+            head = line.split()  # range perms offset dev inode [path]
+            if head[1].startswith("rw") and head[1].endswith("p") and (len(head) == 5 or head[5] == "[heap]"):
+                out.add(tuple(int(x, 16) for x in head[0].split("-")))
     return out
 
 
@@ -96,9 +94,9 @@ class HugePages:
                 self.reason = "transparent huge pages are Linux's"
             else:
                 try:
-                    self._before = set(anonymous_regions())
+                    self._before = anonymous_regions()
                 except OSError as e:
-                    self.reason = f"cannot read /proc/self/smaps ({e.strerror})"
+                    self.reason = f"cannot read /proc/self/maps ({e.strerror})"
         return self
 
     def __exit__(self, kind, value, tb) -> None:
