@@ -287,6 +287,9 @@ def run_e2e(cfg: E2EConfig) -> dict:
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
                 "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),
                 "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
+    pages = getattr(pipe.target, "huge_pages", None)  # the ort backend's (huge_pages.py)
+    if pages is not None:
+        roofline["huge_pages"] = f"{pages.bytes / 2**20:.0f} MiB" if pages.bytes else pages.reason
 
     # A run is every row over every prompt, the (row, prompt) pairs in a new random order each run: the machine's
     # drift (minutes of it on a shared VM) then falls on every row alike, not on the rows that ran later in the run.
@@ -406,7 +409,8 @@ def markdown(data: dict) -> str:
     if roof:
         lines += [f"- roofline: {roof['weight_bytes'] / 1e9:.3f} GB of target weights / {roof['copy_bandwidth_gb_s']} "
                       f"GB/s measured copy bandwidth = {roof['ms_per_token']} ms per token ({roof['tokens_per_s']} "
-                      f"tokens/s at batch 1); energy: {roof['energy']}"]
+                      f"tokens/s at batch 1); energy: {roof['energy']}"
+                  + (f"; our target's weights in huge pages: {roof['huge_pages']}" if roof.get("huge_pages") else "")]
     ratios = data.get("summary", {}).get("ngram_speedup_over_hf_lookup_speedup")
     if ratios:
         lines += ["- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "

@@ -101,6 +101,9 @@ def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts
     assert runs[1] != runs[2] and any([n for n, _ in run] not in grouped for run in runs[1:])  # rows mixed in a run
     for row in data["rows"]:
         assert row["tokens"] == 6 and len(row["runs_s"]) == 2 and row["ttft_ms"] == 1.0 and row["tpot_ms"] == 2.0
+    pages = data["roofline"]["huge_pages"]  # what went into huge pages, or why nothing did (huge_pages.py)
+    assert pages.endswith(" MiB") or pages == "no region to collapse" or pages.startswith("the kernel refused")
+    assert f"our target's weights in huge pages: {pages}" in (tmp_path / "e2e-t.md").read_text()
 
 
 def test_time_to_first_token_and_per_output_token_of_a_pass():
