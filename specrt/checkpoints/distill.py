@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.checkpoints import DEMO_DIR
-from specrt.checkpoints.train import encode_files, token_windows
+from specrt.checkpoints.train import adamw, cosine_lr, encode_files, token_windows
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
@@ -138,16 +138,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
         p.requires_grad_(False)
     train, val, corpus = _corpus_tokens(cfg)
     before = evaluate(target, draft, val, cfg)
-    decay = [p for p in draft.parameters() if p.ndim >= 2]
-    rest = [p for p in draft.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    opt = adamw(draft, cfg.lr, weight_decay=0.01)
 
     rng = np.random.default_rng(cfg.seed)
     history = []
@@ -155,7 +146,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
     draft.train()
     for step in tqdm(range(cfg.steps), desc="distill", unit="step", disable=not progress):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps, min_ratio=0.1)
         batch = token_windows(train, rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size), cfg.seq_len)
         kl, _ = divergence(target, draft, batch)
         opt.zero_grad(set_to_none=True)

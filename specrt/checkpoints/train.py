@@ -137,25 +137,31 @@ def evaluate(model, val_tokens: np.ndarray, seq_len: int, num_windows: int) -> f
     return float(np.mean(losses))
 
 
+def adamw(model, lr: float, weight_decay: float):
+    """AdamW over a model's parameters (betas 0.9, 0.95), weight decay on its matrices only."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+
+
+def cosine_lr(step: int, lr: float, warmup_steps: int, num_steps: int, min_ratio: float) -> float:
+    """Linear warm-up to `lr`, then a cosine decay to min_ratio * lr at num_steps."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    frac = (step - warmup_steps) / max(1, num_steps - warmup_steps)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
 def train_model(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tokenizer, out_dir: Path) -> dict:
     import torch
     from tqdm import tqdm
 
     model = build_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, cfg.seed)
     num_params = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        frac = (step - cfg.warmup_steps) / max(1, cfg.num_steps - cfg.warmup_steps)
-        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
 
     rng = np.random.default_rng(cfg.seed)
     history = []
@@ -163,7 +169,7 @@ def train_model(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
     bar = tqdm(range(cfg.num_steps), desc=f"train h={cfg.model.hidden_size}", unit="step")
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.num_steps, cfg.min_lr_ratio)
         starts = rng.integers(0, len(train_tokens) - cfg.seq_len - 1, size=cfg.batch_size)
         batch = token_windows(train_tokens, starts, cfg.seq_len)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
