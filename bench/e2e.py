@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bench.decoded import STAGES, Decoded, joined, latencies, stage_seconds, timed
-from specrt.bench.peers import PEERS, peer_lines, peer_runners, peer_summary
+from specrt.bench.peers import PEERS, PeerSources, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence
-from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, timed_runs, write_report
+from specrt.bench.report import (BenchConfig, best_lossless, header, lossless_headline, paired_ratio, runs_rate,
+                                 timed_runs, write_report)
 from specrt.bundle.machine import resolve_threads
 from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
 from specrt.config import option
@@ -49,7 +50,7 @@ BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum") + PEERS
 
 
 @dataclass(frozen=True)
-class E2EConfig(BenchConfig, BackendOptions):
+class E2EConfig(BenchConfig, BackendOptions, PeerSources):
     num_prompts: int = option(30, "first N HumanEval prompts", ge=1)
     warmup_runs: int = option(1, "untimed full passes over all prompts per row (first passes over new shapes are slower)",
                               ge=0)
@@ -59,10 +60,6 @@ class E2EConfig(BenchConfig, BackendOptions):
                                                    "cache + torch.compile) runs on CUDA only, optimum where "
                                                    "optimum-onnx is installed, ort-genai* where onnxruntime-genai is: "
                                                    "elsewhere each is skipped, saying why)")
-    peer_cache: Path = option(Path("build/peers"), "where the peers' conversions of the bundle's checkpoints are kept "
-                                                   "(made once per export and precision)")
-    llama_cpp_source: Path = option(Path("build/peers/llama.cpp"), "llama.cpp's GGUF converter (convert_hf_to_gguf.py "
-                                                                   "and its packages; `make peers` unpacks them)")
     prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
     in_graph: tuple[str, ...] = option((), "our rows to run a second time with the in-graph KV update (`specrt "
                                            "inplace`; ort backend), as '<row> (in-graph)', beside the runtime's")
@@ -349,14 +346,15 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
     for r in results.values():
         ref = base.outputs if base else None
         shares = time_shares(r)
+        rate = runs_rate(r.seconds, r.tokens)
         rows.append({
             "method": r.name,
             "tokens_per_s": round(r.tokens_per_s, 1),
             "median_s": round(r.median_s, 3),
             "runs_s": [round(s, 3) for s in r.seconds],
             "tokens": r.tokens,
-            "speedup_vs_ours_ar": round(r.tokens_per_s / base.tokens_per_s, 3) if base else None,
-            "speedup_vs_hf": round(r.tokens_per_s / hf.tokens_per_s, 3) if hf else None,
+            "speedup_vs_ours_ar": round(paired_ratio(rate, runs_rate(base.seconds, base.tokens)), 3) if base else None,
+            "speedup_vs_hf": round(paired_ratio(rate, runs_rate(hf.seconds, hf.tokens)), 3) if hf else None,
             "tokens_per_target_call": round(r.tokens / r.target_calls, 3) if r.target_calls else None,
             "host_fraction": shares["host"] if shares else None,
             "time_shares": shares,
@@ -377,7 +375,8 @@ def report(cfg: E2EConfig, results: dict[str, MethodResult], skipped: dict | Non
             r.name: round(r.tokens_per_s / base.tokens_per_s / lookup_speedup, 3)
             for r in results.values() if VARIANTS.get(r.name, (None,))[0] == "anpd"}
     summary.update(peer_summary(rows, *best_lossless(speed_rows({"rows": rows}))))
-    data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}, "roofline": roofline}
+    data = {**header("e2e", cfg), "rows": rows, "summary": summary, "skipped": skipped or {}, "roofline": roofline,
+            "ratios": "paired"}  # bench.report.paired_ratio (results from before: ratios of the rows' medians)
     if partial:  # a run still going (or cut off): its rows so far, without the divergence check
         data["partial"] = partial
     write_report(cfg.out / f"e2e-{cfg.label}", data, markdown, plot)
@@ -405,7 +404,10 @@ def markdown(data: dict) -> str:
                      f"{f(r['host_fraction'], '.1%')} | {f(r['same_tokens_as_ours_ar'], '.0%')} | "
                      f"{f(r.get('roofline_fraction'), '.1%')} | {f(r.get('joules_per_token'), '.3f')} |")
     lines += ["", "- TTFT: median over prompts of the time from a prompt's start to its first new token; TPOT: the "
-                  "time from each first new token to the last / the tokens after the first (bench/decoded.py)"]
+                  "time from each first new token to the last / the tokens after the first (bench/decoded.py)"
+                  + ("; vs our AR, vs HF and the ratios against the peers: the median over the timed runs of the ratio "
+                     "within each run (the rows' prompts interleave within a run: bench.report.paired_ratio)"
+                     if data.get("ratios") == "paired" else "")]
     if roof:
         lines += [f"- roofline: {roof['weight_bytes'] / 1e9:.3f} GB of target weights / {roof['copy_bandwidth_gb_s']} "
                       f"GB/s measured copy bandwidth = {roof['ms_per_token']} ms per token ({roof['tokens_per_s']} "

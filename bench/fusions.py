@@ -9,9 +9,13 @@ packed,unpacked, without them (what a batch of one, which has no holes, pays for
 bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
 inplace) in one process. A timed run is a step of T new tokens after --context cached ones per setting, each T a
 median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
-random order in every run; a row's figure is the median over runs, and its ratio is against the first setting's in
-the same run. The tokens are not compared here: the fusions are tested for the same function against the unfused
+random order in every run; a row's figure is the median over runs, and its ratio against the first setting's is the
+median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not compared here: the fusions are tested for the same function against the unfused
 graph. Writes JSON, Markdown and a plot.
+
+--peers llama-cpp adds llama.cpp's step of the same target at the precision matching ours (the GGUF conversion bench
+e2e's llama-cpp rows decode; bench.peers.LlamaCppStep: T new tokens after --context cached ones, every row's logits
+computed), timed in the same runs: where our autoregressive row and llama.cpp's differ, whether it is the step.
 
 --ops adds where each setting's step spends its time by operator type, from ONNX Runtime's own profiler: after the
 timed runs, each setting loaded once more with profiling on (it slows the steps: nothing timed above runs with it),
@@ -29,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bench.report import BenchConfig, header, write_report
+from specrt.bench.peers import PeerSources, llama_cpp_step
+from specrt.bench.report import BenchConfig, header, paired_ratio, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import InvalidRequestError, SpecrtError
@@ -37,11 +42,12 @@ from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends.ort import PROJECTIONS
 
 PACKING = ("packed", "unpacked")
+PEER_STEPS = ("llama-cpp",)
 HUGE_PAGES = ("on", "off")
 
 
 @dataclass(frozen=True)
-class FusionsConfig(BenchConfig):
+class FusionsConfig(BenchConfig, PeerSources):
     projections: tuple[str, ...] = option(PROJECTIONS, "OrtBackend projections settings, each row against the first: "
                                                        "qkv (the default), all (a float MLP's gate and up merged "
                                                        "too), none", choices=PROJECTIONS)
@@ -58,6 +64,9 @@ class FusionsConfig(BenchConfig):
     huge_pages: tuple[str, ...] = option(("on",), "the weights' memory backed by transparent huge pages (huge_pages.py, "
                                                   "the default) or as loaded (off), each with every setting above",
                                          choices=HUGE_PAGES)
+    peers: tuple[str, ...] = option((), "peer runtimes whose step of the same model at the matching precision is timed "
+                                        "beside ours in the same runs: llama-cpp (its GGUF conversion, as bench e2e's "
+                                        "rows; '' for none)", choices=PEER_STEPS)
     ops: bool = option(False, "also split each setting's step by operator type (ONNX Runtime's profiler, after the "
                               "timed runs)")
 
@@ -86,30 +95,39 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     backends = {(p, k, h): OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
                                       pack_rows=k == "packed", huge_pages=h == "on")
                 for p, k, h in tqdm(settings, desc="load", unit="setting")}
-    ms: dict[tuple, list[float]] = {(s, t): [] for s in settings for t in cfg.tokens}
+    peers = dict(llama_cpp_step(cfg.bundle, cfg, entry.dtype, cfg.quant, cfg.threads, cfg.context, max(cfg.tokens),
+                                entry.vocab_size) for _ in cfg.peers)
+    timed = [*settings, *peers]  # our settings, then the peers' row names
+    ms: dict[tuple, list[float]] = {(s, t): [] for s in timed for t in cfg.tokens}
     rng = np.random.default_rng(0)
-    with tqdm(total=(cfg.runs + 1) * len(backends), desc=f"bench fusions {cfg.label}", unit="setting-run") as bar:
+    with tqdm(total=(cfg.runs + 1) * len(timed), desc=f"bench fusions {cfg.label}", unit="setting-run") as bar:
         for run in range(cfg.runs + 1):  # the first untimed
-            for i in rng.permutation(len(settings)):
-                setting = settings[int(i)]
-                runner = backends[setting].runner()
+            for i in rng.permutation(len(timed)):
+                key = timed[int(i)]
+                runner = backends[key].runner() if key in backends else None
                 for t in cfg.tokens:
-                    step = statistics.median(step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=2))
+                    times = step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=2) if runner \
+                        else peers[key].times(t, cfg.repeats, warmup=2)
                     if run:
-                        ms[setting, t].append(1000 * step)
-                runner.close()
+                        ms[key, t].append(1000 * statistics.median(times))
+                if runner:
+                    runner.close()
                 bar.update()
+
+    def figures(key, t):
+        return {"tokens": t, "step_ms": round(statistics.median(ms[key, t]), 3),
+                "vs_first": round(paired_ratio(ms[key, t], ms[settings[0], t]), 3),
+                "runs_ms": [round(v, 3) for v in ms[key, t]]}
+
     rows = []
     for (p, k, h), backend in backends.items():
         for t in cfg.tokens:
-            med = statistics.median(ms[(p, k, h), t])
-            first = statistics.median(ms[settings[0], t])
-            rows.append({"projections": p, "packing": k, "huge_pages": h, "tokens": t,
+            rows.append({"projections": p, "packing": k, "huge_pages": h,
                          "huge_page_mib": round(backend.huge_pages.bytes / 2**20, 1),
-                         "merged_matmuls": backend.merged_matmuls,
-                         "step_ms": round(med, 3), "vs_first": round(med / first, 3),
-                         "runs_ms": [round(v, 3) for v in ms[(p, k, h), t]]})
-    data = {**header("fusions", cfg), "graph": str(graph.relative_to(cfg.bundle)), "rows": rows}
+                         "merged_matmuls": backend.merged_matmuls, **figures((p, k, h), t)})
+    rows += [{"peer": name, "merged_matmuls": None, **figures(name, t)} for name in peers for t in cfg.tokens]
+    data = {**header("fusions", cfg), "graph": str(graph.relative_to(cfg.bundle)), "rows": rows,
+            "ratios": "paired"}  # bench.report.paired_ratio (results from before: ratios of the rows' medians)
     if cfg.ops:
         data["ops"] = profile_ops(cfg, entry, graph)
     write_report(cfg.out / f"fusions-{cfg.label}", data, markdown, plot)
@@ -173,6 +191,8 @@ def setting(r: dict) -> str:
     """A row's setting as its tables name it: the projections merged, "unpacked" where its token rows were not
     (results from before --packing were all packed), "huge pages off" where the weights were left as loaded (as in
     every result from before --huge-pages, whose rows say nothing of it)."""
+    if "peer" in r:
+        return r["peer"]
     return (r["projections"] + (", unpacked" if r.get("packing", "packed") == "unpacked" else "")
             + (", huge pages off" if r.get("huge_pages") == "off" else ""))
 
@@ -185,7 +205,8 @@ def markdown(data: dict) -> str:
              "| setting | MatMuls merged away | new tokens | step (ms) | against the first row's |",
              "|---|---:|---:|---:|---:|"]
     for r in data["rows"]:
-        lines.append(f"| {setting(r)} | {r['merged_matmuls']} | {r['tokens']} | {r['step_ms']:.2f} | "
+        merged = "-" if r["merged_matmuls"] is None else r["merged_matmuls"]
+        lines.append(f"| {setting(r)} | {merged} | {r['tokens']} | {r['step_ms']:.2f} | "
                      f"{r['vs_first']:.2f}x |")
     lines += ["", "qkv: q, k and v merged (a weight-only variant's gate and up too), the ort backend's default; all: a "
                   "float MLP's gate and up too; none: every projection its own MatMul. Token rows packed (the default) "
@@ -194,6 +215,10 @@ def markdown(data: dict) -> str:
     if huge:  # (rows from before --huge-pages say nothing: their weights were left as loaded)
         lines[-1] += (f" The weights' memory in transparent huge pages ({max(r['huge_page_mib'] for r in huge):.0f} "
                       "MiB collapsed, huge_pages.py) unless a setting says huge pages off.")
+    peers = [r["peer"] for r in data["rows"] if "peer" in r]
+    if peers:
+        lines[-1] += (f" {', '.join(dict.fromkeys(peers))}: that runtime's step of the same target at the matching "
+                      "precision (bench e2e's conversion), every new row's logits computed, timed in the same runs.")
     lines += ops_table(data.get("ops"))
     return "\n".join(lines) + "\n"
 

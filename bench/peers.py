@@ -1,4 +1,5 @@
-"""Peer runtimes as same-run baselines of `specrt bench e2e`: what a deployer would run instead of specrt.
+"""Peer runtimes as same-run baselines of `specrt bench e2e` (and llama.cpp's step beside ours in `specrt bench
+fusions --peers`): what a deployer would run instead of specrt.
 
 ONNX Runtime GenAI (`onnxruntime-genai`): its model builder turns the bundle's own hf/ checkpoints into its ONNX
 models (GroupQueryAttention, its own KV cache); `og.Generator` decodes them greedily, alone (`ort-genai`), with the
@@ -20,10 +21,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.decoded import Decoded, timed
+from specrt.bench.report import paired_ratio, runs_rate
 from specrt.bundle.manifest import manifest_sha256
+from specrt.config import option
 from specrt.errors import SpecrtError
 
 ORT_GENAI = ("ort-genai", "ort-genai-sd", "ort-genai-ngram")
@@ -31,6 +36,16 @@ LLAMA_CPP = ("llama-cpp", "llama-cpp-lookup")
 PEERS = ORT_GENAI + LLAMA_CPP
 NGRAM_SIZE = 3  # ORT GenAI's n-gram lookup: the suffix length matched against the text so far
 LOOKUP_NGRAM = 2  # llama-cpp-python's prompt lookup: the longest n-gram it matches (its default)
+
+
+@dataclass(frozen=True)
+class PeerSources:
+    """Where a bench finds the peers' conversions of the bundle and llama.cpp's converter."""
+
+    peer_cache: Path = option(Path("build/peers"), "where the peers' conversions of the bundle's checkpoints are kept "
+                                                   "(made once per export and precision)")
+    llama_cpp_source: Path = option(Path("build/peers/llama.cpp"), "llama.cpp's GGUF converter (convert_hf_to_gguf.py "
+                                                                   "and its packages; `make peers` unpacks them)")
 
 
 def ort_genai_missing() -> str | None:
@@ -159,6 +174,51 @@ class LlamaCpp:
         return Decoded(outs, first_s=first_s, decode_s=decode_s)
 
 
+class LlamaCppStep:
+    """llama.cpp's step as `specrt profile` times ours (calibration.latency.step_times): T new tokens after `context`
+    cached ones, the logits of every row computed (as a verification step needs them), the cache rolled back to the
+    context after each step. The context is random token ids: contents do not change the cost."""
+
+    def __init__(self, gguf: Path, threads: int, context: int, max_tokens: int, vocab_size: int):
+        import numpy as np
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(gguf), n_ctx=context + max_tokens, n_batch=max(context, max_tokens, 1),
+                         n_threads=threads, n_threads_batch=threads, logits_all=True, verbose=False)
+        self.rng, self.vocab, self.context = np.random.default_rng(0), vocab_size, context
+        self.llm.reset()
+        if context:
+            self.llm.eval(self._tokens(context))
+
+    def _tokens(self, n: int) -> list[int]:
+        return [int(t) for t in self.rng.integers(0, self.vocab, n)]
+
+    def times(self, num_tokens: int, repeats: int, warmup: int) -> list[float]:
+        """Seconds of `repeats` steps of `num_tokens` tokens after `warmup` untimed ones."""
+        out = []
+        for i in range(warmup + repeats):
+            tokens = self._tokens(num_tokens)
+            self.llm.n_tokens = self.context  # eval drops the cache from here on, then appends the step's rows
+            t0 = time.perf_counter()
+            self.llm.eval(tokens)
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+        return out
+
+
+def llama_cpp_step(bundle: Path, sources: PeerSources, dtype: str, quant: str | None, threads: int, context: int,
+                   max_tokens: int, vocab_size: int) -> tuple[str, LlamaCppStep]:
+    """(its row name, llama.cpp's step) of the bundle's target at the precision matching ours; SpecrtError saying
+    why where it cannot run here."""
+    outtype, words = llama_cpp_precision(dtype, quant)
+    why = llama_cpp_missing(sources.llama_cpp_source) or (None if outtype else f"llama.cpp has no precision matching "
+                                                                              f"{words}")
+    if why:
+        raise SpecrtError(why)
+    gguf = llama_cpp_model(bundle, sources.peer_cache, sources.llama_cpp_source, outtype)
+    return f"llama.cpp ({words})", LlamaCppStep(gguf, threads, context, max_tokens, vocab_size)
+
+
 class OrtGenAI:
     """ONNX Runtime GenAI decoding one prompt at a time, greedily: alone, with a draft model, or with n-gram lookup.
     Called as e2e's runners are: prompts -> Decoded."""
@@ -254,7 +314,9 @@ PEER_FAMILIES = {"ort-genai": ("ONNX Runtime GenAI", ORT_GENAI), "llama-cpp": ("
 def peer_summary(rows: list[dict], ours_ar: dict | None, ours_best: dict | None) -> dict:
     """{"peers": {family: ...}}: each peer's autoregressive row and fastest speculative row of this run against our
     autoregressive and our fastest lossless row (e2e's rows; ours as bench.report.best_lossless picks them), as
-    ratios of tokens/s from the one run; {} where no peer ran."""
+    ratios of tokens/s from the one run (bench.report.paired_ratio: the median of the ratios within each timed run);
+    {} where no peer ran."""
+    by_name = {r["method"]: r for r in rows}
     out = {}
     for family, (title, names) in PEER_FAMILIES.items():
         mine = [r for r in rows if r["method"].split()[0] in names]
@@ -266,7 +328,9 @@ def peer_summary(rows: list[dict], ours_ar: dict | None, ours_best: dict | None)
         for key, theirs in (("ar", ar), ("best", spec)):
             for ours_key, ours in (("our_ar", ours_ar), ("our_best", ours_best)):
                 if theirs and ours:
-                    entry[f"{ours_key}_vs_its_{key}"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3)
+                    ours_row = by_name[ours["name"]]
+                    rates = [runs_rate(r["runs_s"], r["tokens"]) for r in (ours_row, theirs)]
+                    entry[f"{ours_key}_vs_its_{key}"] = round(paired_ratio(*rates), 3)
         entry["ours"] = {"ar": ours_ar and ours_ar["name"], "best": ours_best and ours_best["name"]}
         entry["same_tokens_as_ours_ar"] = {r["method"]: r["same_tokens_as_ours_ar"] for r in mine}
         out[family] = entry

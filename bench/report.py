@@ -93,6 +93,21 @@ def header(verb: str, cfg) -> dict:
             "config": config_dict(cfg), "machine": machine_summary(), "bundle_manifest_sha256": made_from}
 
 
+def paired_ratio(values: list[float], base_values: list[float]) -> float:
+    """The median over timed runs of a row's figure over a baseline's in the same run (tokens/s, ms a step): rows
+    interleaved within a run share the machine's drift between runs (on a shared VM, 10-30% from one minute to the
+    next), which a ratio of two medians taken from different runs does not cancel. values, base_values: each timed
+    run's figure, the same runs in the same order."""
+    if len(values) != len(base_values) or not values:
+        raise ValueError(f"paired runs must be as many and at least one, got {len(values)} and {len(base_values)}")
+    return float(np.median([v / b for v, b in zip(values, base_values)]))
+
+
+def runs_rate(seconds: list[float], tokens: int) -> list[float]:
+    """Each run's tokens/s from its seconds for `tokens` new tokens."""
+    return [tokens / s for s in seconds]
+
+
 def ratio_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 

@@ -148,6 +148,28 @@ def test_peer_rows_are_compared_with_ours_but_never_counted_as_ours(tmp_path):
     assert "0.50x ONNX Runtime GenAI's best speculative, our AR 0.75x its AR" in text
 
 
+def test_ratios_pair_each_timed_run_so_a_slow_spell_of_one_row_does_not_decide_them(tmp_path):
+    """Rows are interleaved within a run, so a ratio is taken within each run and its median over runs reported: one
+    run in which our row alone met a slow spell (3.0 s where the peer took 1.8) does not make it the slower row."""
+    from specrt.bench.report import paired_ratio, runs_rate
+
+    assert paired_ratio([1.0, 3.0, 2.0], [1.1, 1.8, 2.2]) == pytest.approx(1 / 1.1)
+    assert paired_ratio(runs_rate([1.0, 3.0, 2.0], 100), runs_rate([1.1, 1.8, 2.2], 100)) == pytest.approx(1.1)
+    assert runs_rate([2.0], 200) == [100.0]
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], [1.0])
+    ar = [[1, 2]]
+    rows = [MethodResult("autoregressive", [1.0, 3.0, 2.0], 100, 100, outputs=ar),
+            MethodResult("sd", [0.5, 1.0, 1.0], 100, 40, outputs=ar),
+            MethodResult("llama-cpp (f32)", [1.1, 1.8, 2.2], 100, 0, outputs=ar)]
+    data = report(E2EConfig(out=tmp_path, label="paired"), {r.name: r for r in rows})
+    by = {r["method"]: r for r in data["rows"]}
+    assert by["llama-cpp (f32)"]["tokens_per_s"] > by["autoregressive"]["tokens_per_s"]  # its median run is faster
+    assert by["llama-cpp (f32)"]["speedup_vs_ours_ar"] == pytest.approx(1 / 1.1, abs=1e-3)  # ... but not run by run
+    assert by["sd"]["speedup_vs_ours_ar"] == 2.0
+    assert data["summary"]["peers"]["llama-cpp"]["our_ar_vs_its_ar"] == pytest.approx(1.1)
+
+
 def test_our_rows_say_where_their_time_goes(demo_bundle, tmp_path):
     """Each of our rows splits its last timed run's wall time into prefill, target steps, draft model steps, host
     work in the rounds and the rest: shares that add up to the whole, a draft model's only where one drafts."""
