@@ -167,7 +167,7 @@ bench-peers: $(STAMP)
 
 # The same with 8-bit weights on every side: our in-graph graphs' int8-weights twin against ORT GenAI's int8 model and
 # llama.cpp's Q8_0, with the twin calibrated (on half the default prompts: it takes 10 minutes), profiled and tuned on
-# its own (plan.json then holds the int8 plan: bench-peers re-tunes the float32 one).
+# its own (plan.json then holds the int8 plan; the float32 one bench-peers tuned stays in plans/exported.json).
 bench-peers-int8: $(STAMP)
 	test -f build/inflated/bundle/manifest.json || $(MAKE) inflate
 	test -f build/inflated/bundle/inplace.json || $(BIN)/specrt inplace --bundle build/inflated/bundle

@@ -10,8 +10,8 @@ bundle's target step graph (the exported one, a quantized variant with --quant, 
 inplace) in one process. A timed run is a step of T new tokens after --context cached ones per setting, each T a
 median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
 random order in every run; a row's figure is the median over runs, and its ratio against the first setting's is the
-median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not compared here: the fusions are tested for the same function against the unfused
-graph. Writes JSON, Markdown and a plot.
+median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not compared here: the fusions
+are tested for the same function against the unfused graph. Writes JSON, Markdown and a plot.
 
 --peers llama-cpp adds llama.cpp's step of the same target at the precision matching ours (the GGUF conversion bench
 e2e's llama-cpp rows decode; bench.peers.LlamaCppStep: T new tokens after --context cached ones, every row's logits
@@ -96,7 +96,7 @@ def run_fusions(cfg: FusionsConfig) -> dict:
                                       pack_rows=k == "packed", huge_pages=h == "on")
                 for p, k, h in tqdm(settings, desc="load", unit="setting")}
     peers = dict(llama_cpp_step(cfg.bundle, cfg, entry.dtype, cfg.quant, cfg.threads, cfg.context, max(cfg.tokens),
-                                entry.vocab_size) for _ in cfg.peers)
+                                entry.vocab_size) for _ in cfg.peers)  # llama-cpp, the one choice
     timed = [*settings, *peers]  # our settings, then the peers' row names
     ms: dict[tuple, list[float]] = {(s, t): [] for s in timed for t in cfg.tokens}
     rng = np.random.default_rng(0)

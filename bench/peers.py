@@ -211,10 +211,9 @@ def llama_cpp_step(bundle: Path, sources: PeerSources, dtype: str, quant: str | 
     """(its row name, llama.cpp's step) of the bundle's target at the precision matching ours; SpecrtError saying
     why where it cannot run here."""
     outtype, words = llama_cpp_precision(dtype, quant)
-    why = llama_cpp_missing(sources.llama_cpp_source) or (None if outtype else f"llama.cpp has no precision matching "
-                                                                              f"{words}")
-    if why:
-        raise SpecrtError(why)
+    why = llama_cpp_missing(sources.llama_cpp_source)
+    if why or outtype is None:
+        raise SpecrtError(why or f"llama.cpp has no precision matching {words}")
     gguf = llama_cpp_model(bundle, sources.peer_cache, sources.llama_cpp_source, outtype)
     return f"llama.cpp ({words})", LlamaCppStep(gguf, threads, context, max_tokens, vocab_size)
 

@@ -20,7 +20,9 @@ apart more than 8-bit weights change them on the tiny pair), and the plan
 picks the one with the best predicted speed over the tuned batch sizes (geometric mean); a quantized variant
 only where that beats the exported graphs by min_gain too, since it decodes other tokens. plan.json names
 the variant (`quant`) and what each was predicted to do; `auto` runs on a pipeline loaded with that variant
-(`quant="plan"`).
+(`quant="plan"`). Each variant weighed also gets its own plan, plans/<variant>.json (VariantPlan): a pipeline loaded
+with a variant plan.json did not pick runs `auto` on that one, so that tuning one variant does not undo another's
+(`make bench-peers` and `make bench-peers-int8` tune the exported graphs and the int8 twin in turn).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (EXPORTED, Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens,
-                                    Stamp, variant_quant)
+                                    Stamp, VariantPlan, variant_quant)
 from specrt.calibration.acceptance import chain_expectation, position_acceptance
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
@@ -169,14 +171,15 @@ def tune(cfg: TuneConfig) -> Plan:
     bundle = Path(cfg.bundle)
     if not cfg.variants or len(set(cfg.variants)) < len(cfg.variants):
         raise SpecrtError(f"variants must name each variant once, e.g. {EXPORTED},static-int8; got {list(cfg.variants)}")
-    weighed, inputs = {}, []
+    weighed, inputs = {}, {}
     for variant in cfg.variants:
         acceptance, latency = evidence(bundle, variant)
         prompt_tokens = usable_prompt_tokens(bundle, latency)
         priced = latency if cfg.context is None else latency.at_context(cfg.context)
         weighed[variant] = (latency, *choose(cfg, acceptance, priced, prompt_tokens))
         quant = variant_quant(variant)
-        inputs += [Acceptance.file(quant), LatencyProfile.file(quant)] + ([PromptTokens.FILE] if prompt_tokens else [])
+        inputs[variant] = [Acceptance.file(quant), LatencyProfile.file(quant)] + ([PromptTokens.FILE] if prompt_tokens
+                                                                                   else [])
     machines = {replace(latency.stamp.machine, quant=None) for latency, _, _ in weighed.values()}
     if len(machines) > 1:
         raise SpecrtError("the variants were profiled with different machines, backends or threads ("
@@ -190,8 +193,13 @@ def tune(cfg: TuneConfig) -> Plan:
     picked = max(weighed, key=score)
     if picked != EXPORTED and EXPORTED in weighed and score(picked) < (1 + cfg.min_gain) * score(EXPORTED):
         picked = EXPORTED  # a quantized target decodes other tokens: only for a gain beyond the model's error
+    for variant, (latency, choices, curves) in weighed.items():  # each variant's own plan (VariantPlan)
+        stamp = Stamp.make(bundle, latency.stamp.machine, inputs=tuple(inputs[variant]))
+        artifacts.save(bundle, VariantPlan(stamp=stamp, choices=choices, curves=curves, quant=variant_quant(variant),
+                                           new_tokens=cfg.new_tokens, context=cfg.context), variant_quant(variant))
     latency, choices, curves = weighed[picked]
-    plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=tuple(dict.fromkeys(inputs))), choices=choices,
+    every = tuple(dict.fromkeys(name for names in inputs.values() for name in names))
+    plan = Plan(stamp=Stamp.make(bundle, latency.stamp.machine, inputs=every), choices=choices,
                 curves=curves, quant=variant_quant(picked), new_tokens=cfg.new_tokens, context=cfg.context,
                 variants={v: {b: round(x, 4) for b, x in speed.items()} for v, speed in speeds.items()})
     artifacts.save(bundle, plan)

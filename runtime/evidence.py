@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, variant_words
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, VariantPlan, variant_words
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError
 from specrt.runtime.cost import choose_ppd_tree, ngram_round_costs
@@ -26,8 +26,12 @@ class Evidence:
         return (self.bundle / Plan.FILE).is_file()
 
     def plan(self) -> Plan:
+        """plan.json, or where it picked another variant than this pipeline runs, this variant's own plan
+        (plans/<variant>.json, VariantPlan), refused where there is none."""
         picked, _ = artifacts.read(self.bundle, Plan)
         if picked is not None and picked.quant != self.machine.quant:  # tuned over variants: it picked another
+            if (self.bundle / VariantPlan.file(self.machine.quant)).is_file():
+                return artifacts.load(self.bundle, VariantPlan, self.machine)
             what, here = variant_words(picked.quant), variant_words(self.machine.quant)
             load = f"quant={picked.quant!r} (--quant {picked.quant})" if picked.quant else "no quant"
             raise BundleError(f"{self.bundle / Plan.FILE} picked {what}, this pipeline runs {here}: load with "

@@ -3,6 +3,7 @@
     acceptance.json  Acceptance      `specrt calibrate`  how often the target accepts the draft's guesses
     latency.json     LatencyProfile  `specrt profile`    step latency L(n) per model, batch size and context
     plan.json        Plan            `specrt tune`       the speculation chosen per batch size
+    plans/V.json     VariantPlan     `specrt tune`       the same for variant V alone (every variant tune weighed)
     engines.json     EngineSet       `specrt build`      static-shape steps per token-count profile (CUDA graphs)
     trt-engines.json TrtEngineSet    `specrt build --backend trt`  TensorRT plans, a profile per token-count range
     quant.json       QuantSet        `specrt quantize`   8-bit variants of the step graphs (ONNX Runtime)
@@ -27,7 +28,7 @@ from specrt.bundle.artifacts.base import (EXPORTED, Artifact, Stamp, load, read,
 from specrt.bundle.artifacts.engines import HARDWARE_COMPATIBILITY, EngineSet, TrtEngineSet, environment
 from specrt.bundle.artifacts.inplace import InPlaceGraph, InPlaceGraphs
 from specrt.bundle.artifacts.latency import HOST_FALLBACK, HOST_KINDS, LatencyProfile, nondecreasing
-from specrt.bundle.artifacts.plan import CurvePoint, Plan, PlanChoice
+from specrt.bundle.artifacts.plan import CurvePoint, Plan, PlanChoice, VariantPlan
 from specrt.bundle.artifacts.ppd import PathHit, PpdTree, PromptTokens
 from specrt.bundle.artifacts.quant import QuantSet, QuantVariant
 from specrt.bundle.machine import Machine
@@ -36,7 +37,7 @@ from specrt.errors import SpecrtError
 __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
            "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
            "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
-           "TreeEstimate", "TrtEngineSet", "environment", "load", "nondecreasing", "read", "save", "status",
+           "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save", "status",
            "variant_quant", "variant_words"]
 
 ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from specrt.bundle.artifacts.acceptance import Acceptance
-from specrt.bundle.artifacts.base import Artifact
+from specrt.bundle.artifacts.base import EXPORTED, Artifact
 from specrt.bundle.artifacts.latency import LatencyProfile
 from specrt.bundle.machine import Machine
 
@@ -71,3 +71,19 @@ class Plan(Artifact):
         sizes = sorted(self.choices)
         fit = [b for b in sizes if b <= batch_size]
         return self.choices[fit[-1] if fit else sizes[0]]
+
+
+@dataclass(frozen=True)
+class VariantPlan(Plan):
+    """One variant's own plan (plans/<variant>.json): what `specrt tune` chose for that variant of the step graphs
+    alone, written beside plan.json for every variant it weighed. plan.json is the pick over the variants of the
+    latest tune; a pipeline loaded with another variant (one tuned earlier, or weighed and not picked) runs `auto`
+    on its own plan, so that tuning one variant does not undo another's."""
+
+    @classmethod
+    def file(cls, quant: str | None = None) -> str:
+        return f"plans/{quant or EXPORTED}.json"
+
+    @classmethod
+    def variant_command(cls, bundle: Path, machine: Machine | None, reason: str, quant: str | None) -> str:
+        return cls.command(bundle, machine, reason) + (f" --variants {quant}" if quant else "")

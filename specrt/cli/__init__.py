@@ -252,9 +252,12 @@ def prefill_words(prefill: dict | None, batch: int) -> str:
 def cmd_tune(args) -> None:
     from specrt.calibration.tune import TuneConfig, describe_plan, tune
 
+    from specrt.bundle.artifacts import VariantPlan, variant_quant
+
     cfg = config_from(TuneConfig, args)
     print(describe_plan(tune(cfg)))
-    print(f"wrote {cfg.bundle}/plan.json")
+    own = ", ".join(f"{cfg.bundle}/{VariantPlan.file(variant_quant(v))}" for v in cfg.variants)
+    print(f"wrote {cfg.bundle}/plan.json (each variant's own: {own})")
 
 
 def cmd_inspect(args) -> None:

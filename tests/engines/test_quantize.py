@@ -272,6 +272,13 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
     prompts = humaneval[:3]
     auto = pipe.generate(prompts, method="auto", max_new_tokens=12)
     assert [g.token_ids for g in auto] == [g.token_ids for g in pipe.generate(prompts, max_new_tokens=12)]
+    # the exported graphs were weighed too: loaded without the variant, `auto` runs their own plan
+    exported = Pipeline.load(b, threads=2)
+    own = exported.evidence.plan()
+    assert own.quant is None and own.variants is None and set(own.stamp.inputs) == {"acceptance.json", "latency.json"}
+    assert [g.token_ids for g in exported.generate(prompts[:1], method="auto", max_new_tokens=8)] == \
+        [g.token_ids for g in exported.generate(prompts[:1], max_new_tokens=8)]
+    (b / "plans/exported.json").unlink()  # with no plan of its own, the pick is refused for it, saying what to load
     with pytest.raises(BundleError, match="picked the int8-weights variant, this pipeline runs the exported step "
                                           r"graphs: load with quant='int8-weights' \(--quant int8-weights\) or "
                                           "quant='plan'"):
@@ -279,6 +286,31 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
     _variant_evidence(b, variant_ms=4.5)  # the variant's evidence changed: the plan is stale
     with pytest.raises(BundleError, match="made from an earlier (quant/int8-weights/)?(acceptance|latency).json"):
         pipe.evidence.plan()
+
+
+def test_tuning_one_variant_keeps_the_plan_tuned_for_another(quant_bundle, tmp_path):
+    """`make bench-peers` tunes the exported graphs, `make bench-peers-int8` the int8 twin alone: plan.json is then
+    the twin's, and a pipeline of the exported graphs still runs `auto` on the plan tuned for them."""
+    from specrt.bundle.artifacts import Plan, VariantPlan
+    from specrt.calibration.tune import TuneConfig, tune
+    from specrt.runtime.pipeline import Pipeline
+    from tests.fakes import write_latency
+
+    b = tmp_path / "b"
+    shutil.copytree(quant_bundle, b)
+    _variant_evidence(b, variant_ms=4.0)
+    first = tune(TuneConfig(bundle=b, batch_sizes=(1, 2)))
+    second = tune(TuneConfig(bundle=b, batch_sizes=(1, 2), variants=("int8-weights",)))
+    assert first.quant is None and second.quant == "int8-weights"
+    assert artifacts.load(b, Plan, here=False).quant == "int8-weights"
+    assert sorted(p.name for p in (b / "plans").iterdir()) == ["exported.json", "int8-weights.json"]
+    kept = Pipeline.load(b, threads=2).evidence.plan()
+    assert isinstance(kept, VariantPlan) and kept.choices == first.choices
+    assert kept.stamp.inputs == first.stamp.inputs
+    assert Pipeline.load(b, threads=2, quant="int8-weights").evidence.plan().choices == second.choices
+    write_latency(b, lambda n: 12.0 * (1 + 0.01 * n), batches=(1, 2))  # the exported graphs re-profiled since
+    with pytest.raises(BundleError, match=r"plans/exported.json was made from an earlier latency.json"):
+        Pipeline.load(b, threads=2).evidence.plan()
 
 
 def test_variants_are_profiled_side_by_side_each_into_its_own_profile(quant_bundle, tmp_path):
