@@ -31,7 +31,7 @@ import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
 from specrt.bench.quality import describe_divergence, divergence, same_tokens
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, speedup, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import SpecrtError
@@ -106,6 +106,7 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
 
     seconds, last = timed_runs({c: (lambda c=c: run(*c)) for c in configs}, cfg.runs, 1, f"bench batch {cfg.label}")
     speed = {k: last[k][0] / statistics.median(seconds[k]) for k in configs}
+    tokens_of = {k: last[k][0] for k in configs}
     prompt_ids = [pipe.encode(p) for p in prompts]
     requests = [(len(ids), len(t)) for ids, t in zip(prompt_ids, reference)]
     diverged = {k: divergence(pipe, prompt_ids, reference, last[k][2]) for k in configs}
@@ -113,17 +114,18 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
     rows = []
     for (m, b, how, pad) in configs:
         key = (m, b, how, pad)
-        ar = speed.get(("autoregressive", b, how, False)) or speed.get(("autoregressive", b, cfg.batchings[0], False))
-        static = speed.get((m, b, "static", pad))
-        unpadded = speed.get((m, b, how, False))
+        ar = next((k for k in (("autoregressive", b, how, False), ("autoregressive", b, cfg.batchings[0], False))
+                   if k in speed), None)
+        static = (m, b, "static", pad) if (m, b, "static", pad) in speed else None
+        unpadded = (m, b, how, False)
         latency = np.array(last[key][1])
         predicted, per_round, by_position = (None, None, ()) if pad else predict(m, b, how)
         rows.append({"method": m, "batch_size": b, "batching": how, "padded": pad,
                      "tokens_per_s": round(speed[key], 2),
-                     "speedup_vs_ar": round(speed[key] / ar, 3) if ar else None,
-                     "continuous_vs_static": round(speed[key] / static, 3) if how == "continuous" and static and b > 1
-                     else None,
-                     "unpadded_vs_padded": round(unpadded / speed[key], 3) if pad else None,
+                     "speedup_vs_ar": round(speedup(seconds, tokens_of, key, ar), 3) if ar else None,
+                     "continuous_vs_static": round(speedup(seconds, tokens_of, key, static), 3)
+                     if how == "continuous" and static and b > 1 else None,
+                     "unpadded_vs_padded": round(speedup(seconds, tokens_of, unpadded, key), 3) if pad else None,
                      "padding_ratio": round(last[key][3] / last[key][0], 3),
                      "tokens_per_round": round(last[key][0] / max(1, last[key][4]), 3),
                      # its 5-95% interval over resamples of the requests: how much the text alone moves it
@@ -139,6 +141,7 @@ def run_batch(cfg: BatchBenchConfig) -> dict:
                      "same_tokens_as_ar": last[key][2] == reference, "divergence": diverged[key],
                      "runs_s": [round(s, 3) for s in seconds[key]]})
     data = {**header("batch", cfg), "rows": rows, "max_new_tokens_per_request": caps, "predictions": why_not or "ok",
+            "ratios": "paired",  # (bench.report.paired_ratio)
             "auto": auto_summary(rows, pipe if "auto" in cfg.methods else None)}
     write_report(cfg.out / f"batch-{cfg.label}", data, markdown, plot)
     return data
@@ -158,7 +161,7 @@ def auto_summary(rows: list[dict], pipe) -> list[dict]:
         ar = next((q for q in peers if q["method"] == "autoregressive"), None)
         out.append({"batch_size": r["batch_size"], "batching": r["batching"],
                     "chosen": describe_auto(pipe.evidence.plan(), r["batch_size"]),
-                    "tokens_per_s": r["tokens_per_s"], "vs_ar": round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if ar else None,
+                    "tokens_per_s": r["tokens_per_s"], "vs_ar": r["speedup_vs_ar"] if ar else None,
                     "best": best["method"], "vs_best": round(r["tokens_per_s"] / best["tokens_per_s"], 3)})
     return out
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, speedup, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.plotting import pyplot, save_figure
@@ -62,22 +62,21 @@ def run_mtad(cfg: MtadConfig) -> dict:
         {name: (lambda kw=kw: pipe.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                             seed=cfg.seed, **kw)) for name, kw in confs},
         cfg.runs, 1, f"bench mtad {cfg.label}")
-    ar_speed = None
+    tokens_of = {name: sum(len(o.token_ids) for o in results[name]) for name, _ in confs}
     rows = []
     for name, kw in confs:
         outs = results[name]
-        tokens = sum(len(o.token_ids) for o in outs)
+        tokens = tokens_of[name]
         speed = tokens / statistics.median(seconds[name])
-        ar_speed = ar_speed or speed
         rows.append({"name": name, **{k: kw.get(k) for k in ("method", "num_beams", "tau")},
                      "verify_beams": kw.get("verify_beams", 1),
-                     "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speed / ar_speed, 3),
+                     "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speedup(seconds, tokens_of, name, confs[0][0]), 3),
                      "tokens_per_target_call": round(tokens / sum(o.stats.rounds for o in outs), 3),
                      "perplexity": round(perplexity(pipe, prompt_ids, [o.token_ids for o in outs]), 4),
                      "runs_s": [round(s, 3) for s in seconds[name]]})
     if cfg.reference_beams:
         rows.append(mjgd_reference(pipe, prompts, prompt_ids, cfg))
-    data = {**header("mtad", cfg), "rows": rows}
+    data = {**header("mtad", cfg), "rows": rows, "ratios": "paired"}  # (bench.report.paired_ratio)
     write_report(cfg.out / f"mtad-{cfg.label}", data, markdown, plot)
     return data
 

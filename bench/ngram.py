@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, header, lossless_headline, timed_runs, write_report
+from specrt.bench.report import BenchConfig, header, lossless_headline, speedup, timed_runs, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.plotting import finish_figure, pyplot
@@ -58,17 +58,17 @@ def run_ngram(cfg: NgramConfig) -> dict:
                 accepted / drafted if drafted else 0.0, [o.token_ids for o in outs])
 
     seconds, stats = timed_runs({c: (lambda c=c: run(*c)) for c in confs}, cfg.runs, 1, f"bench ngram {cfg.label}")
-    base = stats[confs[0]][0] / statistics.median(seconds[confs[0]])
+    tokens_of = {c: stats[c][0] for c in confs}
     rows = []
     for c in confs:
         tokens, rounds, hit, ids = stats[c]
         speed = tokens / statistics.median(seconds[c])
         rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "min_prob": c[4], "hardware_aware": c[5],
                      "tokens_per_s": round(speed, 2),
-                     "speedup_vs_ar": round(speed / base, 3), "tokens_per_target_call": round(tokens / rounds, 3),
+                     "speedup_vs_ar": round(speedup(seconds, tokens_of, c, confs[0]), 3), "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
-    data = {**header("ngram", cfg), "rows": rows}
+    data = {**header("ngram", cfg), "rows": rows, "ratios": "paired"}  # (bench.report.paired_ratio)
     write_report(cfg.out / f"ngram-{cfg.label}", data, markdown, plot)
     return data
 

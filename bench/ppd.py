@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.report import BenchConfig, best_lossless, header, lossless_headline, ratio_text, timed_runs, write_report
+from specrt.bench.report import (BenchConfig, best_lossless, header, lossless_headline, ratio_text, speedup, timed_runs,
+                                 write_report)
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import BundleError, SpecrtError
@@ -99,7 +100,8 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
         hot = bool(options.get("temperature"))  # sampled rows: against the sampled AR; token identity does not apply
         at_least = [round(float(hist[d:].sum() / max(1, hist.sum())), 4) for d in range(1, k + 1)]
         rows.append({"name": name, "method": method, "tokens_per_s": round(speed(name), 2),
-                     "speedup_vs_ar": round(speed(name) / speed(f"autoregressive, {sampled}" if hot else "autoregressive"), 3),
+                     "speedup_vs_ar": round(speedup(seconds, {k: v[0] for k, v in stats.items()}, name,
+                                                    f"autoregressive, {sampled}" if hot else "autoregressive"), 3),
                      "temperature": options.get("temperature", 0.0), "acceptance": options.get("ppd_acceptance"),
                      "tokens_per_target_call": round(n / rounds, 3),
                      "accepted_at_least": at_least if method == "ppd" else None,
@@ -129,7 +131,7 @@ def run_ppd(cfg: PpdBenchConfig) -> dict:
         "training_seconds": tokens.training.get("seconds") or tokens.training.get("source", {}).get("seconds"),
         "trained_from": tokens.training.get("from"),
     }
-    data = {**header("ppd", cfg), "summary": summary, "rows": rows}
+    data = {**header("ppd", cfg), "summary": summary, "rows": rows, "ratios": "paired"}  # (bench.report.paired_ratio)
     write_report(cfg.out / f"ppd-{cfg.label}", data, markdown, plot)
     return data
 

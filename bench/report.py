@@ -108,6 +108,12 @@ def runs_rate(seconds: list[float], tokens: int) -> list[float]:
     return [tokens / s for s in seconds]
 
 
+def speedup(seconds: dict, tokens: dict, name, base) -> float:
+    """Config `name`'s tokens/s over config `base`'s, paired run by run (paired_ratio). seconds: timed_runs'
+    {config: [seconds of each timed run]}; tokens: {config: new tokens per run}."""
+    return paired_ratio(runs_rate(seconds[name], tokens[name]), runs_rate(seconds[base], tokens[base]))
+
+
 def ratio_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
