@@ -45,9 +45,10 @@ ENGINE_SETS = {"static": EngineSet, "trt": TrtEngineSet}  # backend -> the artif
 
 
 def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]]:
-    """(file, "ok" or why it would be refused) for every artifact type: what `specrt inspect` prints."""
+    """(file, "ok" or why it would be refused) for every artifact type, and the plan of this machine's variant of the
+    step graphs (plans/<variant>.json): what `specrt inspect` prints."""
     out = []
-    for cls in ARTIFACTS:
+    for cls in (*ARTIFACTS, VariantPlan):
         name = cls.file(machine.quant if machine else None)
         try:
             load(bundle, cls, machine)

@@ -275,8 +275,10 @@ def cmd_inspect(args) -> None:
     sizes = ", ".join(f"{role} {m.num_params / 1e6:.2f}M params" for role, m in manifest.models.items())
     print(f"{args.bundle}: specrt bundle made {manifest.created} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")
-    for name, state in artifacts.status(args.bundle, machine):
-        print(f"  {name:<16} {state}")
+    status = artifacts.status(args.bundle, machine)
+    width = max(len(name) for name, _ in status)
+    for name, state in status:
+        print(f"  {name:<{width}} {state}")
 
 
 def cmd_ppd(args) -> None:

@@ -124,7 +124,9 @@ def test_status_lists_every_artifact(bundle):
     assert status["acceptance.json"] == "ok" and status["latency.json"].startswith("no latency.json")
     assert "specrt calibrate" in status["plan.json"] and "specrt tune" in status["plan.json"]
     assert set(status) == {cls.FILE for cls in (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet,
-                                                PromptTokens, InPlaceGraphs)}
+                                                PromptTokens, InPlaceGraphs)} | {"plans/exported.json"}
+    assert status["plans/exported.json"].startswith("no plans/exported.json") and "specrt tune" in status[
+        "plans/exported.json"]
     assert status["inplace.json"].startswith("no inplace.json") and "specrt inplace" in status["inplace.json"]
     assert status["ppd.json"].startswith("no ppd.json") and "specrt ppd train" in status["ppd.json"]
     assert status["engines.json"].startswith("no engines.json") and "specrt build" in status["engines.json"]
