@@ -58,7 +58,8 @@ def readme_table(results_dir: Path, readme: Path, page_path: Path) -> str:
 def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, str, dict]]:
     """The latest result (by date and time, then name) of each verb in README_VERBS, on a GPU and on the CPU apart,
     of the exported weights and each quantized variant apart (a run with --quant does not hide the float one), and
-    with peer runtimes beside ours and without apart (an ablation run does not hide the comparison)."""
+    with peer runtimes beside ours and without apart (an ablation run does not hide the comparison); a comparison with
+    peers, per bundle (a run with another draft does not hide the demo pair's)."""
     from specrt.bench.peers import PEERS
 
     latest = {}
@@ -66,7 +67,8 @@ def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, 
         gpu = (data.get("roofline") or {}).get("device", "cpu") != "cpu"
         config = data.get("config") or {}
         peers = bool(set(config.get("baselines") or ()) & set(PEERS))
-        key = (verb, not gpu, not peers, config.get("quant") or "")  # GPU rows first, then with peers, float first
+        # GPU rows first, then with peers, float first
+        key = (verb, not gpu, not peers, config.get("quant") or "", str(config.get("bundle") or "") if peers else "")
         when = (data.get("date", ""), data.get("time", ""), path.name)
         if verb in README_VERBS and (key not in latest or when >= (latest[key][2].get("date", ""),
                                                                  latest[key][2].get("time", ""), latest[key][0].name)):
