@@ -70,7 +70,8 @@ def run_mtad(cfg: MtadConfig) -> dict:
         speed = tokens / statistics.median(seconds[name])
         rows.append({"name": name, **{k: kw.get(k) for k in ("method", "num_beams", "tau")},
                      "verify_beams": kw.get("verify_beams", 1),
-                     "tokens_per_s": round(speed, 2), "speedup_vs_ar": round(speedup(seconds, tokens_of, name, confs[0][0]), 3),
+                     "tokens_per_s": round(speed, 2),
+                     "speedup_vs_ar": round(speedup(seconds, tokens_of, name, confs[0][0]), 3),
                      "tokens_per_target_call": round(tokens / sum(o.stats.rounds for o in outs), 3),
                      "perplexity": round(perplexity(pipe, prompt_ids, [o.token_ids for o in outs]), 4),
                      "runs_s": [round(s, 3) for s in seconds[name]]})

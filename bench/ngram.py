@@ -65,7 +65,8 @@ def run_ngram(cfg: NgramConfig) -> dict:
         speed = tokens / statistics.median(seconds[c])
         rows.append({"method": c[0], "n": c[1], "k": c[2], "branches": c[3], "min_prob": c[4], "hardware_aware": c[5],
                      "tokens_per_s": round(speed, 2),
-                     "speedup_vs_ar": round(speedup(seconds, tokens_of, c, confs[0]), 3), "tokens_per_target_call": round(tokens / rounds, 3),
+                     "speedup_vs_ar": round(speedup(seconds, tokens_of, c, confs[0]), 3),
+                     "tokens_per_target_call": round(tokens / rounds, 3),
                      "draft_hit_ratio": round(hit, 4), "same_tokens_as_ar": ids == stats[confs[0]][3],
                      "runs_s": [round(s, 3) for s in seconds[c]]})
     data = {**header("ngram", cfg), "rows": rows, "ratios": "paired"}  # (bench.report.paired_ratio)

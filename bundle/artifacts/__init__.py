@@ -37,8 +37,8 @@ from specrt.errors import SpecrtError
 __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
            "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
            "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
-           "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save", "status",
-           "variant_quant", "variant_words"]
+           "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save",
+           "status", "variant_quant", "variant_words"]
 
 ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs)
 ENGINE_SETS = {"static": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by

@@ -250,9 +250,8 @@ def prefill_words(prefill: dict | None, batch: int) -> str:
 
 
 def cmd_tune(args) -> None:
-    from specrt.calibration.tune import TuneConfig, describe_plan, tune
-
     from specrt.bundle.artifacts import VariantPlan, variant_quant
+    from specrt.calibration.tune import TuneConfig, describe_plan, tune
 
     cfg = config_from(TuneConfig, args)
     print(describe_plan(tune(cfg)))
