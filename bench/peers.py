@@ -4,8 +4,10 @@ fusions --peers`): what a deployer would run instead of specrt.
 ONNX Runtime GenAI (`onnxruntime-genai`): its model builder turns the bundle's own hf/ checkpoints into its ONNX
 models (GroupQueryAttention, its own KV cache); `og.Generator` decodes them greedily, alone (`ort-genai`), with the
 bundle's draft model speculating (`ort-genai-sd`, the draft's model as its config's `model.draft`) or with n-gram
-lookup over the prompt and output (`ort-genai-ngram`). Conversions are cached under `peer_cache`, keyed by the
-bundle manifest's sha256 and the precision, each written whole or not at all.
+lookup over the prompt and output (`ort-genai-ngram`). llama.cpp (`llama-cpp-python`): GGUF files made by llama.cpp's
+own converter, decoded greedily alone (`llama-cpp`), with the bindings' prompt lookup drafts (`llama-cpp-lookup`) or
+with the bundle's draft model as the drafter of the bindings' speculative loop (`llama-cpp-sd`). Conversions are
+cached under `peer_cache`, keyed by the bundle manifest's sha256 and the precision, each written whole or not at all.
 
 Every peer decodes the token ids our tokenizer makes of each prompt (so a difference in the output is the
 runtime's, not a tokenizer's), greedily, with the same thread count and max_new_tokens as our rows. The precision
@@ -32,7 +34,7 @@ from specrt.config import option
 from specrt.errors import SpecrtError
 
 ORT_GENAI = ("ort-genai", "ort-genai-sd", "ort-genai-ngram")
-LLAMA_CPP = ("llama-cpp", "llama-cpp-lookup")
+LLAMA_CPP = ("llama-cpp", "llama-cpp-sd", "llama-cpp-lookup")
 PEERS = ORT_GENAI + LLAMA_CPP
 NGRAM_SIZE = 3  # ORT GenAI's n-gram lookup: the suffix length matched against the text so far
 LOOKUP_NGRAM = 2  # llama-cpp-python's prompt lookup: the longest n-gram it matches (its default)
@@ -128,40 +130,85 @@ def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool =
     return out
 
 
-def llama_cpp_model(bundle: Path, cache: Path, source: Path, outtype: str, progress: bool = True) -> Path:
-    """The GGUF file of the bundle's target at `outtype`, converted once by llama.cpp's converter (bench.gguf_convert,
-    from `source`) and cached under `cache`."""
+def llama_cpp_model(bundle: Path, cache: Path, source: Path, outtype: str, progress: bool = True,
+                    role: str = "target") -> Path:
+    """The GGUF file of the bundle's `role` (target or draft) at `outtype`, converted once by llama.cpp's converter
+    (bench.gguf_convert, from `source`) and cached under `cache`."""
     from tqdm import tqdm
 
-    out = cache / f"llama-cpp-{manifest_sha256(bundle)[:16]}-{outtype}" / "target.gguf"
+    out = cache / f"llama-cpp-{manifest_sha256(bundle)[:16]}-{outtype}" / f"{role}.gguf"
     if out.is_file():
         return out
-    with tqdm(total=1, desc=f"llama.cpp GGUF converter ({outtype})", unit="model", disable=not progress):
-        _convert(bundle, "target", out.parent / ".tmp", lambda staged, made: [
+    with tqdm(total=1, desc=f"llama.cpp GGUF converter ({role}, {outtype})", unit="model", disable=not progress):
+        _convert(bundle, role, out.parent / f".{role}.tmp", lambda staged, made: [
             sys.executable, "-m", "specrt.bench.gguf_convert", str(source), str(staged), str(made), outtype],
-            "target.gguf", out,
-            f"llama.cpp's GGUF converter could not convert {bundle / 'hf' / 'target'} ({outtype})")
+            f"{role}.gguf", out,
+            f"llama.cpp's GGUF converter could not convert {bundle / 'hf' / role} ({outtype})")
     return out
 
 
-class LlamaCpp:
-    """llama.cpp (llama-cpp-python) decoding one prompt at a time, greedily: alone, or with its prompt lookup drafts
-    (LlamaPromptLookupDecoding). Each prompt starts from an empty KV cache: no prefix of an earlier call is reused."""
+def _llama_draft_model():
+    """The class of llama-cpp-python's drafter backed by a draft model (made on first use: llama_cpp is optional)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel
 
-    def __init__(self, gguf: Path, mode: str, encode, threads: int, max_new_tokens: int, context: int,
+    class LlamaModelDraft(LlamaDraftModel):
+        """A draft model's greedy continuation as llama-cpp-python's drafter (its `Llama(draft_model=...)` hook; the
+        bindings ship only a prompt-lookup one): called with the text so far, it returns up to `num_tokens` tokens.
+        Its own KV cache keeps the longest prefix it shares with that text, as llama.cpp's speculative example keeps
+        the draft's."""
+
+        def __init__(self, gguf: Path, threads: int, context: int, num_tokens: int):
+            self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                             verbose=False)
+            self.num_tokens, self.context = num_tokens, context
+
+        def reset(self) -> None:
+            self.llm.reset()
+
+        def __call__(self, input_ids, /, **kwargs):
+            import numpy as np
+
+            ids = np.asarray(input_ids, dtype=np.intc)
+            held = self.llm.input_ids[:min(self.llm.n_tokens, len(ids) - 1)]
+            differ = np.flatnonzero(held != ids[:len(held)])
+            self.llm.n_tokens = int(differ[0]) if len(differ) else len(held)  # eval drops the cache from here on
+            self.llm.eval(ids[self.llm.n_tokens:].tolist())
+            out = []
+            for i in range(min(self.num_tokens, self.context - len(ids))):
+                out.append(self.llm.sample(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0))
+                if i + 1 < self.num_tokens:
+                    self.llm.eval(out[-1:])
+            return np.asarray(out, dtype=np.intc)
+
+    return LlamaModelDraft
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) decoding one prompt at a time, greedily: alone, with its prompt lookup drafts
+    (LlamaPromptLookupDecoding), or with a draft model's (`ggufs["draft"]`, drafting `draft_tokens` a round). Each
+    prompt starts from empty KV caches: no prefix of an earlier call is reused."""
+
+    def __init__(self, ggufs: dict[str, Path], mode: str, encode, threads: int, max_new_tokens: int, context: int,
                  draft_tokens: int):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        draft = LlamaPromptLookupDecoding(LOOKUP_NGRAM, draft_tokens) if mode == "lookup" else None
-        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+        draft = None
+        if mode == "lookup":
+            draft = LlamaPromptLookupDecoding(LOOKUP_NGRAM, draft_tokens)
+        elif mode == "sd":
+            draft = _llama_draft_model()(ggufs["draft"], threads, context, draft_tokens)
+        self.llm = Llama(model_path=str(ggufs["target"]), n_ctx=context, n_threads=threads, n_threads_batch=threads,
                          draft_model=draft, verbose=False)
+        self.resets = [self.llm.reset] + ([draft.reset] if mode == "sd" else [])
         self.encode, self.max_new_tokens, self.eos = encode, max_new_tokens, self.llm.token_eos()
 
     def __call__(self, prompts) -> Decoded:
         def one(p, clock):
             out = []
-            self.llm.reset()
+            for reset in self.resets:
+                reset()
             for token in self.llm.generate(self.encode(p), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
                                            repeat_penalty=1.0):
                 clock.token()
@@ -300,11 +347,16 @@ def _llama_cpp_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, str | None]:
     why = _why_not(llama_cpp_missing(cfg.llama_cpp_source), outtype, words, "llama.cpp", pipe)
     if why:
         return {}, why
-    gguf = llama_cpp_model(cfg.bundle, cfg.peer_cache, cfg.llama_cpp_source, outtype)
-    return {f"{n} ({words})": LlamaCpp(gguf, n.removeprefix("llama-cpp").lstrip("-") or "ar", pipe.encode,
-                                       pipe.machine.threads, cfg.max_new_tokens, pipe.max_context,
-                                       cfg.prompt_lookup_tokens)
-            for n in wanted}, None
+    roles = ("target", "draft") if "llama-cpp-sd" in wanted else ("target",)
+    ggufs = {role: llama_cpp_model(cfg.bundle, cfg.peer_cache, cfg.llama_cpp_source, outtype, role=role)
+             for role in roles}
+    runners = {}
+    for name in wanted:
+        mode = name.removeprefix("llama-cpp").lstrip("-") or "ar"
+        draft_tokens = cfg.num_draft_tokens[0] if mode == "sd" else cfg.prompt_lookup_tokens
+        runners[f"{name} ({words})"] = LlamaCpp(ggufs, mode, pipe.encode, pipe.machine.threads, cfg.max_new_tokens,
+                                                pipe.max_context, draft_tokens)
+    return runners, None
 
 
 PEER_FAMILIES = {"ort-genai": ("ONNX Runtime GenAI", ORT_GENAI), "llama-cpp": ("llama.cpp", LLAMA_CPP)}

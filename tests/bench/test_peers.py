@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specrt.bench.peers import llama_cpp_missing, ort_genai_missing, ort_genai_models, ort_genai_precision
@@ -70,14 +71,38 @@ def test_llama_cpp_rows_decode_our_ars_tokens_in_the_same_run(demo_bundle, tmp_p
     from specrt.bench.e2e import E2EConfig, run_e2e
 
     cfg = E2EConfig(bundle=demo_bundle, threads=2, num_prompts=3, max_new_tokens=24, runs=1, warmup_runs=0,
-                    methods=("autoregressive", "anpd"), baselines=("llama-cpp", "llama-cpp-lookup"),
+                    methods=("autoregressive", "anpd"), baselines=("llama-cpp", "llama-cpp-sd", "llama-cpp-lookup"),
                     out=tmp_path / "out", label="llama", peer_cache=tmp_path / "cache",
                     llama_cpp_source=LLAMA_CPP.resolve())
     data = run_e2e(cfg)
     rows = {r["method"]: r for r in data["rows"]}
-    for name in ("llama-cpp (f32)", "llama-cpp-lookup (f32)"):
+    for name in ("llama-cpp (f32)", "llama-cpp-sd (f32)", "llama-cpp-lookup (f32)"):
         assert rows[name]["same_tokens_as_ours_ar"] == 1 or rows[name]["divergence"]["ties"], rows[name]
     assert data["summary"]["peers"]["llama-cpp"]["ar"] == "llama-cpp (f32)"
+
+
+@pytest.mark.skipif(LLAMA_MISSING is not None, reason=str(LLAMA_MISSING))
+def test_llama_cpp_draft_model_drafts_its_greedy_continuation_whatever_its_cache_held(demo_bundle, tmp_path):
+    from llama_cpp import Llama
+
+    from specrt.bench.peers import _llama_draft_model, llama_cpp_model
+
+    gguf = llama_cpp_model(demo_bundle, tmp_path, LLAMA_CPP.resolve(), "f32", progress=False, role="draft")
+    assert gguf.name == "draft.gguf"
+    alone = Llama(model_path=str(gguf), n_ctx=256, n_threads=2, verbose=False)
+    prompt = alone.tokenize(b"def add(a, b):\n    return", add_bos=False)
+    greedy = []
+    for token in alone.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        greedy.append(int(token))
+        if len(greedy) == 10:
+            break
+    draft = _llama_draft_model()(gguf, threads=2, context=256, num_tokens=4)
+    assert draft(np.asarray(prompt)).tolist() == greedy[:4]
+    # the verifier took two drafts and its own next token: the cache keeps what still matches, drops the rest
+    assert draft(np.asarray(prompt + greedy[:3])).tolist() == greedy[3:7]
+    other = draft(np.asarray(prompt[:-1] + [prompt[-1] ^ 1]))  # a different last token: drafts from there
+    fresh = _llama_draft_model()(gguf, threads=2, context=256, num_tokens=4)
+    assert other.tolist() == fresh(np.asarray(prompt[:-1] + [prompt[-1] ^ 1])).tolist()
 
 
 def test_only_a_gpt2_byte_level_tokenizer_is_named_gpt2_for_the_gguf_converter(demo_bundle, tmp_path):
