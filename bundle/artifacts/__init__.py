@@ -20,6 +20,7 @@ artifacts that have changed since.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from specrt.bundle.artifacts.acceptance import Acceptance, MeasuredTree, TreeEstimate
@@ -50,9 +51,22 @@ def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]
     out = []
     for cls in (*ARTIFACTS, VariantPlan):
         name = cls.file(machine.quant if machine else None)
+        measured = _picking(bundle, machine) if cls is Plan else machine
         try:
-            load(bundle, cls, machine)
-            out.append((name, "ok"))
+            load(bundle, cls, measured)
         except SpecrtError as e:
             out.append((name, str(e)))
+            continue
+        out.append((name, "ok" if measured == machine else
+                    f"ok: picked {variant_words(measured.quant)} (quant='plan' runs it); this machine runs "
+                    f"{variant_words(machine.quant)}, on {VariantPlan.file(machine.quant)}"))
     return out
+
+
+def _picking(bundle: Path, machine: Machine | None) -> Machine | None:
+    """This machine as plan.json would have measured it: on the variant of the step graphs the plan picked (a tune
+    over variants may pick another than the machine runs; Evidence.plan then runs that variant's own plan)."""
+    picked, _ = read(bundle, Plan)
+    if machine is None or picked is None or picked.quant == machine.quant:
+        return machine
+    return dataclasses.replace(machine, quant=picked.quant)

@@ -40,7 +40,7 @@ SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
           "toy": ("--hidden", "384", "--intermediate", "1024", "--layers", "3", "--heads", "6")}
 CALLS = ("1", "2", "compiled", "batch", "ppd", "quant", "export")
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
-                   "ppd.json", "quant")
+                   "plans", "ppd.json", "quant")
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
 
 

@@ -278,6 +278,11 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
     assert own.quant is None and own.variants is None and set(own.stamp.inputs) == {"acceptance.json", "latency.json"}
     assert [g.token_ids for g in exported.generate(prompts[:1], method="auto", max_new_tokens=8)] == \
         [g.token_ids for g in exported.generate(prompts[:1], max_new_tokens=8)]
+    status = dict(artifacts.status(b, exported.machine))  # `specrt inspect`: the pick is fine, and not the one run
+    assert status["plan.json"] == ("ok: picked the int8-weights variant (quant='plan' runs it); this machine runs the "
+                                   "exported step graphs, on plans/exported.json")
+    assert status["plans/exported.json"] == "ok"
+    assert dict(artifacts.status(b, pipe.machine))["plan.json"] == "ok"
     (b / "plans/exported.json").unlink()  # with no plan of its own, the pick is refused for it, saying what to load
     with pytest.raises(BundleError, match="picked the int8-weights variant, this pipeline runs the exported step "
                                           r"graphs: load with quant='int8-weights' \(--quant int8-weights\) or "
