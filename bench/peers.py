@@ -149,19 +149,20 @@ def llama_cpp_model(bundle: Path, cache: Path, source: Path, outtype: str, progr
 
 def _llama_draft_model():
     """The class of llama-cpp-python's drafter backed by a draft model (made on first use: llama_cpp is optional)."""
-    from llama_cpp import Llama
+    from llama_cpp import Llama, llama_get_logits_ith
     from llama_cpp.llama_speculative import LlamaDraftModel
 
     class LlamaModelDraft(LlamaDraftModel):
         """A draft model's greedy continuation as llama-cpp-python's drafter (its `Llama(draft_model=...)` hook; the
-        bindings ship only a prompt-lookup one): called with the text so far, it returns up to `num_tokens` tokens.
+        bindings ship only a prompt-lookup one): called with the text so far, it returns up to `num_tokens` tokens,
+        each the argmax of the draft's last logits (llama.h's llama_get_logits_ith, as its greedy sampler picks).
         Its own KV cache keeps the longest prefix it shares with that text, as llama.cpp's speculative example keeps
         the draft's."""
 
         def __init__(self, gguf: Path, threads: int, context: int, num_tokens: int):
             self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
                              verbose=False)
-            self.num_tokens, self.context = num_tokens, context
+            self.num_tokens, self.context, self.vocab = num_tokens, context, self.llm.n_vocab()
 
         def reset(self) -> None:
             self.llm.reset()
@@ -176,7 +177,7 @@ def _llama_draft_model():
             self.llm.eval(ids[self.llm.n_tokens:].tolist())
             out = []
             for i in range(min(self.num_tokens, self.context - len(ids))):
-                out.append(self.llm.sample(temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0))
+                out.append(int(np.ctypeslib.as_array(llama_get_logits_ith(self.llm.ctx, -1), (self.vocab,)).argmax()))
                 if i + 1 < self.num_tokens:
                     self.llm.eval(out[-1:])
             return np.asarray(out, dtype=np.intc)
