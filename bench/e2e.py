@@ -22,7 +22,7 @@ import numpy as np
 from specrt.bench.decoded import STAGES, Decoded, joined, latencies, stage_seconds, timed
 from specrt.bench.peers import PEERS, PeerSources, peer_lines, peer_runners, peer_summary
 from specrt.bench.prompts import humaneval_prompts
-from specrt.bench.quality import describe_divergence, divergence
+from specrt.bench.quality import describe_divergence, divergence, gap_shift, quantization_ties
 from specrt.bench.report import (BenchConfig, best_lossless, header, lossless_headline, paired_ratio, runs_rate,
                                  timed_runs, write_report)
 from specrt.bundle.machine import resolve_threads
@@ -321,10 +321,16 @@ def run_e2e(cfg: E2EConfig) -> dict:
     results = results_of(pair_seconds)
     if "autoregressive" in results:
         prompt_ids = [pipe.encode(p) for p in prompts]
+        ref = results["autoregressive"].outputs
         for r in results.values():
-            r.divergence = divergence(pipe, prompt_ids, results["autoregressive"].outputs, r.outputs)
-            if r.divergence and pipe.machine.quant and r.name.split()[0] in PEERS:
-                r.divergence["other_weights"] = r.name.split(" (")[-1].rstrip(")")  # the peer's own quantization
+            r.divergence = divergence(pipe, prompt_ids, ref, r.outputs)
+        quantized = [r for r in results.values() if r.divergence and pipe.machine.quant and r.name.split()[0] in PEERS]
+        if quantized:  # peers whose 8-bit weights are their own: judged against what 8-bit weights move here
+            floats = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "quant": None})
+            shift = gap_shift(floats, pipe, prompt_ids, ref)
+            for r in quantized:
+                r.divergence = quantization_ties(r.divergence, shift, r.name.split(" (")[-1].rstrip(")"),
+                                                 pipe.machine.quant)
     return report(cfg, results, skipped, roofline)
 
 

@@ -55,16 +55,50 @@ def divergence(pipe, prompts_ids, reference, outputs) -> dict | None:
             "dtype": pipe.target.entry.dtype, "ties": worst is not None and worst <= tol}
 
 
+def gap_shift(pipe, other, prompts_ids, outputs) -> float:
+    """The largest change `other`'s target makes to the gap between any two tokens' logits against `pipe`'s,
+    teacher-forced over the outputs: the most, over positions, of max - min of the difference of their logit rows.
+    With `other` the same target with 8-bit weights, how far quantizing the weights moves a greedy choice here: a
+    runtime that quantizes them its own way may pick otherwise where the target's gap is within it."""
+    from specrt.runtime.step_inputs import sequence_logits
+
+    worst = 0.0
+    for prompt, out in zip(prompts_ids, outputs):
+        if not len(out):
+            continue
+        seq = np.asarray(list(prompt) + list(out[:-1]), dtype=np.int64)
+        with pipe.target.runner() as a, other.target.runner() as b:
+            diff = sequence_logits(b, seq)[len(prompt) - 1:] - sequence_logits(a, seq)[len(prompt) - 1:]
+        worst = max(worst, float((diff.max(axis=-1) - diff.min(axis=-1)).max()))
+    return worst
+
+
+def quantization_ties(div: dict, shift: float, weights: str, ours: str) -> dict:
+    """A peer's divergence whose weights are quantized its own way (`weights`, e.g. Q8_0) against our `ours` variant,
+    judged against `shift` (gap_shift of our variant against the float graphs): within it, a quantization tie."""
+    return {**div, "other_weights": weights, "ours": ours, "quant_shift": round(shift, 6),
+            "quant_ties": div["max_gap"] is not None and div["max_gap"] <= shift}
+
+
 def same_tokens(same: bool, div: dict | None) -> str:
     """A table cell: yes, NO (rounding tie) or NO."""
-    return "yes" if same else "NO (rounding tie)" if div and div["ties"] else "NO"
+    if same:
+        return "yes"
+    return "NO (rounding tie)" if div and div["ties"] else "NO (quantization tie)" if div and div.get("quant_ties") \
+        else "NO"
 
 
 def describe_divergence(div: dict) -> str:
     gap = "an output that stops early" if div["max_gap"] is None else \
         f"largest target logit gap at the first differing token {div['max_gap']:.4f}"
+    head = f"{div['requests']} request(s) differ from AR; {gap}"
+    if div.get("quant_shift") is not None and not div["ties"]:
+        verdict = "within it, so quantization ties, not a method's change" if div["quant_ties"] else \
+            "beyond it, so more than quantizing explains"
+        return (f"{head}; 8-bit weights move this target's logit gaps by up to {div['quant_shift']:.4f} here (our "
+                f"{div['ours']} against the float graphs, over these outputs), and {div['other_weights']} quantizes "
+                f"them its own way: {verdict}")
     verdict = "rounding ties, not lost tokens" if div["ties"] else \
         f"{div['other_weights']} quantizes the weights its own way, so beyond float rounding: not a method's change" \
         if div.get("other_weights") else "beyond rounding: the method changed the output"
-    return (f"{div['requests']} request(s) differ from AR; {gap} ({div['dtype']} parity tolerance {div['tolerance']:g}): "
-            f"{verdict}")
+    return f"{head} ({div['dtype']} parity tolerance {div['tolerance']:g}): {verdict}"

@@ -37,3 +37,20 @@ def test_divergence_measures_the_targets_logit_gap_at_the_first_difference(demo_
     short = divergence(pipe, ids, ref, [list(ref[0]), ref[1][:4]])
     assert short["max_gap"] is None and not short["ties"] and same_tokens(False, short) == "NO"
     assert "stops early" in describe_divergence(short)
+
+
+def test_a_peers_own_8bit_weights_are_judged_against_what_8bit_weights_move_here():
+    from specrt.bench.quality import describe_divergence, quantization_ties, same_tokens
+
+    div = {"requests": 3, "max_gap": 0.0676, "tolerance": 1e-4, "dtype": "float32", "ties": False}
+    tie = quantization_ties(div, 0.41, "Q8_0", "int8-weights")
+    assert tie["quant_ties"] and same_tokens(False, tie) == "NO (quantization tie)"
+    assert describe_divergence(tie) == (
+        "3 request(s) differ from AR; largest target logit gap at the first differing token 0.0676; 8-bit weights "
+        "move this target's logit gaps by up to 0.4100 here (our int8-weights against the float graphs, over these "
+        "outputs), and Q8_0 quantizes them its own way: within it, so quantization ties, not a method's change")
+    beyond = quantization_ties(div, 0.05, "Q8_0", "int8-weights")
+    assert not beyond["quant_ties"] and same_tokens(False, beyond) == "NO"
+    assert describe_divergence(beyond).endswith("beyond it, so more than quantizing explains")
+    short = quantization_ties({**div, "max_gap": None}, 0.41, "Q8_0", "int8-weights")  # stops early: no tie
+    assert not short["quant_ties"]

@@ -293,6 +293,60 @@ def test_tune_weighs_variants_and_auto_runs_the_one_the_plan_picked(quant_bundle
         pipe.evidence.plan()
 
 
+def test_gap_shift_bounds_how_far_8bit_weights_move_a_gap_between_two_tokens(quant_bundle, humaneval):
+    from specrt.bench.quality import gap_shift
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.step_inputs import sequence_logits
+
+    floats, q8 = (Pipeline.load(quant_bundle, threads=2, quant=q) for q in (None, "int8-weights"))
+    ids = [floats.encode(p) for p in humaneval[:2]]
+    outs = [g.token_ids for g in floats.generate(humaneval[:2], max_new_tokens=10)]
+    assert gap_shift(floats, floats, ids, outs) == 0.0  # the same computation moves nothing
+    shift = gap_shift(floats, q8, ids, outs)
+    assert shift > 1e-3
+    seq = np.asarray(ids[0] + outs[0][:-1], dtype=np.int64)
+    rows = []
+    for pipe in (floats, q8):
+        with pipe.target.runner() as runner:
+            rows.append(sequence_logits(runner, seq)[len(ids[0]) - 1:])
+    top2 = np.argsort(rows[0], axis=-1)[:, -2:]  # every position's gap between the float graphs' top two tokens
+    gaps = [np.take_along_axis(r, top2, axis=-1) @ np.array([-1.0, 1.0]) for r in rows]
+    assert np.abs(gaps[1] - gaps[0]).max() <= shift + 1e-6
+    assert np.abs(gaps[1] - gaps[0]).max() > 0
+
+
+def test_e2e_judges_a_quantized_peers_other_tokens_against_what_8bit_weights_move(quant_bundle, tmp_path,
+                                                                                   monkeypatch):
+    """A peer quantizing the weights its own way (llama.cpp's Q8_0) may take another token where our int8 variant's
+    gap is small: e2e measures how far 8-bit weights move this target's gaps and says whether the difference is
+    within it. The peer here is ours with one token changed (llama.cpp's build is not in CI)."""
+    import specrt.bench.e2e as e2e
+    from specrt.bench.decoded import Decoded, timed
+
+    def peer_runners(cfg, pipe, names):
+        def one(prompt, clock):
+            out = list(pipe.generate([prompt], max_new_tokens=cfg.max_new_tokens)[0].token_ids)
+            out[2] = (out[2] + 1) % pipe.target.entry.vocab_size  # another token at the third position
+            for _ in out:
+                clock.token()
+            return out
+
+        def run(prompts):
+            outs, first_s, decode_s = timed(prompts, one)
+            return Decoded(outs, first_s=first_s, decode_s=decode_s)
+
+        return {"llama-cpp (Q8_0)": run}, {}
+
+    monkeypatch.setattr(e2e, "peer_runners", peer_runners)
+    cfg = e2e.E2EConfig(bundle=quant_bundle, threads=2, quant="int8-weights", num_prompts=2, max_new_tokens=8, runs=1,
+                        warmup_runs=0, methods=("autoregressive",), baselines=("llama-cpp",), out=tmp_path, label="q")
+    data = e2e.run_e2e(cfg)
+    div = next(r for r in data["rows"] if r["method"] == "llama-cpp (Q8_0)")["divergence"]
+    assert div["requests"] == 2 and div["other_weights"] == "Q8_0" and div["ours"] == "int8-weights"
+    assert div["quant_shift"] > 1e-3 and div["quant_ties"] is (div["max_gap"] <= div["quant_shift"])
+    assert "8-bit weights move this target's logit gaps by up to" in (tmp_path / "e2e-q.md").read_text()
+
+
 def test_tuning_one_variant_keeps_the_plan_tuned_for_another(quant_bundle, tmp_path):
     """`make bench-peers` tunes the exported graphs, `make bench-peers-int8` the int8 twin alone: plan.json is then
     the twin's, and a pipeline of the exported graphs still runs `auto` on the plan tuned for them."""
