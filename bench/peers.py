@@ -175,10 +175,10 @@ def _llama_draft_model():
             differ = np.flatnonzero(held != ids[:len(held)])
             self.llm.n_tokens = int(differ[0]) if len(differ) else len(held)  # eval drops the cache from here on
             self.llm.eval(ids[self.llm.n_tokens:].tolist())
-            out = []
-            for i in range(min(self.num_tokens, self.context - len(ids))):
+            out, n = [], min(self.num_tokens, self.context - len(ids))  # no more than its context holds
+            for i in range(n):
                 out.append(int(np.ctypeslib.as_array(llama_get_logits_ith(self.llm.ctx, -1), (self.vocab,)).argmax()))
-                if i + 1 < self.num_tokens:
+                if i + 1 < n:
                     self.llm.eval(out[-1:])
             return np.asarray(out, dtype=np.intc)
 

@@ -103,6 +103,8 @@ def test_llama_cpp_draft_model_drafts_its_greedy_continuation_whatever_its_cache
     other = draft(np.asarray(prompt[:-1] + [prompt[-1] ^ 1]))  # a different last token: drafts from there
     fresh = _llama_draft_model()(gguf, threads=2, context=256, num_tokens=4)
     assert other.tolist() == fresh(np.asarray(prompt[:-1] + [prompt[-1] ^ 1])).tolist()
+    near_full = _llama_draft_model()(gguf, threads=2, context=len(prompt) + 2, num_tokens=4)
+    assert near_full(np.asarray(prompt)).tolist() == greedy[:2]  # no more than its context holds
 
 
 def test_only_a_gpt2_byte_level_tokenizer_is_named_gpt2_for_the_gguf_converter(demo_bundle, tmp_path):
