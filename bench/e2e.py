@@ -58,8 +58,9 @@ class E2EConfig(BenchConfig, BackendOptions, PeerSources):
     methods: tuple[str, ...] = option(OURS, f"our rows: methods or variants ({', '.join(VARIANTS)})")
     baselines: tuple[str, ...] = option(BASELINES, f"baselines: {', '.join(BASELINES)} ('' for none; hf-compile (static "
                                                    "cache + torch.compile) runs on CUDA only, optimum where "
-                                                   "optimum-onnx is installed, ort-genai* where onnxruntime-genai is: "
-                                                   "elsewhere each is skipped, saying why)")
+                                                   "optimum-onnx is installed, ort-genai* where onnxruntime-genai is, "
+                                                   "llama-cpp* where `make peers` built llama-cpp-python: elsewhere "
+                                                   "each is skipped, saying why)")
     prompt_lookup_tokens: int = option(10, "HF prompt lookup's prompt_lookup_num_tokens", ge=1)
     in_graph: tuple[str, ...] = option((), "our rows to run a second time with the in-graph KV update (`specrt "
                                            "inplace`; ort backend), as '<row> (in-graph)', beside the runtime's")
