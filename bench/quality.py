@@ -28,14 +28,15 @@ def divergence(pipe, prompts_ids, reference, outputs) -> dict | None:
     """None where every output is the reference's tokens; else {"requests": how many differ, "max_gap": the largest
     target logit gap, teacher-forced over the reference's tokens, between the reference's token and the other
     output's at the first position they differ (None where one output only stops earlier), "tolerance": the parity
-    tolerance of the target's dtype, "ties": max_gap within it}. Two correct computations of one step may differ
-    by that tolerance (a step of another shape, batched, padded or verifying a tree, sums in another order), so
-    within it the two tokens are a rounding tie that greedy decoding may break either way; beyond it the method
-    changed the output."""
-    from specrt.contract import PARITY_TOL
+    tolerance of the target's dtype at those rows' largest logit (contract.parity_tolerance), "ties": every gap within
+    its row's}. Two correct computations of one step may differ by that tolerance (a step of another shape, batched,
+    padded or verifying a tree, sums in another order), so within it the two tokens are a rounding tie that greedy
+    decoding may break either way; beyond it the method changed the output."""
+    from specrt.contract import PARITY_TOL, parity_tolerance
     from specrt.runtime.step_inputs import sequence_logits
 
-    gaps = []
+    gaps, tols = [], []  # the gap at each differing request, and the tolerance of its row's logits
+    per_unit = PARITY_TOL[pipe.target.entry.dtype]
     for prompt, ref, out in zip(prompts_ids, reference, outputs):
         if list(ref) == list(out):
             continue
@@ -46,13 +47,14 @@ def divergence(pipe, prompts_ids, reference, outputs) -> dict | None:
         with pipe.target.runner() as runner:
             row = sequence_logits(runner, np.asarray(list(prompt) + list(ref[:j]), dtype=np.int64))[-1]
         gaps.append(float(row[ref[j]] - row[out[j]]))
+        tols.append(parity_tolerance(per_unit, float(np.abs(row).max())))
     if not gaps:
         return None
-    tol = PARITY_TOL[pipe.target.entry.dtype]
     known = [abs(g) for g in gaps if g is not None]
     worst = None if len(known) < len(gaps) else max(known)
-    return {"requests": len(gaps), "max_gap": None if worst is None else round(worst, 6), "tolerance": tol,
-            "dtype": pipe.target.entry.dtype, "ties": worst is not None and worst <= tol}
+    return {"requests": len(gaps), "max_gap": None if worst is None else round(worst, 6),
+            "tolerance": round(max(tols, default=per_unit), 6), "dtype": pipe.target.entry.dtype,
+            "ties": worst is not None and all(abs(g) <= t for g, t in zip(gaps, tols))}
 
 
 def gap_shift(pipe, other, prompts_ids, outputs) -> float:

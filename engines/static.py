@@ -36,28 +36,34 @@ from specrt.errors import SpecrtError
 from specrt.runtime.backends import resolve_device
 
 
-def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) -> tuple[float, float]:
-    """(max |logit| difference between an engine backend's step and the eager step module, max |logit| of the
-    eager step) over random feeds of the given (batch, new tokens) shapes at each of the engines' attention spans
-    (random ragged cache lengths up to it, random token trees: graphs.parity's feeds). `module`: the eager
-    StepModule on the backend's device (default: the backend's own, which the static backend has)."""
+def check_engine_step(backend, rng: np.random.Generator, shapes, tokens: np.ndarray, module=None,
+                      per_unit: float | None = None):
+    """A ParityReport (graphs.parity.compare) of an engine backend's step against the eager step module, over feeds
+    from real text (`tokens`, graphs.parity.text_tokens, with the module's own caches) of the given (batch, new
+    tokens) shapes at each of the engines' attention spans (random ragged cache lengths up to it, random token
+    trees). `module`: the eager StepModule on the backend's device (default: the backend's own, which the static
+    backend has), or any function of the step's inputs giving its outputs; `per_unit`: the tolerance per unit of
+    the largest logit (default: the export's parity tolerance for the dtype)."""
     import torch
 
     from specrt import contract
-    from specrt.graphs.parity import random_feeds
+    from specrt.graphs.parity import compare, real_feeds
 
     e, capacity = backend.entry, backend.engines.capacity
     module = backend.module if module is None else module
-    worst = scale = 0.0
+    dims = (e.num_layers, e.num_kv_heads, e.head_dim)
     in_graph = getattr(backend.engines, "kv_update", "runtime") == "inplace"
     # contexts up to each attention span (random lengths up to it: the shorter spans are exercised too)
     cases = [(b, t, s) for b, t in shapes for s in backend.engines.spans]
+    candidate, reference = [], []
     with backend.runner() as runner:
         for batch, num_tokens, span in cases:
             # an in-graph engine writes the step's rows into the cache: room for them past the longest sequence
             room = capacity - num_tokens if in_graph else span
-            feeds = random_feeds(rng, e.num_layers, e.num_kv_heads, e.head_dim, e.vocab_size, batch, num_tokens,
-                                 room, np.dtype(e.dtype))
+            # compiled layers (--compile) are checked against eager ones
+            with module.eager() if hasattr(module, "eager") else nullcontext():
+                feeds = real_feeds(module, tokens, rng, dims, batch, num_tokens, room, np.dtype(e.dtype),
+                                   backend.device)
             cache = runner.new_cache(batch)
             cache.reserve(capacity)  # a growing cache (trt) to the engines' capacity; a static one has it already
             for layer in range(e.num_layers):
@@ -70,14 +76,13 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, module=None) ->
                 step_mask = np.zeros((batch, num_tokens, capacity + num_tokens), dtype=bool)
                 step_mask[:, :, :room], step_mask[:, :, capacity:] = mask[:, :, :room], mask[:, :, room:]
             static_logits, _ = runner.step(ids, pos, step_mask, cache)
-            # compiled layers (--compile) are checked against eager ones; `module` may be any function of the feeds
             with torch.inference_mode(), module.eager() if hasattr(module, "eager") else nullcontext():
                 past = [torch.from_numpy(feeds[n]).to(backend.device) for n in contract.input_names(e.num_layers)[3:]]
                 eager = module(*(torch.from_numpy(a).to(backend.device) for a in (ids, pos, mask)), *past)[0]
-            eager = eager.float().cpu().numpy()
-            worst = max(worst, float(np.abs(static_logits - eager).max()))
-            scale = max(scale, float(np.abs(eager).max()))
-    return worst, scale
+            # a copy: an engine's output buffer is the next step's too
+            candidate.append({contract.LOGITS: np.array(static_logits, dtype=np.float32, copy=True)})
+            reference.append({contract.LOGITS: eager.float().cpu().numpy()})
+    return compare(candidate, reference, e.dtype, per_unit)
 
 
 def check_shapes(cfg: BuildConfig) -> list[tuple[int, int]]:
@@ -96,23 +101,20 @@ def check_shapes(cfg: BuildConfig) -> list[tuple[int, int]]:
 QUANT_TOL = 5e-2
 
 
-def check_tolerance(what: str, dtype: str, err: float, scale: float, quant: str | None = None) -> None:
-    """Refuse an engine whose step differs from the eager step by more than the export's parity tolerance for
-    the dtype per unit of the largest logit (rounding error grows with the logits' magnitude; a float16 GPU
-    kernel picked for a padded shape may sum in another order than the eager shape's); QUANT_TOL for a step
-    whose activations are quantized (`quant`: fp8)."""
-    from specrt.graphs.parity import PARITY_TOL
-
-    per_unit = QUANT_TOL if quant == "fp8" else PARITY_TOL[dtype]
-    tol = per_unit * max(1.0, scale)
-    if err > tol:
-        raise SpecrtError(f"{what} differs from its eager step by {err:.2e} (tolerance {tol:.2e}: {per_unit} "
-                          f"per unit of the largest logit, {scale:.1f})")
+def check_tolerance(what: str, report, reference: str = "its eager step") -> None:
+    """Refuse an engine whose step differs from its reference beyond the report's tolerance (the export's parity
+    tolerance for the dtype per unit of the largest logit: rounding error grows with the logits' magnitude, and a
+    float16 GPU kernel picked for a padded shape may sum in another order than the eager shape's; QUANT_TOL for a
+    step whose activations are quantized), or whose top tokens differ beyond a tie."""
+    if not report.ok():
+        raise SpecrtError(f"{what} differs from {reference}: {report}")
 
 
 def build_static(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     from tqdm import tqdm
 
+    from specrt.graphs.parity import text_tokens
+    from specrt.model.checkpoint import load_tokenizer
     from specrt.model.quant import module_bytes
     from specrt.runtime.backends.static import StaticTorchBackend
 
@@ -125,14 +127,16 @@ def build_static(cfg: BuildConfig, progress: bool = True) -> EngineSet:
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
                         quant=cfg.quant, weight_bytes={}, compile=cfg.compile)
     rng = np.random.default_rng(0)
+    tokenizer = load_tokenizer(cfg.bundle / manifest.tokenizer)
     seconds, parity, weight_bytes = {}, {}, {}
     for role in tqdm(("target", "draft"), desc="build", unit="model", disable=not progress):
         entry = manifest.models[role]
         t0 = time.perf_counter()
         backend = StaticTorchBackend(entry, cfg.bundle / entry.hf_dir, device, threads, engines)
-        err, scale = check_engine_step(backend, rng, check_shapes(cfg))
-        check_tolerance(f"the {role}'s static step", entry.dtype, err, scale, cfg.quant)
-        seconds[role], parity[role] = round(time.perf_counter() - t0, 3), err
+        report = check_engine_step(backend, rng, check_shapes(cfg), text_tokens(tokenizer, entry.vocab_size),
+                                   per_unit=QUANT_TOL if cfg.quant == "fp8" else None)
+        check_tolerance(f"the {role}'s static step", report)
+        seconds[role], parity[role] = round(time.perf_counter() - t0, 3), report.max_logit_err
         weight_bytes[role] = module_bytes(backend.module)
         del backend
     engines = replace(engines, build_seconds=seconds, parity=parity, weight_bytes=weight_bytes)

@@ -53,12 +53,13 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
     import onnxruntime
 
     from specrt.export.onnx_export import export_step_graph
-    from specrt.graphs.parity import PARITY_TOL, check_parity
+    from specrt.graphs.parity import check_parity, text_tokens
     from specrt.graphs.passes import graph_bytes
-    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.checkpoint import load_checkpoint, load_tokenizer
     from specrt.model.step import StepModule
 
-    entry = load_manifest(bundle, verify=False).models[role]
+    manifest = load_manifest(bundle, verify=False)
+    entry = manifest.models[role]
     t0 = time.perf_counter()
     model = load_checkpoint(bundle / entry.hf_dir, entry.dtype)
     done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="inplace")
@@ -68,13 +69,12 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
         opts = onnxruntime.SessionOptions()
         opts.log_severity_level = 3  # TensorScatter warns on every copy the check's unbound outputs cause
         session = onnxruntime.InferenceSession(str(dest), opts, providers=["CPUExecutionProvider"])
-        report = check_parity(session, StepModule(model).eval(), kv_update="inplace")
+        tokens = text_tokens(load_tokenizer(bundle / manifest.tokenizer), model.config.vocab_size)
+        report = check_parity(session, StepModule(model).eval(), tokens, kv_update="inplace")
         del session
-        tol = PARITY_TOL[entry.dtype]
-        if not report.ok(tol):
-            raise SpecrtError(f"the {role}'s in-graph step graph does not match PyTorch: {report} (tolerance {tol})")
-        parity = {"cases": report.cases, "max_logit_err": report.max_logit_err, "max_kv_err": report.max_kv_err,
-                  "tolerance": tol, "checked": True}
+        if not report.ok():
+            raise SpecrtError(f"the {role}'s in-graph step graph does not match PyTorch: {report}")
+        parity = {**report.record(), "checked": True}
     return InPlaceGraph(file="", bytes=graph_bytes(dest), sha256=sha256_file(dest), opset=done["opset"],
                         parity=parity, seconds=round(time.perf_counter() - t0, 2))
 

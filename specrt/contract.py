@@ -83,11 +83,18 @@ KV_UPDATES = ("runtime", "inplace")  # who writes a step's new K/V into the cach
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
 # torch.compile modes of the static engines' decoder layers (`specrt build --compile`; runtime/backends/static.py)
 TORCH_COMPILE_MODES = ("default", "max-autotune")
-# max |logit| (and new K/V) difference between two correct computations of one step, per dtype: an exported graph
-# against its module (graphs.parity), or a step of another shape (batched, padded, a tree: another summation order)
-# whose greedy token differs only at a tie within it (bench.quality.divergence); bfloat16 keeps 3 fewer mantissa
-# bits than float16: 8x its tolerance
+# max |logit| (and new K/V) difference between two correct computations of one step, per dtype and per unit of the
+# output's largest |value| (parity_tolerance): an exported graph against its module (graphs.parity), or a step of
+# another shape (batched, padded, a tree: another summation order) whose greedy token differs only at a tie within it
+# (bench.quality.divergence); bfloat16 keeps 3 fewer mantissa bits than float16: 8x its tolerance
 PARITY_TOL = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 4e-1}
+
+
+def parity_tolerance(per_unit: float, scale: float) -> float:
+    """The largest |difference| allowed between two computations of an output whose largest |value| is `scale`:
+    `per_unit` (PARITY_TOL[dtype], or a quantized step's) per unit of it, and no less than `per_unit` itself (rounding
+    error grows with the values summed: a real model's logits reach 20-85)."""
+    return per_unit * max(1.0, scale)
 
 
 def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:

@@ -88,11 +88,12 @@ def cmd_models(args) -> None:
 
 def cmd_export(args) -> None:
     from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.graphs.parity import describe
 
     cfg = config_from(ExportConfig, args)
     manifest = export_bundle(cfg)
     for role, p in manifest.parity.items():
-        print(f"{role}: parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}")
+        print(f"{role}: {describe(p)}")
     print(f"bundle written to {cfg.out}")
 
 
@@ -139,14 +140,14 @@ def cmd_quantize(args) -> None:
 
 def cmd_inplace(args) -> None:
     from specrt.export.inplace import InPlaceConfig, in_place
+    from specrt.graphs.parity import describe
 
     cfg = config_from(InPlaceConfig, args)
     made = in_place(cfg)
     for role, g in made.graphs.items():
         if role == cfg.model or cfg.model == "both":
             p = g.parity
-            check = (f"parity vs PyTorch over {p['cases']} random cases: max |logit err| {p['max_logit_err']:.2e}, "
-                     f"max |K/V err| {p['max_kv_err']:.2e}") if p.get("checked") else f"not checked ({p['why']})"
+            check = describe(p) if p.get("checked") else f"not checked ({p['why']})"
             print(f"{role}: {g.file} (opset {g.opset}, {g.bytes / 2**20:.1f} MiB) in {g.seconds:.1f} s; {check}")
     print(f"wrote {cfg.bundle}/inplace.json (run it with --kv-update inplace)")
 

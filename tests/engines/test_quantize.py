@@ -50,12 +50,8 @@ def test_each_row_of_a_quantized_step_is_computed_on_its_own(quant_bundle, schem
     """What losslessness needs: a token's logits do not depend on the other tokens of its step."""
     import onnxruntime as ort
 
-    from specrt.graphs.parity import random_feeds
-
-    m = json.loads((quant_bundle / "manifest.json").read_text())["models"]["target"]
     s = ort.InferenceSession(str(quant_bundle / f"quant/{scheme}/target.onnx"), providers=["CPUExecutionProvider"])
-    feeds = random_feeds(np.random.default_rng(0), m["num_layers"], m["num_kv_heads"], m["head_dim"],
-                         m["vocab_size"], 1, 6, 20)
+    feeds = text_feeds(quant_bundle, np.random.default_rng(0), 1, 6, 20)
     full = s.run(None, feeds)[0]
     one = dict(feeds, input_ids=feeds["input_ids"][:, :1], position_ids=feeds["position_ids"][:, :1],
                attention_mask=feeds["attention_mask"][:, :1, :21])
@@ -69,7 +65,7 @@ def test_merged_weight_only_projections_compute_what_the_variant_does(quant_bund
     import onnx
     import onnxruntime as ort
 
-    from specrt.graphs.parity import PARITY_TOL, random_feeds
+    from specrt.graphs.parity import PARITY_TOL
     from specrt.runtime.backends.ort_fusions import fuse_projections
 
     m = json.loads((quant_bundle / "manifest.json").read_text())["models"]["target"]
@@ -79,10 +75,21 @@ def test_merged_weight_only_projections_compute_what_the_variant_does(quant_bund
     assert fuse_projections(model, quant_bundle / "quant" / scheme, inline=True) == (3 * m["num_layers"], {})
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == before - 3 * m["num_layers"]
     merged = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = random_feeds(np.random.default_rng(1), m["num_layers"], m["num_kv_heads"], m["head_dim"],
-                         m["vocab_size"], 2, 5, 12)
+    feeds = text_feeds(quant_bundle, np.random.default_rng(1), 2, 5, 12)
     for want, got in zip(plain.run(None, feeds), merged.run(None, feeds)):
         np.testing.assert_allclose(got, want, rtol=0, atol=PARITY_TOL["float32"])
+
+
+def text_feeds(bundle, rng, batch: int, num_tokens: int, capacity: int) -> dict:
+    """A step's feeds from real text, the cache holding the target's own K/V (graphs.parity.real_feeds)."""
+    from specrt.graphs.parity import real_feeds, text_tokens
+    from specrt.model.checkpoint import load_checkpoint, load_tokenizer
+    from specrt.model.step import StepModule
+
+    module = StepModule(load_checkpoint(bundle / "hf/target")).eval()
+    tokens = text_tokens(load_tokenizer(bundle / "tokenizer"), module.hf.config.vocab_size)
+    return real_feeds(module, tokens, rng, (module.num_layers, module.num_kv_heads, module.head_dim), batch,
+                      num_tokens, capacity)
 
 
 def _matmul_graph(w: np.ndarray, opset: int):

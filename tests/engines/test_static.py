@@ -49,10 +49,14 @@ def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
 def test_padded_rows_and_sequences_change_nothing(graphs, demo_bundle):
     """Steps of every (batch, tokens) between the buckets and profiles give the eager step's logits."""
     from specrt.engines.static import check_engine_step
+    from specrt.graphs.parity import text_tokens
+    from specrt.model.checkpoint import load_tokenizer
 
     shapes = [(1, 1), (1, 3), (2, 5), (3, 7), (3, 32), (4, 17)]  # padded to profiles 4, 8, 32 and bucket 4
-    err, scale = check_engine_step(graphs.target, np.random.default_rng(1), shapes)
-    assert err < 1e-4 and scale > 1  # absolute, on logits of a real scale
+    tokens = text_tokens(load_tokenizer(demo_bundle / "tokenizer"), graphs.target.entry.vocab_size)
+    report = check_engine_step(graphs.target, np.random.default_rng(1), shapes, tokens)
+    assert report.ok() and report.max_logit_err < 1e-4 and report.logit_scale > 1  # absolute, on real logits
+    assert report.top1_agreement == 1.0
 
 
 LOSSLESS = [dict(method="sd"), dict(method="tree"), dict(method="dynamic", num_draft_tokens=6),

@@ -8,8 +8,8 @@ import pytest
 from specrt import contract
 from specrt.bundle.manifest import MANIFEST
 from specrt.checkpoints import DEMO_DIR
-from specrt.graphs.parity import PARITY_TOL, check_parity
-from specrt.model.checkpoint import load_checkpoint
+from specrt.graphs.parity import PARITY_TOL, check_parity, text_tokens
+from specrt.model.checkpoint import load_checkpoint, load_tokenizer
 from specrt.model.step import StepModule
 
 
@@ -17,9 +17,11 @@ from specrt.model.step import StepModule
 def test_onnx_matches_pytorch(demo_bundle, role):
     sess = ort.InferenceSession(str(demo_bundle / f"{role}.onnx"), providers=["CPUExecutionProvider"])
     step = StepModule(load_checkpoint(DEMO_DIR / role)).eval()
-    report = check_parity(sess, step, num_cases=10, seed=123)
-    assert report.cases == 10
-    assert report.ok(PARITY_TOL["float32"]), report
+    tokens = text_tokens(load_tokenizer(DEMO_DIR / "tokenizer"), step.hf.config.vocab_size)
+    report = check_parity(sess, step, tokens, num_cases=10, seed=123)
+    assert report.cases == 10 and report.rows > 10
+    assert report.ok() and report.max_logit_err <= PARITY_TOL["float32"], report  # the demo's logits are small
+    assert report.top1_agreement == 1.0
 
 
 def test_step_module_matches_hf_forward():
