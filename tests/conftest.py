@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from specrt.checkpoints import DEMO_DIR
@@ -72,3 +75,48 @@ def inplace_bundle(demo_bundle, tmp_path_factory):
     shutil.copytree(demo_bundle, b)
     in_place(InPlaceConfig(bundle=b), progress=False)
     return b
+
+
+# -- real checkpoints (specrt models real): made once into build/real and kept between runs -------------------------
+REAL_DIR = Path(__file__).resolve().parents[1] / "build" / "real"
+
+
+def real_checkpoint(name: str) -> Path:
+    """`specrt models real NAME` into build/real/NAME (kept while its record holds). Where the package index cannot be
+    reached the test is skipped, saying so, unless SPECRT_REQUIRE_REAL=1 (.ci/run sets it: there it must run)."""
+    from specrt.checkpoints.real import RealConfig, make_real
+    from specrt.errors import SpecrtError
+
+    try:
+        return make_real(RealConfig(name=name, out=REAL_DIR / name, downloads=REAL_DIR / "downloads"), progress=False)
+    except SpecrtError as e:
+        if "cannot be reached" in str(e) and os.environ.get("SPECRT_REQUIRE_REAL") != "1":
+            pytest.skip(str(e))
+        raise
+
+
+def first_layers(checkpoint: Path, out: Path, num_layers: int) -> Path:
+    """The checkpoint cut to its first layers: a draft sharing its tokenizer, which agrees with it on a quarter of the
+    tokens (rejections exercise every rollback path)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, num_hidden_layers=num_layers)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return real_checkpoint("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_bundle(smollm2, tmp_path_factory):
+    """SmolLM2-135M-Instruct with its first two layers as the draft, exported as a user would (defaults: the dynamo
+    exporter, parity checks on)."""
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    root = tmp_path_factory.mktemp("smollm2")
+    draft = first_layers(smollm2, root / "draft", 2)
+    export_bundle(ExportConfig(target=smollm2, draft=draft, out=root / "bundle"), progress=False)
+    return root / "bundle"
