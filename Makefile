@@ -1,4 +1,4 @@
-# specrt: make demo | test | test-transformers4 | models | real | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
+# specrt: make demo | test | test-transformers4 | models | real | real-bundle | bench-real | export | inflate | build | quantize | tune-variants | inplace | calibrate profile tune | report | ppd | bench | peers | soak | docs | triton | serve
 # Everything runs in a local virtualenv (.venv) created on first use.
 
 PY        ?= python3
@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-transformers4 models real export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
+.PHONY: demo test test-transformers4 models real real-bundle bench-real export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,36 @@ models: $(STAMP)
 real: $(STAMP)
 	$(BIN)/specrt models real smollm2-135m
 	$(BIN)/specrt models real gemma3-270m
+
+# A real target's bundle (REAL=smollm2-135m | gemma3-270m): the checkpoint, a draft distilled from it on its own text
+# (`specrt models draft`, about 40 minutes on 2 cores, cached), the export, its in-graph graphs, calibration on the
+# draft's held-out mixed prompts, a batch-1 profile and plan, as bench-peers prepares the inflated pair
+REAL      ?= smollm2-135m
+REAL_OUT  := build/real-bundles/$(REAL)
+real-bundle: $(STAMP)
+	$(BIN)/specrt models real $(REAL)
+	$(BIN)/specrt models draft --target build/real/$(REAL) --threads $(THREADS)
+	test -f $(REAL_OUT)/manifest.json || $(BIN)/specrt export --target build/real/$(REAL) --draft build/drafts/$(REAL) \
+		--out $(REAL_OUT)
+	test -f $(REAL_OUT)/inplace.json || $(BIN)/specrt inplace --bundle $(REAL_OUT)
+	test -f $(REAL_OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(REAL_OUT) --threads $(THREADS) \
+		--prompts build/drafts/$(REAL)/validation-prompts.jsonl
+	test -f $(REAL_OUT)/latency.json || $(BIN)/specrt profile --bundle $(REAL_OUT) --kv-update inplace \
+		--no-packed-rows --threads $(THREADS) --batch-sizes 1 --contexts 512
+	$(BIN)/specrt tune --bundle $(REAL_OUT) --batch-sizes 1
+
+# Our rows against the peers on the real target, code (HumanEval) and chat prompts (through its template), one prompt at a
+# time; llama.cpp also on the GGUF as shipped
+REAL_GGUF_smollm2-135m := SmolLM2-135M-Instruct.Q4_1.gguf
+REAL_GGUF_gemma3-270m := gemma-3-270m-q4_k_m.gguf
+bench-real: real-bundle
+	for set in humaneval chat; do \
+	  $(BIN)/specrt bench e2e --bundle $(REAL_OUT) --label $(REAL)-$$set-peers --prompt-set $$set --num-prompts 10 \
+		--runs $(PEER_RUNS) --threads $(THREADS) --kv-update inplace --no-packed-rows \
+		--methods autoregressive,sd,anpd-hw,dynamic-ngram,auto \
+		--baselines ort-genai,ort-genai-sd,ort-genai-ngram,llama-cpp,llama-cpp-sd,llama-cpp-lookup \
+		--original-gguf build/real/downloads/$(REAL_GGUF_$(REAL)) --out $(RESULTS) || exit 1; \
+	done
 
 # The model families' tests (export, parity, lossless decoding) under transformers 4.x: a second virtualenv holding
 # only that transformers (and its tokenizers and hub), everything else read from .venv's site-packages.

@@ -1,7 +1,7 @@
 """`specrt bench e2e`: end-to-end tokens/s of our methods and of Hugging Face / Optimum baselines.
 
-Same prompts (HumanEval, first N), greedy, batch 1, same thread count, same checkpoints (the bundle's
-hf/ copies, on the same device in the bundle's dtype), in one process. Each run decodes every prompt once
+Same prompts (the first N of HumanEval's or of the chat set), greedy, batch 1, same thread count, same checkpoints
+(the bundle's hf/ copies, on the same device in the bundle's dtype), in one process. Each run decodes every prompt once
 per method, one prompt at a time, the (method, prompt) pairs in a new random order each run, so that drift hits
 all of them alike (a method's run is its prompts' seconds summed); we report the median over runs
 after an untimed warm-up run (the first pass over new prompt lengths and cache sizes costs ONNX Runtime
@@ -21,7 +21,7 @@ import numpy as np
 
 from specrt.bench.decoded import STAGES, Decoded, joined, latencies, stage_seconds, timed
 from specrt.bench.peers import PEERS, PeerSources, peer_lines, peer_runners, peer_summary
-from specrt.bench.prompts import humaneval_prompts
+from specrt.bench.prompts import PROMPT_SETS, bench_prompts
 from specrt.bench.quality import describe_divergence, divergence, gap_shift, quantization_ties
 from specrt.bench.report import (BenchConfig, best_lossless, header, lossless_headline, paired_ratio, runs_rate,
                                  timed_runs, write_report)
@@ -51,7 +51,10 @@ BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum") + PEERS
 
 @dataclass(frozen=True)
 class E2EConfig(BenchConfig, BackendOptions, PeerSources):
-    num_prompts: int = option(30, "first N HumanEval prompts", ge=1)
+    num_prompts: int = option(30, "the first N prompts of the set", ge=1)
+    prompt_set: str = option("humaneval", "humaneval: HumanEval's code prompts; chat: the chat prompts written here "
+                                          "(bench/prompts.py), through the bundle tokenizer's chat template",
+                             choices=PROMPT_SETS)
     warmup_runs: int = option(1, "untimed full passes over all prompts per row (first passes over new shapes are slower)",
                               ge=0)
     num_draft_tokens: tuple[int, ...] = option((4,), "sd chain lengths, one sd row each", ge=1, nonempty=True)
@@ -276,8 +279,8 @@ def run_e2e(cfg: E2EConfig) -> dict:
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    prompts = humaneval_prompts(cfg.num_prompts)
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
+    prompts = bench_prompts(cfg.prompt_set, cfg.num_prompts, pipe.bundle / pipe.manifest.tokenizer)
     runners, skipped = build_runners(cfg, pipe)
     weight_bytes = run_weight_bytes(pipe)
     bandwidth = copy_bandwidth(pipe.machine.device)
@@ -325,6 +328,8 @@ def run_e2e(cfg: E2EConfig) -> dict:
         ref = results["autoregressive"].outputs
         for r in results.values():
             r.divergence = divergence(pipe, prompt_ids, ref, r.outputs)
+            if r.divergence and r.name.startswith("llama-cpp-gguf"):  # the GGUF as shipped: its own 4-bit weights
+                r.divergence["other_weights"] = r.name.split("(")[1].split(",")[0]
         quantized = [r for r in results.values() if r.divergence and pipe.machine.quant and r.name.split()[0] in PEERS]
         if quantized:  # peers whose 8-bit weights are their own: judged against what 8-bit weights move here
             floats = Pipeline.load(cfg.bundle, **{**cfg.pipeline_options(), "quant": None})
@@ -395,7 +400,8 @@ def markdown(data: dict) -> str:
     gammas = ",".join(map(str, c["num_draft_tokens"]))
     roof = data.get("roofline")
     where = f"backend {c.get('backend', 'ort')}, {roof['device'] if roof else 'cpu'}, "
-    lines = [f"### e2e `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
+    kind = "chat" if c.get("prompt_set") == "chat" else "HumanEval"
+    lines = [f"### e2e `{data['label']}`: {c['num_prompts']} {kind} prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {where}{c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})",
              "", "| method | tokens/s | vs our AR | vs HF | TTFT ms | TPOT ms | tokens/target call | host share | "
                  "same tokens as our AR | of roofline | J/token |",
@@ -466,7 +472,8 @@ def plot(data: dict, path: Path) -> None:
             color=["tab:blue" if r["method"].split()[0] in OURS else "tab:gray" for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median)")
-    ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} HumanEval prompts, {data['config']['threads']} threads")
+    kind = "chat" if data["config"].get("prompt_set") == "chat" else "HumanEval"
+    ax.set_title(f"e2e {data['label']}: {data['config']['num_prompts']} {kind} prompts, {data['config']['threads']} threads")
     if ours:  # where our rows' time goes, stacked
         ax = axes[0, 1]
         left = np.zeros(len(ours))

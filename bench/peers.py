@@ -48,6 +48,9 @@ class PeerSources:
                                                    "(made once per export and precision)")
     llama_cpp_source: Path = option(Path("build/peers/llama.cpp"), "llama.cpp's GGUF converter (convert_hf_to_gguf.py "
                                                                    "and its packages; `make peers` unpacks them)")
+    original_gguf: Path | None = option(None, "the target's GGUF file as shipped (`specrt models real` keeps it in "
+                                              "build/real/downloads): one more llama.cpp row, on it, as a llama.cpp "
+                                              "user runs the model (another precision: its tokens may differ)")
 
 
 def ort_genai_missing() -> str | None:
@@ -271,10 +274,10 @@ class OrtGenAI:
     Called as e2e's runners are: prompts -> Decoded."""
 
     def __init__(self, models: dict[str, Path], mode: str, encode, threads: int, max_new_tokens: int,
-                 draft_tokens: int):
+                 draft_tokens: int, eos: int | None = None):
         import onnxruntime_genai as og
 
-        self.og, self.encode, self.max_new_tokens = og, encode, max_new_tokens
+        self.og, self.encode, self.max_new_tokens, self.eos = og, encode, max_new_tokens, eos
         config = og.Config(str(models["target"]))
         session = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
         overlay: dict = {"model": {"decoder": session}}
@@ -299,15 +302,42 @@ class OrtGenAI:
             while not generator.is_done():
                 generator.generate_next_token()
                 clock.token()
-            return [int(t) for t in generator.get_sequence(0)[len(ids):]]
+            out = [int(t) for t in generator.get_sequence(0)[len(ids):]]
+            # its sequence leaves out the end token it stopped at, which ours keep (and which it generated and was
+            # timed for): the same answer, counted alike
+            if self.eos is not None and len(out) < self.max_new_tokens and (not out or out[-1] != self.eos):
+                out.append(self.eos)
+            return out
 
         outs, first_s, decode_s = timed(prompts, one)
         return Decoded(outs, first_s=first_s, decode_s=decode_s)
 
 
+def gguf_file_type(path: Path) -> str:
+    """A GGUF file's weight type as llama.cpp names it (Q4_1, Q4_K_M, F32, ...), from its metadata."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(str(path)).fields["general.file_type"]
+        return gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name.removeprefix("MOSTLY_")
+    except (ImportError, KeyError, ValueError):
+        return path.name
+
+
 def peer_runners(cfg, pipe, names) -> tuple[dict, dict]:
-    """({row name: runner}, {skipped peer: why}) of the peers `names` for e2e's config and loaded Pipeline."""
+    """({row name: runner}, {skipped peer: why}) of the peers `names` for e2e's config and loaded Pipeline, and the
+    llama.cpp row on the original GGUF where the config names one."""
     runners, skipped = {}, {}
+    if getattr(cfg, "original_gguf", None) is not None:
+        why = _why_not(llama_cpp_missing(cfg.llama_cpp_source), "as shipped", "", "llama.cpp", pipe)
+        if not Path(cfg.original_gguf).is_file():
+            why = f"no GGUF file at {cfg.original_gguf}"
+        name = f"llama-cpp-gguf ({gguf_file_type(Path(cfg.original_gguf))}, as shipped)"
+        if why:
+            skipped[name] = why
+        else:
+            runners[name] = LlamaCpp({"target": Path(cfg.original_gguf)}, "ar", pipe.encode, pipe.machine.threads,
+                                     cfg.max_new_tokens, pipe.max_context, 0)
     for build, family in ((_ort_genai_runners, ORT_GENAI), (_llama_cpp_runners, LLAMA_CPP)):
         wanted = [n for n in names if n in family]
         if wanted:
@@ -339,7 +369,7 @@ def _ort_genai_runners(cfg, pipe, wanted: list[str]) -> tuple[dict, str | None]:
         mode = name.removeprefix("ort-genai").lstrip("-") or "ar"
         draft_tokens = cfg.num_draft_tokens[0] if mode == "sd" else cfg.prompt_lookup_tokens
         runners[f"{name} ({words})"] = OrtGenAI(models, mode, pipe.encode, pipe.machine.threads, cfg.max_new_tokens,
-                                                draft_tokens)
+                                                draft_tokens, pipe.manifest.eos_token_id)
     return runners, None
 
 

@@ -133,3 +133,38 @@ def test_a_peer_that_cannot_run_is_skipped_saying_why(demo_bundle, tmp_path):
     assert set(data["skipped"]) == {"llama-cpp", "llama-cpp-lookup"}
     assert all(("llama-cpp-python is not installed" in why or "no llama.cpp GGUF converter" in why)
                for why in data["skipped"].values())
+
+
+@needs_ort_genai
+def test_on_the_real_smollm2_chat_answers_end_alike_and_count_alike(smollm2_bundle, tmp_path):
+    """Chat prompts through SmolLM2's template: the answers stop at <|im_end|>, which our token ids keep and ONNX
+    Runtime GenAI's sequence leaves out; the row puts it back, so the answers compare and count alike."""
+    from specrt.bench.e2e import E2EConfig, run_e2e
+
+    cfg = E2EConfig(bundle=smollm2_bundle, threads=2, num_prompts=2, max_new_tokens=72, runs=1, warmup_runs=0,
+                    prompt_set="chat", methods=("autoregressive", "anpd"), baselines=("ort-genai", "ort-genai-ngram"),
+                    out=tmp_path / "out", label="chat", peer_cache=tmp_path / "cache")
+    data = run_e2e(cfg)
+    rows = {r["method"]: r for r in data["rows"]}
+    ours = rows["autoregressive"]
+    assert ours["tokens"] < 2 * 72  # the first answer ends before the limit (67 tokens), at the end token
+    for name in ("ort-genai (fp32)", "ort-genai-ngram (fp32)"):
+        assert rows[name]["same_tokens_as_ours_ar"] == 1, rows[name]
+        assert rows[name]["tokens"] == ours["tokens"]
+    assert "2 chat prompts" in (tmp_path / "out" / "e2e-chat.md").read_text()
+
+
+@pytest.mark.skipif(LLAMA_MISSING is not None, reason=str(LLAMA_MISSING))
+def test_a_llama_cpp_row_runs_the_real_gguf_as_shipped(smollm2, smollm2_bundle, tmp_path):
+    from specrt.bench.e2e import E2EConfig, run_e2e
+    from specrt.checkpoints.real import REAL_MODELS
+
+    gguf = smollm2.parent / "downloads" / REAL_MODELS["smollm2-135m"].gguf
+    cfg = E2EConfig(bundle=smollm2_bundle, threads=2, num_prompts=2, max_new_tokens=16, runs=1, warmup_runs=0,
+                    methods=("autoregressive",), baselines=(), original_gguf=gguf, out=tmp_path / "out", label="q4",
+                    peer_cache=tmp_path / "cache", llama_cpp_source=LLAMA_CPP.resolve())
+    rows = {r["method"]: r for r in run_e2e(cfg)["rows"]}
+    row = rows["llama-cpp-gguf (Q4_1, as shipped)"]
+    assert row["tokens"] > 0 and row["tpot_ms"] > 0
+    if row["divergence"]:  # its own 4-bit weights: other tokens are not a method's change
+        assert row["divergence"]["other_weights"] == "Q4_1"
