@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.bench.catalog import bench_results, bench_section, results_table
-from specrt.bundle.files import write_atomic
+from specrt.files import write_atomic
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 

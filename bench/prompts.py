@@ -22,7 +22,7 @@ def write_jsonl(path, prompts: list[str]) -> None:
     import json
     from pathlib import Path
 
-    from specrt.bundle.files import write_atomic
+    from specrt.files import write_atomic
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(path), "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.bundle.files import write_atomic
+from specrt.files import write_atomic
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.runtime.backends import ThreadOptions

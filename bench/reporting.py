@@ -26,7 +26,7 @@ from specrt.bench.report_sections import (acceptance_section, bench_overview, co
                                           machine_section, plan_section, recommendation)
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, EngineSet, LatencyProfile, Plan, PromptTokens, QuantSet, TrtEngineSet
-from specrt.bundle.files import write_atomic, write_json_atomic
+from specrt.files import write_atomic, write_json_atomic
 from specrt.bundle.manifest import MANIFEST, BundleOptions, ModelEntry, load_manifest, manifest_sha256
 from specrt.calibration.acceptance import CalibrationConfig
 from specrt.calibration.latency import ProfileConfig

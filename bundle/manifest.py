@@ -29,7 +29,7 @@ import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from specrt.bundle.files import write_atomic
+from specrt.files import write_atomic
 from specrt.config import Config, option
 from specrt.contract import ROLES
 from specrt.errors import BundleError, InvalidRequestError

@@ -41,7 +41,7 @@ import numpy as np
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import PathHit, PromptTokens, Stamp
-from specrt.bundle.files import write_atomic
+from specrt.files import write_atomic
 from specrt.bundle.manifest import BundleOptions, load_manifest, sha256_file
 from specrt.config import config_dict, option
 from specrt.engines.ppd_trees import PathModel, sparse_tree

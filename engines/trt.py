@@ -36,7 +36,7 @@ import numpy as np
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Stamp, TrtEngineSet, environment
-from specrt.bundle.files import write_atomic
+from specrt.files import write_atomic
 from specrt.bundle.manifest import ModelEntry, load_manifest, sha256_file
 from specrt.engines.config import BuildConfig
 from specrt.engines.static import QUANT_TOL, check_engine_step, check_shapes, check_tolerance

@@ -7,7 +7,7 @@ manifest.json, after checking that the two models can be paired (same tokenizer,
 and that each ONNX graph matches PyTorch on random trees and ragged batches.
 
 Atomic: the bundle is built in a temporary directory next to `out` and swapped into place at the end
-(specrt.bundle.files.replace_dir), so an interrupted export (an error, Ctrl-C, a kill) leaves the old
+(specrt.files.replace_dir), so an interrupted export (an error, Ctrl-C, a kill) leaves the old
 bundle as it was. A re-export replaces the whole directory: artifacts made from the old export
 (acceptance, latency profile, plan) go with it.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt import contract
-from specrt.bundle.files import UMASK, replace_dir
+from specrt.files import UMASK, replace_dir
 from specrt.bundle.manifest import MANIFEST, Manifest, ModelEntry, hash_tree, write_manifest
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option

@@ -32,7 +32,7 @@ from pathlib import Path
 from specrt import contract
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import TrtEngineSet
-from specrt.bundle.files import UMASK, replace_dir, write_atomic
+from specrt.files import UMASK, replace_dir, write_atomic
 from specrt.bundle.manifest import VERIFY_FLAGS, BundleOptions, ModelEntry, load_manifest, manifest_sha256
 from specrt.config import field_types, option, unwrap_optional
 from specrt.errors import SpecrtError

@@ -33,10 +33,11 @@ def test_readme_is_short_and_links_every_docs_page():
 
 def heading_anchors(page: Path) -> set[str]:
     """The anchors GitHub gives a page's headings (lowercased, punctuation dropped, spaces to hyphens, repeats
-    numbered), code blocks left out."""
+    numbered), code blocks left out, and its explicit ones (`<a id="...">`)."""
     anchors, seen, fenced = set(), {}, False
     for line in page.read_text().splitlines():
         fenced ^= line.startswith("```")
+        anchors |= set() if fenced else set(re.findall(r'<a id="([^"]+)"></a>', line))
         heading = None if fenced else re.match(r"#{1,6} (.+)", line)
         if heading:
             slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")

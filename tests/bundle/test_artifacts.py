@@ -8,7 +8,7 @@ import pytest
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (Acceptance, EngineSet, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet,
                                      TrtEngineSet)
-from specrt.bundle.files import replace_dir, write_atomic
+from specrt.files import replace_dir, write_atomic
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError
 from tests.fakes import write_acceptance, write_latency
@@ -29,7 +29,7 @@ def test_round_trip_and_format_on_disk(bundle):
     assert data["format"] == LatencyProfile.FORMAT and data["stamp"]["machine"]["threads"] == 2
     assert lat.step_ms("target", 2, 1.5) == pytest.approx(2 * 2.5)  # interpolated between profiled n
     assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # no temporary file left behind
-    from specrt.bundle.files import UMASK
+    from specrt.files import UMASK
 
     assert (bundle / "latency.json").stat().st_mode & 0o777 == 0o666 & ~UMASK  # as a plain write would make it
 

@@ -60,7 +60,7 @@ def test_a_re_export_replaces_the_bundle_and_drops_stale_artifacts(demo_bundle, 
     assert not any((out / name).exists() for name in ("acceptance.json", "latency.json", "plan.json"))
     assert not stale.exists() and not list(tmp_path.glob(".specrt-export-*"))
     Pipeline.load(out)
-    from specrt.bundle.files import UMASK
+    from specrt.files import UMASK
 
     assert out.stat().st_mode & 0o777 == 0o777 & ~UMASK  # what mkdir would make, not mkdtemp's 0700
 
