@@ -110,6 +110,20 @@ def copy_bandwidth(device: str, size_mb: int = 1024, repeats: int = 5) -> float:
     return 2 * n / best
 
 
+def step_args(runner, batch: int, num_tokens: int, context: int, bucket: int = 128) -> tuple:
+    """Runner.step's (input_ids, position_ids, attention_mask, cache) for a step of `num_tokens` random tokens per
+    sequence (a chain) after `context` cached slots of a new cache of `batch` sequences (its contents do not change
+    a step's cost)."""
+    from specrt.runtime.step_inputs import pack_step
+
+    cache = runner.new_cache(batch, bucket)
+    cache.reserve(context + num_tokens)
+    cache.lengths[:] = context
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, runner.entry.vocab_size, num_tokens) for _ in range(batch)]
+    return (*pack_step(cache, rows, [context + np.arange(num_tokens)] * batch), cache)
+
+
 def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,
                before=None, bucket: int = 128, head: str = "logits") -> list[float]:
     """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones (in a cache
@@ -117,18 +131,8 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     `head` keeps of the logits (Runner.step); `before`: another runner, one untimed step of one token of which
     precedes every step (the target before the draft, as in a decode round). Timed as the runner counts its own
     time (Runner.busy_seconds), by which decode rounds tell model time from host work."""
-    from specrt.runtime.step_inputs import pack_step
-
-    def inputs(r, n):
-        cache = r.new_cache(batch, bucket)
-        cache.reserve(context + n)
-        cache.lengths[:] = context
-        rng = np.random.default_rng(0)
-        rows = [rng.integers(0, r.entry.vocab_size, n) for _ in range(batch)]
-        return (*pack_step(cache, rows, [context + np.arange(n)] * batch), cache)
-
-    args = inputs(runner, num_tokens)
-    other = inputs(before, 1) if before is not None else None
+    args = step_args(runner, batch, num_tokens, context, bucket)
+    other = step_args(before, batch, 1, context, bucket) if before is not None else None
     times = []
     for i in range(warmup + repeats):
         if other is not None:

@@ -118,7 +118,7 @@ class _Shape:
         clear()
 
     def run(self):
-        if self.graph is None:
+        if self.graph is None or self.backend.graphs_paused:
             return self.forward()
         self.graph.replay()
         return self.out
@@ -170,6 +170,7 @@ class StaticTorchBackend(EngineBackend):
         self._slots = SlotPool([_Slot(self) for _ in range(engines.slots)], entry.role, engines.command(
             Path(hf_dir).parents[len(Path(entry.hf_dir).parts) - 1]))
         self.cuda_graphs = self.device.type == "cuda"
+        self.graphs_paused = False
         with _compiling(torch, engines, entry.role):
             if engines.compile is not None and not self.cuda_graphs:  # compile every shape now, not mid-decode
                 with torch.inference_mode():
@@ -184,6 +185,17 @@ class StaticTorchBackend(EngineBackend):
                     for shape in slot.all_shapes():
                         shape.capture(stream, pool)
                 torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def without_graphs(self):
+        """Steps launch the captured shapes' kernels one by one from the host instead of replaying their graphs (the
+        same module, inputs and kernels): where a profiler sees the operator and input shapes behind each kernel, which
+        a graph's replay hides (bench/kernels.py)."""
+        self.graphs_paused = True
+        try:
+            yield
+        finally:
+            self.graphs_paused = False
 
     def _new_cache(self, slot: _Slot, batch: int, bucket: int) -> KVCache:
         self.engines.for_batch(batch)  # refuse a batch no bucket holds, before any step

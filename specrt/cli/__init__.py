@@ -17,7 +17,7 @@
     specrt serve                       the bundle behind a real Triton Inference Server (HTTP, gRPC, metrics)
     specrt gpu-session --call 1|2|...  the GPU run in calls of under ten minutes, results kept as they come
     specrt report                      a bundle's profile, calibration, plan, engines and benchmarks: HTML + Markdown
-    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|serve|docs   benchmarks and the results page
+    specrt bench e2e|trees|ngram|mtad|soak|quant|ppd|batch|load|serve|kernels|docs   benchmarks and the results page
 
 Every flag is derived from the config dataclass it fills (specrt.config, specrt.cli.args). Errors the
 user can act on (specrt.errors.SpecrtError, bad flags) print one line and exit with status 2.
@@ -338,6 +338,9 @@ BENCH_VERBS = {
                                                         "throughput, time to first token, inter-token latency"),
     "fusions": ("fusions", "FusionsConfig", "run_fusions", "the target's step by the ort backend's projection merges "
                                                            "(q/k/v, gate/up, none), interleaved in one run"),
+    "kernels": ("kernels", "KernelsConfig", "run_kernels", "where a target step's time goes, kernel by kernel "
+                                                           "(torch.profiler): host work, weight GEMMs against the "
+                                                           "bandwidth roofline, other kernels, gaps"),
     "docs": ("docs", "DocsConfig", "run_docs", "the full results page and the README's results table, generated "
                                                "from bench/results/*.json"),
 }

@@ -79,6 +79,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                  "--ngram-sizes", "5") if cfg.quick else ("--num-prompts", "8")
     profile = ("--repeats", "1", "--passes", "1") if cfg.quick else ()
     e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", results, *sizes)
+    # the step's time kernel by kernel (bench/kernels.py): every run explains its own distance to the roofline
+    kernels = ("bench", "kernels", "--backend", "static", "--out", results, *(("--steps", "2") if cfg.quick else ()))
     made = [Stage("inflate", ("models", "inflate", *SHAPES[cfg.shape], "--dtype", "float16", "--device", d, "--out",
                               str(out / "target")), makes="target/config.json", estimate_s=60),
             Stage("export", ("export", "--target", str(out / "target"), "--draft", str(DEMO_DIR / "draft"),
@@ -91,7 +93,9 @@ def stages(cfg: SessionConfig) -> list[Stage]:
     label = f"{tag}-{cfg.shape}-graphs" if d.startswith("cuda") else f"rehearsal-{cfg.shape}"
     if cfg.call == "1":
         return made + [Stage("e2e", (*e2e, "--label", label, "--methods", "autoregressive,sd,anpd,dynamic-ngram",
-                                     "--baselines", "hf,hf-assisted,hf-lookup"), needs=("build",), estimate_s=240)]
+                                     "--baselines", "hf,hf-assisted,hf-lookup"), needs=("build",), estimate_s=240),
+                       Stage("kernels", (*kernels, "--bundle", bundle, "--label", label), needs=("build",),
+                             estimate_s=60)]
     if cfg.call == "2":
         return made + [
             Stage("calibrate", ("calibrate", "--bundle", bundle, "--backend", "static", *calibrate), needs=("build",),
@@ -107,12 +111,14 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                      "--baselines", "hf,hf-compile"), needs=("build",), estimate_s=240)]
     if cfg.call == "compiled":  # the decoder layers torch.compile'd inside the CUDA graphs, and the eager backend
         compiled = str(out / "bundle-compiled")
-        return made + [
+        return made[:2] + [  # its own engines only
             Stage("copy-compiled", ("copy", bundle, compiled), makes="bundle-compiled/manifest.json", needs=("export",),
                   estimate_s=5),
             Stage("build-compiled", ("build", "--bundle", compiled, "--device", d, "--batch-buckets", "1", "--spans",
                                      "512", "--compile", "default"), makes="bundle-compiled/engines.json",
                   needs=("copy-compiled",), estimate_s=240),
+            Stage("kernels-compiled", (*kernels, "--bundle", compiled, "--label", f"{label}-compiled"),
+                  needs=("build-compiled",), estimate_s=90),
             Stage("e2e-compiled", ("bench", "e2e", "--bundle", compiled, "--backend", "static", "--out", results,
                                    *sizes, "--label", f"{label}-compiled", "--methods",
                                    "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf,hf-compile"),

@@ -20,20 +20,22 @@ def test_call_1_rehearsed_on_the_cpu_packs_an_e2e_table(tmp_path):
                         budget=900)
     record = run_session(cfg)
     assert [(s["stage"], s["status"]) for s in record["stages"]] == [
-        ("inflate", "ok"), ("export", "ok"), ("build", "ok"), ("gpu-test", "ok"), ("e2e", "ok")]
+        ("inflate", "ok"), ("export", "ok"), ("build", "ok"), ("gpu-test", "ok"), ("e2e", "ok"), ("kernels", "ok")]
     pack = tmp_path / "pack"
     e2e = json.loads((pack / "results" / "e2e-rehearsal-toy.json").read_text())
     rows = {r["method"]: r for r in e2e["rows"]}
     assert set(rows) == {"autoregressive", "sd", "anpd", "dynamic-ngram", "hf", "hf-assisted", "hf-lookup"}
     assert all(r["same_tokens_as_ours_ar"] == 1 for r in rows.values() if r["method"] != "hf-lookup")
     assert e2e["roofline"]["tokens_per_s"] > 0
+    kernels = json.loads((pack / "results" / "kernels-rehearsal-toy.json").read_text())["kernels"]
+    assert kernels["ar"]["weight_gemm_ms"] > 0 and kernels["verify"]["tokens"] == 8
     engines = json.loads((pack / "bundle" / "engines.json").read_text())
     assert (engines["batch_buckets"], engines["slots"], len(engines["spans"])) == ([1], 1, 1)  # the small build
     for f in ("session.json", "session.log", "bundle/manifest.json", "logs/e2e.log", "done/e2e.json",
               "results/env-1.json"):
         assert (pack / f).is_file(), f
     again = run_session(cfg)  # resumed: the artifacts are there, the measurement is stamped
-    assert [s["status"] for s in again["stages"]] == ["made before"] * 3 + ["done before"]
+    assert [s["status"] for s in again["stages"]] == ["made before"] * 3 + ["done before"] * 2
 
 
 def _session(tmp_path, stages, monkeypatch, **kw):

@@ -1,0 +1,277 @@
+"""`specrt bench kernels`: where a target step's time goes, kernel by kernel, against the bandwidth roofline.
+
+    specrt bench kernels --bundle B --backend static --label h200-7b-compiled
+
+torch.profiler (CPU and, on CUDA, device activities) over `--steps` one-token target steps, AR's step (its argmax
+brought to the host after each, as AR reads it), and over one verification step of `--verify-tokens` rows, both
+after `--context` cached tokens, as the backend runs them (the static engines: their CUDA graphs' replays). For each:
+- the step's wall time on the host, split into host work before its first kernel, kernels, gaps between kernels,
+  and the wait after the last one (the argmax's copy to the host);
+- the top kernels by time, with the bytes their operators read and the rate that achieves against the measured
+  copy bandwidth (the roofline's): bytes from one more profile of the same steps launched without graphs, where
+  the profiler sees the operator and input shapes behind each kernel (each input at the model dtype's size; a
+  kernel without an operator, e.g. inductor's fused ones, has none);
+- the share of the step outside the weight GEMMs (kernels of operators one of whose inputs is a weight matrix).
+On the CPU the "kernels" are the outermost aten operators (a
+linear with its matmul). Writes kernels-LABEL.json|md|png.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from contextlib import nullcontext
+from functools import lru_cache
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from specrt.bench.report import BenchConfig, header, write_report
+from specrt.bundle.machine import resolve_threads
+from specrt.config import option
+from specrt.errors import InvalidRequestError
+from specrt.plotting import pyplot, save_figure
+from specrt.runtime.backends import BackendOptions
+
+RANGE = "specrt-step-"  # the profiler range around each step
+GATHERS = ("aten::embedding", "aten::index_select", "aten::index", "aten::gather")  # read rows, not their input
+PARTS = ("host_before_ms", "weight_gemm_ms", "other_kernels_ms", "gaps_ms", "after_ms")
+
+
+@dataclass(frozen=True)
+class KernelsConfig(BenchConfig, BackendOptions):
+    steps: int = option(8, "one-token target steps profiled (after as many untimed ones)", ge=1)
+    verify_tokens: int = option(8, "rows of the verification step profiled", ge=2)
+    context: int = option(256, "cached tokens before the profiled steps", ge=0)
+    top: int = option(12, "kernels listed per step, the longest first", ge=1)
+
+
+@dataclass
+class Kernel:
+    name: str
+    start: float  # µs, on the profiler's clock
+    end: float
+
+
+def _profile(torch, on_cuda: bool, shapes: bool, run) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    with profile(activities=activities, record_shapes=shapes) as prof:
+        run()
+    return list(prof.events())
+
+
+def _steps(torch, runner, args, count: int) -> None:
+    from torch.profiler import record_function
+
+    for i in range(count):
+        with record_function(f"{RANGE}{i}"):
+            runner.step(*args, head="argmax")
+            runner.wait()
+
+
+def _is_shape(s) -> bool:
+    return isinstance(s, (list, tuple)) and len(s) > 0 and all(isinstance(d, int) for d in s)
+
+
+@lru_cache(maxsize=None)
+def _is_view(name: str) -> bool:
+    """Whether an aten operator returns an alias of its input (a view: it reads no bytes)."""
+    import torch
+
+    try:
+        packet = getattr(torch.ops.aten, name.removeprefix("aten::"))
+        schema = getattr(packet, packet.overloads()[0])._schema
+    except (AttributeError, IndexError, RuntimeError):
+        return False
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _outermost(e) -> bool:
+    """An aten operator no other aten operator called: on the CPU, the ops of a step, one after another."""
+    if not e.name.startswith("aten::"):
+        return False
+    parent = e.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def _launched(op, on_cuda: bool) -> list[tuple[str, float]]:
+    """(kernel name, µs) of what an operator event ran itself: its device kernels, or on the CPU, an outermost
+    operator (its own time, its callees' included)."""
+    if on_cuda:
+        return [(k.name, k.duration) for k in op.kernels]
+    return [(op.name, op.time_range.elapsed_us())] if _outermost(op) else []
+
+
+def kernels_of(events, on_cuda: bool) -> list[Kernel]:
+    """The device kernels (copies included) of a profile, or on the CPU its outermost operators, by start."""
+    from torch.autograd import DeviceType
+
+    if on_cuda:
+        chosen = [e for e in events if e.device_type == DeviceType.CUDA]
+    else:
+        chosen = [e for e in events if e.device_type == DeviceType.CPU and _outermost(e)]
+    return sorted((Kernel(e.name, e.time_range.start, e.time_range.end) for e in chosen
+                   if not e.name.startswith(RANGE)), key=lambda k: k.start)
+
+
+def operator_bytes(events, on_cuda: bool, weights: set, itemsize: int, steps: int) -> tuple[dict, set]:
+    """({kernel name: bytes its operators read per step}, names of the weight GEMMs' kernels) from a profile of
+    `steps` steps run without graphs, with input shapes. An operator's bytes go to the longest kernel it ran; a name
+    is a weight GEMM's where operators with a weight-matrix input (a shape in `weights`) took most of its time."""
+    bytes_by, weight_us, total_us = defaultdict(float), defaultdict(float), defaultdict(float)
+    for op in events:
+        if op.name.startswith(RANGE) or not (launched := _launched(op, on_cuda)):
+            continue
+        inputs = [tuple(s) for s in (op.input_shapes or ()) if _is_shape(s)]
+        weight = op.name not in GATHERS and any(s in weights for s in inputs)
+        if op.name not in GATHERS and not _is_view(op.name):
+            bytes_by[max(launched, key=lambda k: k[1])[0]] += sum(int(np.prod(s)) for s in inputs) * itemsize
+        for name, us in launched:
+            total_us[name] += us
+            weight_us[name] += us if weight else 0.0
+    gemms = {n for n, us in total_us.items() if us and weight_us[n] >= us / 2}
+    return {n: b / steps for n, b in bytes_by.items() if b}, gemms
+
+
+def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_kernel_bytes: dict, gemms: set,
+                 bandwidth: float, top: int) -> dict:
+    """Each step's wall time (its profiler range) split into host work before its first kernel, weight GEMMs, other
+    kernels, gaps between kernels and the wait after the last, averaged over the steps; the top kernels by time."""
+    parts, gaps, by_name, counts = defaultdict(float), [], defaultdict(float), defaultdict(int)
+    for start, end in ranges:
+        ks = [k for k in kernels if start <= k.start <= end]
+        if not ks:
+            parts["host_before_ms"] += (end - start) / 1e3
+            continue
+        busy, reach = 0.0, ks[0].start
+        for k in ks:  # the union of the kernels' intervals (copies may overlap kernels)
+            busy += max(0.0, k.end - max(k.start, reach))
+            if k.start > reach:
+                gaps.append(k.start - reach)
+            reach = max(reach, k.end)
+            by_name[k.name] += (k.end - k.start) / 1e3
+            counts[k.name] += 1
+        parts["host_before_ms"] += (ks[0].start - start) / 1e3
+        parts["gaps_ms"] += (reach - ks[0].start - busy) / 1e3
+        parts["after_ms"] += max(0.0, end - reach) / 1e3
+        gemm = sum(k.end - k.start for k in ks if k.name in gemms) / 1e3
+        parts["weight_gemm_ms"] += gemm
+        parts["other_kernels_ms"] += busy / 1e3 - gemm
+    n = len(ranges)
+    wall = sum(end - start for start, end in ranges) / 1e3 / n
+    out = {"steps": n, "wall_ms": round(wall, 4), **{p: round(parts[p] / n, 4) for p in PARTS},
+           "kernels_per_step": round(sum(counts.values()) / n, 1),
+           "gap_us_median": round(statistics.median(gaps), 2) if gaps else 0.0,
+           "gap_us_max": round(max(gaps), 2) if gaps else 0.0,
+           "outside_weight_gemm_share": round(1 - parts["weight_gemm_ms"] / n / wall, 4) if wall else None}
+    gemm_bytes = sum(b for name, b in per_kernel_bytes.items() if name in gemms)
+    gemm_s = parts["weight_gemm_ms"] / n / 1e3
+    out["weight_gemm_of_bandwidth"] = round(gemm_bytes / gemm_s / bandwidth, 4) if gemm_s and gemm_bytes else None
+    rows = []
+    for name in sorted(by_name, key=by_name.get, reverse=True)[:top]:
+        ms = by_name[name] / n
+        b = per_kernel_bytes.get(name)
+        rows.append({"kernel": name[:200], "calls": round(counts[name] / n, 1), "ms": round(ms, 4),
+                     "share": round(ms / wall, 4), "weight_gemm": name in gemms,
+                     "mb": round(b / 2**20, 2) if b else None,
+                     "gb_s": round(b / ms / 1e6, 1) if b and ms else None,
+                     "of_bandwidth": round(b / (ms / 1e3) / bandwidth, 4) if b and ms else None})
+    out["top"] = rows
+    return out
+
+
+def weight_shapes(module) -> set:
+    """Shapes (both ways round) of a module's weight matrices, parameters and buffers (a quantized one's)."""
+    shapes = set()
+    for _, t in [*module.named_parameters(), *module.named_buffers()]:
+        if t.dim() == 2:
+            shapes |= {tuple(t.shape), tuple(t.shape)[::-1]}
+    return shapes
+
+
+def run_kernels(cfg: KernelsConfig) -> dict:
+    import torch
+
+    from specrt.bench.e2e import run_weight_bytes
+    from specrt.bundle.artifacts.latency import roofline_ms
+    from specrt.calibration.latency import copy_bandwidth, step_args
+    from specrt.runtime.pipeline import Pipeline
+
+    cfg = replace(cfg, threads=resolve_threads(cfg.threads))
+    pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
+    backend = pipe.target
+    module = getattr(backend, "module", None)
+    if module is None:
+        raise InvalidRequestError(f"bench kernels profiles a PyTorch step; the {backend.name} backend runs none: "
+                                  f"--backend static or torch")
+    on_cuda = backend.device.type == "cuda"
+    itemsize = np.dtype(backend.entry.dtype).itemsize
+    weight_bytes, bandwidth = run_weight_bytes(pipe), copy_bandwidth(pipe.machine.device)
+    eager = getattr(backend, "without_graphs", nullcontext)
+    data = {**header("kernels", cfg), "device": pipe.machine.gpu or pipe.machine.device, "backend": backend.name,
+            "graphs": bool(getattr(backend, "cuda_graphs", False)), "compiled": getattr(backend.engines, "compile", None)
+            if hasattr(backend, "engines") else None, "weight_bytes": weight_bytes,
+            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4),
+            "context": cfg.context, "kernels": {}}
+    with backend.runner() as runner:
+        for kind, tokens, count in (("ar", 1, cfg.steps), ("verify", cfg.verify_tokens, 1)):
+            args = step_args(runner, 1, tokens, cfg.context)
+            _steps(torch, runner, args, cfg.steps)  # untimed: first replays, the allocator, the caches warm
+            with eager():
+                shaped = _profile(torch, on_cuda, True, lambda: _steps(torch, runner, args, count))
+            per_kernel, gemms = operator_bytes(shaped, on_cuda, weight_shapes(module), itemsize, count)
+            events = _profile(torch, on_cuda, False, lambda: _steps(torch, runner, args, count))
+            ranges = sorted((e.time_range.start, e.time_range.end) for e in events
+                            if e.name.startswith(RANGE) and e.device_type == torch.autograd.DeviceType.CPU)
+            data["kernels"][kind] = {"tokens": tokens, **step_summary(ranges, kernels_of(events, on_cuda), per_kernel,
+                                                                      gemms, bandwidth, cfg.top)}
+    write_report(cfg.out / f"kernels-{cfg.label}", data, markdown, plot)
+    return data
+
+
+def markdown(data: dict) -> str:
+    lines = [f"# Kernels: {data['label']}", "",
+             f"`{data['command']}`", "",
+             f"Target step on {data['device']} ({data['backend']}, graphs: {data['graphs']}, compiled: "
+             f"{data['compiled']}), {data['context']} cached tokens; roofline {data['roofline_ms']} ms "
+             f"({data['weight_bytes'] / 1e9:.3f} GB of weights over a measured {data['copy_bandwidth_gb_s']} GB/s).", ""]
+    for kind, s in data["kernels"].items():
+        gemm = s["weight_gemm_of_bandwidth"]
+        lines += [f"## {kind}: {s['tokens']} token(s) a step, mean of {s['steps']} step(s)", "",
+                  "| wall ms | host before | weight GEMMs | other kernels | gaps | after | kernels | median gap µs | "
+                  "outside weight GEMMs |", "|" + "---:|" * 9,
+                  f"| {s['wall_ms']} | {s['host_before_ms']} | {s['weight_gemm_ms']} | {s['other_kernels_ms']} | "
+                  f"{s['gaps_ms']} | {s['after_ms']} | {s['kernels_per_step']} | {s['gap_us_median']} | "
+                  f"{s['outside_weight_gemm_share']:.1%} |", "",
+                  f"Weight GEMMs at {gemm:.1%} of the copy bandwidth." if gemm else "Weight GEMMs: no bytes attributed.",
+                  "", "| kernel | calls | ms | share | weight GEMM | MB read | GB/s | of bandwidth |", "|---|" + "---:|" * 7]
+        for r in s["top"]:
+            name = r["kernel"] if len(r["kernel"]) <= 80 else r["kernel"][:77] + "..."
+            bw = f"{r['of_bandwidth']:.1%}" if r["of_bandwidth"] is not None else ""
+            lines.append(f"| `{name}` | {r['calls']} | {r['ms']} | {r['share']:.1%} | {'yes' if r['weight_gemm'] else ''} "
+                         f"| {r['mb'] if r['mb'] is not None else ''} | {r['gb_s'] if r['gb_s'] is not None else ''} "
+                         f"| {bw} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    kinds = list(data["kernels"])
+    left = np.zeros(len(kinds))
+    for part in PARTS:
+        values = np.array([data["kernels"][k][part] for k in kinds])
+        ax.barh(kinds, values, left=left, label=part.removesuffix("_ms").replace("_", " "))
+        left += values
+    ax.axvline(data["roofline_ms"], color="black", linestyle="--", label="roofline")
+    ax.set_xlabel("ms a step")
+    ax.set_title(f"Where a target step's time goes: {data['label']}")
+    ax.legend(fontsize=7, loc="lower right")
+    save_figure(fig, path)
