@@ -144,19 +144,22 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
     """Each step's wall time (its profiler range) split into host work before its first kernel, weight GEMMs, other
     kernels, gaps between kernels and the wait after the last, averaged over the steps; the top kernels by time."""
     parts, gaps, by_name, counts = defaultdict(float), [], defaultdict(float), defaultdict(int)
+    largest = []  # each step's longest gap (µs) and the kernel after it: a launch or a wait inside the step
     for start, end in ranges:
         ks = [k for k in kernels if start <= k.start <= end]
         if not ks:
             parts["host_before_ms"] += (end - start) / 1e3
             continue
-        busy, reach = 0.0, ks[0].start
+        busy, reach, longest = 0.0, ks[0].start, (0.0, "")
         for k in ks:  # the union of the kernels' intervals (copies may overlap kernels)
             busy += max(0.0, k.end - max(k.start, reach))
             if k.start > reach:
                 gaps.append(k.start - reach)
+                longest = max(longest, (k.start - reach, k.name))
             reach = max(reach, k.end)
             by_name[k.name] += (k.end - k.start) / 1e3
             counts[k.name] += 1
+        largest.append(longest)
         parts["host_before_ms"] += (ks[0].start - start) / 1e3
         parts["gaps_ms"] += (reach - ks[0].start - busy) / 1e3
         parts["after_ms"] += max(0.0, end - reach) / 1e3
@@ -169,6 +172,8 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
            "kernels_per_step": round(sum(counts.values()) / n, 1),
            "gap_us_median": round(statistics.median(gaps), 2) if gaps else 0.0,
            "gap_us_max": round(max(gaps), 2) if gaps else 0.0,
+           "longest_gap_us_mean": round(statistics.mean(g for g, _ in largest), 2) if largest else 0.0,
+           "longest_gap_before": statistics.mode(n for _, n in largest)[:200] if largest else "",
            "outside_weight_gemm_share": round(1 - parts["weight_gemm_ms"] / n / wall, 4) if wall else None}
     gemm_bytes = sum(b for name, b in per_kernel_bytes.items() if name in gemms)
     gemm_s = parts["weight_gemm_ms"] / n / 1e3
@@ -214,11 +219,11 @@ def run_kernels(cfg: KernelsConfig) -> dict:
     itemsize = np.dtype(backend.entry.dtype).itemsize
     weight_bytes, bandwidth = run_weight_bytes(pipe), copy_bandwidth(pipe.machine.device)
     eager = getattr(backend, "without_graphs", nullcontext)
+    engines = getattr(backend, "engines", None)
     data = {**header("kernels", cfg), "device": pipe.machine.gpu or pipe.machine.device, "backend": backend.name,
-            "graphs": bool(getattr(backend, "cuda_graphs", False)), "compiled": getattr(backend.engines, "compile", None)
-            if hasattr(backend, "engines") else None, "weight_bytes": weight_bytes,
-            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4),
-            "context": cfg.context, "kernels": {}}
+            "graphs": bool(getattr(backend, "cuda_graphs", False)), "compiled": getattr(engines, "compile", None),
+            "weight_bytes": weight_bytes, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+            "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4), "context": cfg.context, "kernels": {}}
     with backend.runner() as runner:
         for kind, tokens, count in (("ar", 1, cfg.steps), ("verify", cfg.verify_tokens, 1)):
             args = step_args(runner, 1, tokens, cfg.context)
@@ -240,7 +245,8 @@ def markdown(data: dict) -> str:
              f"`{data['command']}`", "",
              f"Target step on {data['device']} ({data['backend']}, graphs: {data['graphs']}, compiled: "
              f"{data['compiled']}), {data['context']} cached tokens; roofline {data['roofline_ms']} ms "
-             f"({data['weight_bytes'] / 1e9:.3f} GB of weights over a measured {data['copy_bandwidth_gb_s']} GB/s).", ""]
+             f"({data['weight_bytes'] / 1e9:.3f} GB of weights over a measured {data['copy_bandwidth_gb_s']} "
+             f"GB/s).", ""]
     for kind, s in data["kernels"].items():
         gemm = s["weight_gemm_of_bandwidth"]
         lines += [f"## {kind}: {s['tokens']} token(s) a step, mean of {s['steps']} step(s)", "",
@@ -249,14 +255,16 @@ def markdown(data: dict) -> str:
                   f"| {s['wall_ms']} | {s['host_before_ms']} | {s['weight_gemm_ms']} | {s['other_kernels_ms']} | "
                   f"{s['gaps_ms']} | {s['after_ms']} | {s['kernels_per_step']} | {s['gap_us_median']} | "
                   f"{s['outside_weight_gemm_share']:.1%} |", "",
-                  f"Weight GEMMs at {gemm:.1%} of the copy bandwidth." if gemm else "Weight GEMMs: no bytes attributed.",
-                  "", "| kernel | calls | ms | share | weight GEMM | MB read | GB/s | of bandwidth |", "|---|" + "---:|" * 7]
+                  (f"Weight GEMMs at {gemm:.1%} of the copy bandwidth. " if gemm else
+                   "Weight GEMMs: no bytes attributed. ") + f"A step's longest gap: {s['longest_gap_us_mean']} µs "
+                  f"(mean), most often before `{s['longest_gap_before'][:80]}`.",
+                  "", "| kernel | calls | ms | share | weight GEMM | MB read | GB/s | of bandwidth |",
+                  "|---|" + "---:|" * 7]
         for r in s["top"]:
-            name = r["kernel"] if len(r["kernel"]) <= 80 else r["kernel"][:77] + "..."
-            bw = f"{r['of_bandwidth']:.1%}" if r["of_bandwidth"] is not None else ""
-            lines.append(f"| `{name}` | {r['calls']} | {r['ms']} | {r['share']:.1%} | {'yes' if r['weight_gemm'] else ''} "
-                         f"| {r['mb'] if r['mb'] is not None else ''} | {r['gb_s'] if r['gb_s'] is not None else ''} "
-                         f"| {bw} |")
+            name = r["kernel"] if len(r["kernel"]) <= 110 else r["kernel"][:107] + "..."
+            cells = [r["calls"], r["ms"], f"{r['share']:.1%}", "yes" if r["weight_gemm"] else "", r["mb"], r["gb_s"],
+                     f"{r['of_bandwidth']:.1%}" if r["of_bandwidth"] is not None else None]
+            lines.append(f"| `{name}` | " + " | ".join("" if c is None else str(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ def test_a_steps_time_is_split_between_host_kernels_gaps_and_the_wait_after():
     assert (s["steps"], s["wall_ms"], s["host_before_ms"], s["weight_gemm_ms"], s["other_kernels_ms"], s["gaps_ms"],
             s["after_ms"]) == (2, 0.1, 0.01, 0.02, 0.03, 0.01, 0.03)
     assert s["kernels_per_step"] == 4 and s["gap_us_median"] == 5.0 and s["outside_weight_gemm_share"] == 0.8
+    assert (s["longest_gap_us_mean"], s["longest_gap_before"]) == (5.0, "gemm")  # two of 5 µs: either is the longest
     assert [r["kernel"] for r in s["top"]] == ["b", "gemm"]  # the longest first, `top` of them
     gemm = s["top"][1]
     assert (gemm["weight_gemm"], gemm["calls"], gemm["gb_s"], gemm["of_bandwidth"]) == (True, 2, 100.0, 1.0)
