@@ -61,7 +61,9 @@ class BuildConfig(BundleOptions, ThreadOptions):
     compile: str | None = option(None, "graphs: run each decoder layer through torch.compile before the CUDA graphs "
                                        "are captured, one compile per step shape serving every layer: default, or "
                                        "max-autotune (inductor's kernel autotuning, without CUDA graphs of its own; "
-                                       "a longer build); checked against the eager step like every engine",
+                                       "a longer build), or tuned (coordinate-descent tuning: on CUDA a one-row "
+                                       "matmul becomes a tuned Triton reduction); checked against the eager step "
+                                       "like every engine",
                                  choices=TORCH_COMPILE_MODES)
 
     def __post_init__(self):

@@ -143,11 +143,14 @@ class StepModule(nn.Module):
         """Run each decoder layer through torch.compile (`mode`: its mode; None: eagerly again). The layers share
         one code object and, with their parameters as graph inputs (PyTorch >= 2.5's default), one compiled graph
         per input shape: compiling one layer compiles them all (PyTorch's "regional compilation" recipe), so the
-        cost does not grow with depth. `options`: torch.compile's other arguments (dynamic, fullgraph)."""
+        cost does not grow with depth. `options`: torch.compile's other arguments (dynamic, fullgraph), and `inductor`:
+        inductor's options, which replace the mode's (torch.compile takes one or the other)."""
         if mode is None:
             self._layer_calls = list(self.layer_steps)
-        else:
-            self._layer_calls = [torch.compile(layer, mode=mode, **options) for layer in self.layer_steps]
+            return
+        inductor = options.pop("inductor", None)
+        how = {"options": inductor} if inductor else {"mode": mode}
+        self._layer_calls = [torch.compile(layer, **how, **options) for layer in self.layer_steps]
 
     @property
     def compiled(self) -> bool:

@@ -82,7 +82,9 @@ KV_UPDATES = ("runtime", "inplace")  # who writes a step's new K/V into the cach
 # 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
 # torch.compile modes of the static engines' decoder layers (`specrt build --compile`; runtime/backends/static.py)
-TORCH_COMPILE_MODES = ("default", "max-autotune")
+# tuned: inductor's coordinate-descent tuning (gpt-fast's setting), which on CUDA also computes a one-row matmul as a
+# Triton reduction tuned per shape (torch/_inductor/decomposition.py: cuBLAS's GEMVs reach less of the bandwidth)
+TORCH_COMPILE_MODES = ("default", "max-autotune", "tuned")
 # max |logit| (and new K/V) difference between two correct computations of one step, per dtype and per unit of the
 # output's largest |value| (parity_tolerance): an exported graph against its module (graphs.parity), or a step of
 # another shape (batched, padded, a tree: another summation order) whose greedy token differs only at a tie within it

@@ -43,7 +43,8 @@ def _compile_layers(torch, module, engines: EngineSet) -> None:
     """The step module's decoder layers through torch.compile (StepModule.compile_layers), one graph per step shape
     (dynamic=False: each shape's kernels specialised to it, as its CUDA graph replays them), every layer sharing it;
     fullgraph: a layer that would not compile whole fails the build instead of running partly eager. `max-autotune`
-    leaves out inductor's own CUDA graphs: the backend captures the whole step itself."""
+    leaves out inductor's own CUDA graphs: the backend captures the whole step itself; `tuned` is the default mode with
+    coordinate-descent tuning (contract.TORCH_COMPILE_MODES)."""
     import torch._dynamo
 
     shapes = (len(engines.batch_buckets) + 1) * len(engines.token_profiles) * len(engines.spans)  # + admission
@@ -51,6 +52,9 @@ def _compile_layers(torch, module, engines: EngineSet) -> None:
         # past this many shapes of one code object dynamo stops compiling it and runs it eagerly, silently
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), shapes + 8))
+    if engines.compile == "tuned":
+        module.compile_layers("default", dynamic=False, fullgraph=True, inductor={"coordinate_descent_tuning": True})
+        return
     mode = "max-autotune-no-cudagraphs" if engines.compile == "max-autotune" else engines.compile
     module.compile_layers(mode, dynamic=False, fullgraph=True)
 

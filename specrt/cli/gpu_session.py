@@ -2,7 +2,7 @@
 
     python -m specrt gpu-session --call 1 --pack $OUT      # engines, e2e against HF baselines, roofline, J/token, tests
     python -m specrt gpu-session --call 2 --pack $OUT      # calibrate, profile, tune, auto, HF static cache + compile
-    python -m specrt gpu-session --call compiled|batch|ppd|quant|export --pack $OUT   # later, each on its own
+    python -m specrt gpu-session --call compiled|tuned|batch|ppd|quant|export --pack $OUT   # later, each on its own
 
 A call runs its stages in order, each a `python -m specrt ...` process of its own with its log in OUT/logs: a stage
 that fails is logged and the next one runs; one that needs a stage that did not end well is skipped, saying which. A
@@ -38,7 +38,7 @@ from specrt.errors import SpecrtError
 
 SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
           "toy": ("--hidden", "384", "--intermediate", "1024", "--layers", "3", "--heads", "6")}
-CALLS = ("1", "2", "compiled", "batch", "ppd", "quant", "export")
+CALLS = ("1", "2", "compiled", "tuned", "batch", "ppd", "quant", "export")
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
                    "plans", "ppd.json", "quant")
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
@@ -46,7 +46,7 @@ PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent m
 
 @dataclass(frozen=True)
 class SessionConfig(Config):
-    call: str = option("1", "which call: 1, 2, compiled, batch, ppd, quant or export", choices=CALLS)
+    call: str = option("1", "which call: 1, 2, compiled, tuned, batch, ppd, quant or export", choices=CALLS)
     out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
     pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
                                      "stage, or one .tar.gz of them (on a lent machine, which returns 8 files: "
@@ -126,6 +126,20 @@ def stages(cfg: SessionConfig) -> list[Stage]:
             Stage("e2e-eager", ("bench", "e2e", "--bundle", bundle, "--backend", "torch", "--out", results, *sizes,
                                 "--label", f"{tag}-{cfg.shape}-eager", "--methods", "autoregressive,sd,dynamic-ngram",
                                 "--baselines", ""), needs=("export",), estimate_s=120)]
+    if cfg.call == "tuned":  # --compile tuned: one-row matmuls as coordinate-descent-tuned Triton reductions
+        tuned = str(out / "bundle-tuned")
+        return made[:2] + [
+            Stage("copy-tuned", ("copy", bundle, tuned), makes="bundle-tuned/manifest.json", needs=("export",),
+                  estimate_s=5),
+            # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and 64-token prefill chunks use: tuning is per shape
+            Stage("build-tuned", ("build", "--bundle", tuned, "--device", d, "--batch-buckets", "1", "--spans", "512",
+                                  "--token-profiles", "1,8,16,64", "--compile", "tuned"),
+                  makes="bundle-tuned/engines.json", needs=("copy-tuned",), estimate_s=300),
+            Stage("kernels-tuned", (*kernels, "--bundle", tuned, "--label", f"{label}-tuned"), needs=("build-tuned",),
+                  estimate_s=90),
+            Stage("e2e-tuned", ("bench", "e2e", "--bundle", tuned, "--backend", "static", "--out", results, *sizes,
+                                "--label", f"{label}-tuned", "--methods", "autoregressive,dynamic-ngram",
+                                "--baselines", "hf-compile"), needs=("build-tuned",), estimate_s=200)]
     if cfg.call == "batch":  # engines of four batch buckets, in a hard-linked copy of the bundle: its own engines.json
         batch = str(out / "bundle-batch")
         return made[:2] + [

@@ -238,7 +238,7 @@ def test_build_options_are_checked():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_mode", [None, "default"])
+@pytest.mark.parametrize("compile_mode", [None, "default", "tuned"])
 def test_cuda_graphs_replay_the_eager_step(demo_bundle, tmp_path, humaneval, compile_mode):
     import torch
 
