@@ -98,9 +98,11 @@ def real_checkpoint(name: str) -> Path:
 def first_layers(checkpoint: Path, out: Path, num_layers: int) -> Path:
     """The checkpoint cut to its first layers: a draft sharing its tokenizer, which agrees with it on a quarter of the
     tokens (rejections exercise every rollback path)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, num_hidden_layers=num_layers)
+    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+    cut = {"layer_types": config.layer_types[:num_layers]} if getattr(config, "layer_types", None) else {}
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, num_hidden_layers=num_layers, **cut)
     model.save_pretrained(out)
     return out
 
@@ -119,4 +121,17 @@ def smollm2_bundle(smollm2, tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     draft = first_layers(smollm2, root / "draft", 2)
     export_bundle(ExportConfig(target=smollm2, draft=draft, out=root / "bundle"), progress=False)
+    return root / "bundle"
+
+
+@pytest.fixture(scope="session")
+def gemma3_bundle(tmp_path_factory):
+    """Gemma 3 270M with its first two layers as the draft (a 262144-token vocabulary: 1 GB in float32), exported with
+    the defaults: for tests marked slow."""
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+
+    target = real_checkpoint("gemma3-270m")
+    root = tmp_path_factory.mktemp("gemma3")
+    draft = first_layers(target, root / "draft", 2)
+    export_bundle(ExportConfig(target=target, draft=draft, out=root / "bundle"), progress=False)
     return root / "bundle"

@@ -90,3 +90,23 @@ def test_every_lossless_method_gives_transformers_greedy_tokens(smollm2_bundle, 
         for batch_size in (1, 3):  # one at a time, then the three as a ragged batch
             got = pipe.generate(ids, method=method, max_new_tokens=NEW_TOKENS, batch_size=batch_size, **options)
             assert [o.token_ids for o in got] == want, (method, options, batch_size)
+
+
+@pytest.mark.slow
+def test_gemma3_decodes_transformers_greedy_tokens_across_its_sliding_window(gemma3_bundle):
+    """Gemma 3 270M (`pytest -m slow`: a 1 GB target): a prompt of 500 tokens and 40 new ones cross the local layers'
+    512-token window; autoregressive, sd and anpd on ONNX Runtime give transformers' greedy tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(gemma3_bundle, threads=2)
+    text = (CODE + PROSE + " ") * 40
+    ids = [pipe.encode(text)[:500], pipe.encode(CODE)]
+    model = AutoModelForCausalLM.from_pretrained(gemma3_bundle / "hf/target", dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=40)[0, len(p):].tolist() for p in ids]
+    for method in ("autoregressive", "sd", "anpd"):
+        got = pipe.generate(ids, method=method, max_new_tokens=40, batch_size=2)
+        assert [o.token_ids for o in got] == want, method
