@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specrt.checkpoints import DEMO_DIR
-from specrt.checkpoints.train import adamw, cosine_lr, encode_files, token_windows
+from specrt.checkpoints.train import adamw, cosine_lr, encode_files, optimizer_step, token_windows
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 
@@ -149,10 +149,7 @@ def distill(cfg: DistillConfig, progress: bool = True) -> dict:
             group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps, min_ratio=0.1)
         batch = token_windows(train, rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size), cfg.seq_len)
         kl, _ = divergence(target, draft, batch)
-        opt.zero_grad(set_to_none=True)
-        kl.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, kl, draft)
         if step % 50 == 0 or step == cfg.steps - 1:
             history.append({"step": step, "kl": round(kl.item(), 4)})
     seconds = time.perf_counter() - t0

@@ -179,7 +179,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specrt.checkpoints.train import adamw, cosine_lr
+    from specrt.checkpoints.train import adamw, cosine_lr, optimizer_step
 
     if not (Path(cfg.target) / "config.json").is_file():
         raise SpecrtError(f"target {cfg.target} is not a Hugging Face checkpoint directory (no config.json)")
@@ -216,10 +216,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
         picks = rng.integers(0, len(train), cfg.batch_size)
         ids, mask, where, rows = _batch(train, picks, cfg.seq_len, pad, rng, cfg.positions)
         loss = distill_loss(_student_logp(draft, ids, mask, where), train.topk_ids[rows], train.topk_logp[rows])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, draft)
         if step % 50 == 0 or step == cfg.steps - 1:
             history.append({"step": step, "loss": round(loss.item(), 4)})
     seconds = time.perf_counter() - t0

@@ -147,6 +147,16 @@ def adamw(model, lr: float, weight_decay: float):
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
 
 
+def optimizer_step(opt, loss, model, clip: float = 1.0) -> None:
+    """One update: the loss's gradients, their norm clipped to `clip`, applied by `opt`."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+
+
 def cosine_lr(step: int, lr: float, warmup_steps: int, num_steps: int, min_ratio: float) -> float:
     """Linear warm-up to `lr`, then a cosine decay to min_ratio * lr at num_steps."""
     if step < warmup_steps:
@@ -156,7 +166,6 @@ def cosine_lr(step: int, lr: float, warmup_steps: int, num_steps: int, min_ratio
 
 
 def train_model(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tokenizer, out_dir: Path) -> dict:
-    import torch
     from tqdm import tqdm
 
     model = build_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, cfg.seed)
@@ -173,10 +182,7 @@ def train_model(cfg: TrainConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
         starts = rng.integers(0, len(train_tokens) - cfg.seq_len - 1, size=cfg.batch_size)
         batch = token_windows(train_tokens, starts, cfg.seq_len)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model)
         if step % 50 == 0 or step == cfg.num_steps - 1:
             bar.set_postfix(loss=f"{loss.item():.3f}")
             history.append({"step": step, "train_loss": round(loss.item(), 4)})
