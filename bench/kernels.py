@@ -3,7 +3,7 @@
     specrt bench kernels --bundle B --backend static --label h200-7b-compiled
 
 torch.profiler (CPU and, on CUDA, device activities) over `--steps` one-token target steps, AR's step (its argmax
-brought to the host after each, as AR reads it), and over one verification step of `--verify-tokens` rows, both
+brought to the host after each, as AR reads it), and over as many verification steps of `--verify-tokens` rows, both
 after `--context` cached tokens, as the backend runs them (the static engines: their CUDA graphs' replays). For each:
 - the step's wall time on the host, split into host work before its first kernel, kernels, gaps between kernels,
   and the wait after the last one (the argmax's copy to the host);
@@ -40,7 +40,8 @@ PARTS = ("host_before_ms", "weight_gemm_ms", "other_kernels_ms", "gaps_ms", "aft
 
 @dataclass(frozen=True)
 class KernelsConfig(BenchConfig, BackendOptions):
-    steps: int = option(8, "one-token target steps profiled (after as many untimed ones)", ge=1)
+    steps: int = option(8, "one-token target steps profiled, and as many verification steps (each kind after as "
+                           "many untimed ones)", ge=1)
     verify_tokens: int = option(8, "rows of the verification step profiled", ge=2)
     context: int = option(256, "cached tokens before the profiled steps", ge=0)
     top: int = option(12, "kernels listed per step, the longest first", ge=1)
@@ -53,7 +54,7 @@ class Kernel:
     end: float
 
 
-def _profile(torch, on_cuda: bool, shapes: bool, run) -> list:
+def _profile(on_cuda: bool, shapes: bool, run) -> list:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
@@ -62,7 +63,7 @@ def _profile(torch, on_cuda: bool, shapes: bool, run) -> list:
     return list(prof.events())
 
 
-def _steps(torch, runner, args, count: int) -> None:
+def _steps(runner, args, count: int) -> None:
     from torch.profiler import record_function
 
     for i in range(count):
@@ -225,13 +226,13 @@ def run_kernels(cfg: KernelsConfig) -> dict:
             "weight_bytes": weight_bytes, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
             "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4), "context": cfg.context, "kernels": {}}
     with backend.runner() as runner:
-        for kind, tokens, count in (("ar", 1, cfg.steps), ("verify", cfg.verify_tokens, 1)):
+        for kind, tokens in (("ar", 1), ("verify", cfg.verify_tokens)):
             args = step_args(runner, 1, tokens, cfg.context)
-            _steps(torch, runner, args, cfg.steps)  # untimed: first replays, the allocator, the caches warm
+            _steps(runner, args, cfg.steps)  # untimed: first replays, the allocator, the caches warm
             with eager():
-                shaped = _profile(torch, on_cuda, True, lambda: _steps(torch, runner, args, count))
-            per_kernel, gemms = operator_bytes(shaped, on_cuda, weight_shapes(module), itemsize, count)
-            events = _profile(torch, on_cuda, False, lambda: _steps(torch, runner, args, count))
+                shaped = _profile(on_cuda, True, lambda: _steps(runner, args, cfg.steps))
+            per_kernel, gemms = operator_bytes(shaped, on_cuda, weight_shapes(module), itemsize, cfg.steps)
+            events = _profile(on_cuda, False, lambda: _steps(runner, args, cfg.steps))
             ranges = sorted((e.time_range.start, e.time_range.end) for e in events
                             if e.name.startswith(RANGE) and e.device_type == torch.autograd.DeviceType.CPU)
             data["kernels"][kind] = {"tokens": tokens, **step_summary(ranges, kernels_of(events, on_cuda), per_kernel,

@@ -52,7 +52,7 @@ def test_bench_kernels_on_the_cpu_finds_the_weight_gemms_and_their_bytes(small_e
                        if isinstance(m, __import__("torch").nn.Linear))
     for kind, tokens in (("ar", 1), ("verify", 8)):
         s = data["kernels"][kind]
-        assert s["tokens"] == tokens and s["steps"] == (3 if kind == "ar" else 1)
+        assert s["tokens"] == tokens and s["steps"] == 3
         parts = sum(s[p] for p in ("host_before_ms", "weight_gemm_ms", "other_kernels_ms", "gaps_ms", "after_ms"))
         assert parts == pytest.approx(s["wall_ms"], rel=0.01, abs=2e-4)
         top = {r["kernel"]: r for r in s["top"]}
