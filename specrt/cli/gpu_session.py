@@ -38,7 +38,9 @@ from specrt.errors import SpecrtError
 
 SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
           "toy": ("--hidden", "384", "--intermediate", "1024", "--layers", "3", "--heads", "6")}
-CALLS = ("1", "2", "compiled", "tuned", "batch", "ppd", "quant", "export")
+CALLS = ("1", "2", "compiled", "tuned", "real", "batch", "ppd", "quant", "export")
+# call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
+REAL_TOY = ("--hidden", "768", "--intermediate", "1536", "--layers", "30", "--heads", "12")
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
                    "plans", "ppd.json", "quant")
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
@@ -46,7 +48,7 @@ PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent m
 
 @dataclass(frozen=True)
 class SessionConfig(Config):
-    call: str = option("1", "which call: 1, 2, compiled, tuned, batch, ppd, quant or export", choices=CALLS)
+    call: str = option("1", "which call: 1, 2, compiled, tuned, real, batch, ppd, quant or export", choices=CALLS)
     out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
     pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
                                      "stage, or one .tar.gz of them (on a lent machine, which returns 8 files: "
@@ -58,6 +60,9 @@ class SessionConfig(Config):
     min_stage: float = option(20.0, "a stage starts only with this many seconds of the budget left", ge=0)
     quick: bool = option(False, "rehearsal sizes: 1 prompt, 16 new tokens, 1 timed run per bench")
     tests: bool = option(True, "call 1: the tests marked gpu, in the background")
+    real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "call real: SmolLM2-135M-Instruct's "
+                                                                                  "GGUF file (carried: docs/gpu.md)")
+    real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried")
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
             Stage("e2e-tuned", ("bench", "e2e", "--bundle", tuned, "--backend", "static", "--out", results, *sizes,
                                 "--label", f"{label}-tuned", "--methods", "autoregressive,dynamic-ngram",
                                 "--baselines", "hf-compile"), needs=("build-tuned",), estimate_s=200)]
+    if cfg.call == "real":
+        return real_stages(cfg, kernels, sizes, tag)
     if cfg.call == "batch":  # engines of four batch buckets, in a hard-linked copy of the bundle: its own engines.json
         batch = str(out / "bundle-batch")
         return made[:2] + [
@@ -181,6 +188,35 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                              str(DEMO_DIR / "draft"), "--tokenizer", str(DEMO_DIR / "tokenizer"),
                                              "--out", str(out / "onnx"), "--dtype", "float16"),
                              needs=("inflate",), estimate_s=480)]
+
+
+def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:
+    """Call real: SmolLM2-135M-Instruct from its GGUF, inflated to the shape (its function kept), exported with its
+    distilled draft, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
+    out, d = cfg.out, cfg.device
+    bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
+    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
+           "--methods", "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf")
+    # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
+    compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
+    return [Stage("real", ("models", "real", "smollm2-135m", "--gguf", str(cfg.real_gguf), "--out", str(out / "real")),
+                  makes="real/config.json", estimate_s=40),
+            Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), "--dtype", dtype, "--device", d,
+                                   *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]), "--out",
+                                   str(out / "real-target")), makes="real-target/config.json", needs=("real",),
+                  estimate_s=60),
+            Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", str(cfg.real_draft),
+                                  "--out", bundle, "--dtype", dtype, "--no-onnx"),
+                  makes="bundle-real/manifest.json", needs=("inflate-real",), estimate_s=90),
+            # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)
+            Stage("build-real", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "512",
+                                 "--token-profiles", "1,8,16,64", *compiled), makes="bundle-real/engines.json",
+                  needs=("export-real",), estimate_s=150),
+            Stage("kernels-real", (*kernels, "--bundle", bundle, "--label", label), needs=("build-real",),
+                  estimate_s=60),
+            Stage("e2e-real", (*e2e, "--label", label), needs=("build-real",), estimate_s=200),
+            Stage("e2e-real-chat", (*e2e, "--prompt-set", "chat", "--label", f"{label}-chat"), needs=("build-real",),
+                  estimate_s=200)]
 
 
 def gpu_tag(device: str) -> str:

