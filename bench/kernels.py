@@ -193,11 +193,13 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
 
 
 def weight_shapes(module) -> set:
-    """Shapes (both ways round) of a module's weight matrices, parameters and buffers (a quantized one's)."""
+    """Shapes (both ways round) of the weight matrices of a module's layers (a linear's, a quantized linear's buffer,
+    an embedding's), not of other matrices it holds (RoPE's rotation: its matmuls are no projections)."""
     shapes = set()
-    for _, t in [*module.named_parameters(), *module.named_buffers()]:
-        if t.dim() == 2:
-            shapes |= {tuple(t.shape), tuple(t.shape)[::-1]}
+    for m in module.modules():
+        w = getattr(m, "weight", None)
+        if getattr(w, "dim", lambda: 0)() == 2:
+            shapes |= {tuple(w.shape), tuple(w.shape)[::-1]}
     return shapes
 
 
