@@ -26,12 +26,14 @@ def test_results_page_from_json(tmp_path):
     (results / "e2e-peers.json").write_text(json.dumps(peers))  # older, but the only one beside a peer runtime
     other = {**peers, "label": "peers-other", "config": {**peers["config"], "bundle": "build/other"}}
     (results / "e2e-peers-other.json").write_text(json.dumps(other))  # beside peers too, of another bundle
+    chat = {**peers, "label": "peers-chat", "config": {**peers["config"], "prompt_set": "chat"}}
+    (results / "e2e-peers-chat.json").write_text(json.dumps(chat))  # the same bundle, chat prompts
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
     page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
     assert page == (tmp_path / "docs" / "results.md").read_text()
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
-    assert page.count("Command: `specrt bench e2e ") == 5 and "--num-prompts 3 --baselines ''" in page
+    assert page.count("Command: `specrt bench e2e ") == 6 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
     from specrt.bundle.machine import CPU_FEATURES, cpu_model
 
@@ -44,7 +46,7 @@ def test_results_page_from_json(tmp_path):
     assert "e2e-old" not in text  # the README shows the latest result of each kind; the page shows them all
     assert text.index("[`e2e-t`]") < text.index("[`e2e-int8`]")  # a quantized variant is a kind of its own, after
     assert text.index("[`e2e-peers`]") < text.index("[`e2e-t`]")  # so is a run beside peer runtimes, before
-    assert "[`e2e-peers-other`]" in text  # ... each bundle's apart
+    assert "[`e2e-peers-other`]" in text and "[`e2e-peers-chat`]" in text  # ... each bundle's and prompt set's apart
     readme.write_text("no markers")
     with pytest.raises(SpecrtError, match="has no results markers"):
         run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
