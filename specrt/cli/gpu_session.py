@@ -2,7 +2,7 @@
 
     python -m specrt gpu-session --call 1 --pack $OUT      # engines, e2e against HF baselines, roofline, J/token, tests
     python -m specrt gpu-session --call 2 --pack $OUT      # calibrate, profile, tune, auto, HF static cache + compile
-    python -m specrt gpu-session --call compiled|tuned|batch|ppd|quant|export --pack $OUT   # later, each on its own
+    python -m specrt gpu-session --call compiled|tuned|real|batch|ppd|quant|export --pack $OUT   # later, each alone
 
 A call runs its stages in order, each a `python -m specrt ...` process of its own with its log in OUT/logs: a stage
 that fails is logged and the next one runs; one that needs a stage that did not end well is skipped, saying which. A
