@@ -19,7 +19,8 @@ VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: me
          "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted"),
          "load": ("LoadBenchConfig", "Start-up: fresh process to first token"),
          "serve": ("ServeBenchConfig", "Serving: a real Triton server against the same load in process"),
-         "fusions": ("FusionsConfig", "Load-time fusions: the step by the projections merged")}
+         "fusions": ("FusionsConfig", "Load-time fusions: the step by the projections merged"),
+         "kernels": ("KernelsConfig", "Kernels: where a target step's time goes")}
 
 
 # -- commands --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ after `--context` cached tokens, as the backend runs them (the static engines: t
   kernel without an operator, e.g. inductor's fused ones, has none);
 - the share of the step outside the weight GEMMs (kernels of operators one of whose inputs is a weight matrix).
 On the CPU the "kernels" are the outermost aten operators (a
-linear with its matmul). Writes kernels-LABEL.json|md|png.
+linear with its matmul). Writes kernels-LABEL.json|md|png (a row per kind of step: docs/results.md shows them).
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
            "gap_us_median": round(statistics.median(gaps), 2) if gaps else 0.0,
            "gap_us_max": round(max(gaps), 2) if gaps else 0.0,
            "longest_gap_us_mean": round(statistics.mean(g for g, _ in largest), 2) if largest else 0.0,
-           "longest_gap_before": statistics.mode(n for _, n in largest)[:200] if largest else "",
+           "longest_gap_before": statistics.mode(name for _, name in largest)[:200] if largest else "",
            "outside_weight_gemm_share": round(1 - parts["weight_gemm_ms"] / n / wall, 4) if wall else None}
     gemm_bytes = sum(b for name, b in per_kernel_bytes.items() if name in gemms)
     gemm_s = parts["weight_gemm_ms"] / n / 1e3
@@ -226,7 +226,7 @@ def run_kernels(cfg: KernelsConfig) -> dict:
     data = {**header("kernels", cfg), "device": pipe.machine.gpu or pipe.machine.device, "backend": backend.name,
             "graphs": bool(getattr(backend, "cuda_graphs", False)), "compiled": getattr(engines, "compile", None),
             "weight_bytes": weight_bytes, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
-            "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4), "context": cfg.context, "kernels": {}}
+            "roofline_ms": round(roofline_ms(weight_bytes, bandwidth), 4), "context": cfg.context, "rows": []}
     with backend.runner() as runner:
         for kind, tokens in (("ar", 1), ("verify", cfg.verify_tokens)):
             args = step_args(runner, 1, tokens, cfg.context)
@@ -237,31 +237,32 @@ def run_kernels(cfg: KernelsConfig) -> dict:
             events = _profile(on_cuda, False, lambda: _steps(runner, args, cfg.steps))
             ranges = sorted((e.time_range.start, e.time_range.end) for e in events
                             if e.name.startswith(RANGE) and e.device_type == torch.autograd.DeviceType.CPU)
-            data["kernels"][kind] = {"tokens": tokens, **step_summary(ranges, kernels_of(events, on_cuda), per_kernel,
-                                                                      gemms, bandwidth, cfg.top)}
+            data["rows"].append({"kind": kind, "tokens": tokens, **step_summary(
+                ranges, kernels_of(events, on_cuda), per_kernel, gemms, bandwidth, cfg.top)})
     write_report(cfg.out / f"kernels-{cfg.label}", data, markdown, plot)
     return data
 
 
 def markdown(data: dict) -> str:
-    lines = [f"# Kernels: {data['label']}", "",
-             f"`{data['command']}`", "",
+    lines = [f"### kernels `{data['label']}`: where a target step's time goes ({data['date']})", "",
              f"Target step on {data['device']} ({data['backend']}, graphs: {data['graphs']}, compiled: "
              f"{data['compiled']}), {data['context']} cached tokens; roofline {data['roofline_ms']} ms "
              f"({data['weight_bytes'] / 1e9:.3f} GB of weights over a measured {data['copy_bandwidth_gb_s']} "
              f"GB/s).", ""]
-    for kind, s in data["kernels"].items():
+    for s in data["rows"]:
         gemm = s["weight_gemm_of_bandwidth"]
-        lines += [f"## {kind}: {s['tokens']} token(s) a step, mean of {s['steps']} step(s)", "",
+        lines += [f"**{s['kind']}**: {s['tokens']} token(s) a step, mean of {s['steps']} step(s)", "",
                   "| wall ms | host before | weight GEMMs | other kernels | gaps | after | kernels | median gap µs | "
                   "outside weight GEMMs |", "|" + "---:|" * 9,
                   f"| {s['wall_ms']} | {s['host_before_ms']} | {s['weight_gemm_ms']} | {s['other_kernels_ms']} | "
                   f"{s['gaps_ms']} | {s['after_ms']} | {s['kernels_per_step']} | {s['gap_us_median']} | "
                   f"{s['outside_weight_gemm_share']:.1%} |", "",
-                  (f"Weight GEMMs at {gemm:.1%} of the copy bandwidth. " if gemm else
-                   "Weight GEMMs: no bytes attributed. ") + f"A step's longest gap: {s['longest_gap_us_mean']} µs "
-                  f"(mean), most often before `{s['longest_gap_before'][:80]}`.",
-                  "", "| kernel | calls | ms | share | weight GEMM | MB read | GB/s | of bandwidth |",
+                  (f"Weight GEMMs at {gemm:.1%} of the copy bandwidth." if gemm else
+                   "Weight GEMMs: no bytes attributed.") + ("" if s.get("longest_gap_us_mean") is None else
+                                                            f" A step's longest gap: {s['longest_gap_us_mean']} µs "
+                                                            f"(mean), most often before "
+                                                            f"`{s['longest_gap_before'][:80]}`."),
+                  "", "| kernel | calls | ms | share | weight GEMM | MiB read | GB/s | of bandwidth |",
                   "|---|" + "---:|" * 7]
         for r in s["top"]:
             name = r["kernel"] if len(r["kernel"]) <= 110 else r["kernel"][:107] + "..."
@@ -275,10 +276,10 @@ def markdown(data: dict) -> str:
 def plot(data: dict, path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3))
-    kinds = list(data["kernels"])
+    kinds = [r["kind"] for r in data["rows"]]
     left = np.zeros(len(kinds))
     for part in PARTS:
-        values = np.array([data["kernels"][k][part] for k in kinds])
+        values = np.array([r[part] for r in data["rows"]])
         ax.barh(kinds, values, left=left, label=part.removesuffix("_ms").replace("_", " "))
         left += values
     ax.axvline(data["roofline_ms"], color="black", linestyle="--", label="roofline")

@@ -45,13 +45,13 @@ def test_bench_kernels_on_the_cpu_finds_the_weight_gemms_and_their_bytes(small_e
     cfg = KernelsConfig(bundle=small_engines, backend="static", threads=2, steps=3, context=64, out=tmp_path,
                         label="t")
     data = run_kernels(cfg)
-    assert json.loads((tmp_path / "kernels-t.json").read_text())["kernels"] == data["kernels"]
+    assert json.loads((tmp_path / "kernels-t.json").read_text())["rows"] == data["rows"]
     assert (tmp_path / "kernels-t.md").is_file() and (tmp_path / "kernels-t.png").is_file()
     module = Pipeline.load(small_engines, backend="static", threads=2).target.module
     linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in module.modules()
                        if isinstance(m, __import__("torch").nn.Linear))
     for kind, tokens in (("ar", 1), ("verify", 8)):
-        s = data["kernels"][kind]
+        (s,) = [r for r in data["rows"] if r["kind"] == kind]
         assert s["tokens"] == tokens and s["steps"] == 3
         parts = sum(s[p] for p in ("host_before_ms", "weight_gemm_ms", "other_kernels_ms", "gaps_ms", "after_ms"))
         assert parts == pytest.approx(s["wall_ms"], rel=0.01, abs=2e-4)

@@ -27,7 +27,7 @@ def test_call_1_rehearsed_on_the_cpu_packs_an_e2e_table(tmp_path):
     assert set(rows) == {"autoregressive", "sd", "anpd", "dynamic-ngram", "hf", "hf-assisted", "hf-lookup"}
     assert all(r["same_tokens_as_ours_ar"] == 1 for r in rows.values() if r["method"] != "hf-lookup")
     assert e2e["roofline"]["tokens_per_s"] > 0
-    kernels = json.loads((pack / "results" / "kernels-rehearsal-toy.json").read_text())["kernels"]
+    kernels = {r["kind"]: r for r in json.loads((pack / "results" / "kernels-rehearsal-toy.json").read_text())["rows"]}
     assert kernels["ar"]["weight_gemm_ms"] > 0 and kernels["verify"]["tokens"] == 8
     engines = json.loads((pack / "bundle" / "engines.json").read_text())
     assert (engines["batch_buckets"], engines["slots"], len(engines["spans"])) == ([1], 1, 1)  # the small build
