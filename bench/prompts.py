@@ -66,16 +66,14 @@ CHAT = (
 
 def chat_prompts(num: int, tokenizer_dir, offset: int = 0) -> list[str]:
     """The first `num` chat prompts (after `offset`), each one user turn rendered through the tokenizer's own chat
-    template with the assistant's turn opened (transformers' apply_chat_template)."""
-    from transformers import AutoTokenizer
+    template with the assistant's turn opened (specrt.chat, as transformers' apply_chat_template renders it); raises
+    NoChatTemplate where the tokenizer has none."""
+    from specrt.chat import ChatTemplate
 
     if not 0 < num <= len(CHAT) - offset:
         raise SpecrtError(f"asked for {num} chat prompts from {offset}; there are {len(CHAT)}")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    if not getattr(tokenizer, "chat_template", None):
-        raise SpecrtError(f"the tokenizer in {tokenizer_dir} has no chat template: chat prompts need one")
-    return [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True)
-            for m in CHAT[offset:offset + num]]
+    template = ChatTemplate.of(tokenizer_dir)
+    return [template.render([{"role": "user", "content": m}]) for m in CHAT[offset:offset + num]]
 
 
 PROMPT_SETS = ("humaneval", "chat")

@@ -5,6 +5,7 @@
     out = pipe.generate(["def add(a, b):"], method="sd", max_new_tokens=64)
     out[0].text, out[0].token_ids, out[0].stats
     for piece in pipe.stream("def add(a, b):"): print(piece, end="")
+    pipe.chat([{"role": "user", "content": "Hi"}]).text      # through the tokenizer's chat template (specrt/chat.py)
     with pipe.server(method="sd", max_batch=8) as server:    # requests arriving over time (runtime/server.py)
         request = server.submit("def add(a, b):", max_new_tokens=64)
         request.result().text
@@ -77,6 +78,7 @@ class Pipeline:
         self.bucket = bucket
         self.max_context = min(target.max_context, draft.max_context)
         self.prompt_tokens = None  # PPD's PromptTokens when the target backend holds them (`specrt ppd train`)
+        self._chat_template = None  # specrt.chat.ChatTemplate, read on first use
         self.prompt_tokens_refused = f"{self.bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {self.bundle}`"
 
     @classmethod
@@ -228,6 +230,19 @@ class Pipeline:
                 bar.close()
         results = [self._result(s) for s in seqs]
         return results[0] if single else results
+
+    def chat_prompt(self, messages) -> str:
+        """The prompt text of a conversation (dicts of role and content) through the bundle tokenizer's chat template,
+        the assistant's turn opened; raises NoChatTemplate where the tokenizer has none."""
+        from specrt.chat import ChatTemplate
+
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.of(self.bundle / self.manifest.tokenizer)
+        return self._chat_template.render(messages)
+
+    def chat(self, messages, method: str = "sd", **kwargs) -> Generation:
+        """The assistant's reply to one conversation: generate (its keyword arguments) on chat_prompt(messages)."""
+        return self.generate(self.chat_prompt(messages), method=method, **kwargs)
 
     def stream(self, prompt: str | Sequence[int], method: str = "sd", max_new_tokens: int = 128,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, **options) -> Iterator[str]:

@@ -62,8 +62,11 @@ def _docstring_items(source: str):
 
 
 def _chat(tokenizer, message: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                         add_generation_prompt=True)
+    """One user turn through the (transformers) tokenizer's chat template, rendered by specrt.chat."""
+    from specrt.chat import ChatTemplate
+
+    template = ChatTemplate(tokenizer.chat_template, "tokenizer", dict(tokenizer.special_tokens_map))
+    return template.render([{"role": "user", "content": message}])
 
 
 def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, list[str]]:

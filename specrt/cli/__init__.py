@@ -201,13 +201,14 @@ def cmd_generate(args) -> None:
                          **config_from(BackendOptions, args).pipeline_options())  # every backend flag
     kw = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, **method_options(args))
+    prompt = pipe.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     if args.stream:
-        for piece in pipe.stream(args.prompt, **kw):
+        for piece in pipe.stream(prompt, **kw):
             print(piece, end="", flush=True)
         print()
         return
-    out = pipe.generate(args.prompt, **kw)
-    print(args.prompt + out.text)
+    out = pipe.generate(prompt, **kw)
+    print(out.text if args.chat else args.prompt + out.text)
     s = out.stats
     print(f"\n[{len(out.token_ids)} tokens, {s.target_calls} target calls, "
           f"{len(out.token_ids) / max(1, s.rounds):.2f} tokens per decode step, {s.seconds.total:.3f} s]", file=sys.stderr)
@@ -368,7 +369,9 @@ def build_parser() -> ArgumentParser:
     add_config(g, DecodeOptions, exclude=("batch_size", "batching", "padded"))
     add_config(g, SamplingParams)
     add_method_options(gen)
-    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--prompt", required=True, help="the prompt text (with --chat: the user's message)")
+    gen.add_argument("--chat", action="store_true", help="send --prompt as a user's message through the tokenizer's "
+                                                        "chat template and print the assistant's reply")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.set_defaults(func=cmd_generate)
 

@@ -15,7 +15,8 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 CODE = 'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same backwards."""\n'
 PROSE = "The history of the printing press begins"
 LOSSLESS = [("autoregressive", {}), ("sd", {}), ("tree", {}), ("dynamic", {}), ("anpd", {}),
-            ("dynamic", {"ngram_tokens": 5})]  # the last: dynamic-ngram
+            ("dynamic", {"ngram_tokens": 5}),  # dynamic-ngram
+            ("mtad", {"tau": 1.0})]  # MTAD accepts by joint likelihood (not lossless); at tau 1, the target's own tokens
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,7 @@ def test_every_lossless_method_gives_transformers_greedy_tokens(smollm2_bundle, 
         for batch_size in (1, 3):  # one at a time, then the three as a ragged batch
             got = pipe.generate(ids, method=method, max_new_tokens=NEW_TOKENS, batch_size=batch_size, **options)
             assert [o.token_ids for o in got] == want, (method, options, batch_size)
+    assert pipe.chat(CHAT, method="anpd", max_new_tokens=NEW_TOKENS).token_ids == want[1]  # its own chat template
 
 
 @pytest.mark.slow
