@@ -1,9 +1,11 @@
 """`specrt bench serve`: concurrent clients over a real Triton Inference Server against the same load in process.
 
-Three ways of serving one bundle, one method, greedy, measured in the same run:
+Three ways (four with --route openai) of serving one bundle, one method, greedy, measured in the same run:
 
     served               `specrt serve`'s tritonserver, clients over HTTP generate_stream (server-sent events) or gRPC
                          streaming (--client), threads of this process
+    served-openai        the same server through `specrt serve`'s OpenAI-compatible route (/v1/completions, the
+                         `openai` client, streamed as server-sent events; the tokens read from return_token_ids)
     in-process           Pipeline.server in this process, clients as threads reading Request.pieces()
     served, one at a time  the same tritonserver model with batches of one: requests served one after another,
                          as a decode-loop model without batching would
@@ -35,7 +37,7 @@ from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.methods import METHODS
 
-WAYS = ("served", "in-process", "served-one-at-a-time")
+WAYS = ("served", "served-openai", "served-instances", "in-process", "served-one-at-a-time")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class ServeBenchConfig(BenchConfig, BackendOptions):
                                  "machine's cores several times the HTTP one's per response)", choices=("http", "grpc"))
     stream: bool = option(True, "clients stream each answer as it is accepted (--no-stream: one response per request; "
                                 "the time to first token is then the time to the whole answer)")
+    instances: int = option(0, "also serve with this many decode-loop model instances (a server of its own, way "
+                                "served-instances; --threads split between them), beside the one instance (0: not)",
+                            ge=0)
+    route: str = option("generate", "openai: also the OpenAI-compatible route in front of the same server (the `openai` "
+                                    "client's /v1/completions), beside the generate endpoint", choices=("generate", "openai"))
 
     def __post_init__(self):
         super().__post_init__()
@@ -91,6 +98,26 @@ def _served_client(server, jobs: list[str], cfg: ServeBenchConfig, out: list[Tim
             except Exception as e:  # noqa: BLE001 - counted as a failed answer
                 t.error = str(e)
             out.append(t)
+
+
+def _openai_client(api, jobs: list[str], cfg: ServeBenchConfig, out: list[Timing]) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=api.url, api_key="-", max_retries=0)
+    body = {"method": cfg.method, "return_token_ids": True}
+    for prompt in jobs:
+        t = Timing(time.perf_counter(), [], [])
+        try:
+            answer = client.completions.create(model=api.model, prompt=prompt, max_tokens=cfg.max_new_tokens,
+                                               temperature=0, stream=cfg.stream, extra_body=body)
+            for chunk in answer if cfg.stream else [answer]:
+                ids = chunk.choices[0].model_extra["token_ids"] if chunk.choices else []
+                if ids:
+                    t.pieces.append((time.perf_counter(), len(ids)))
+                    t.token_ids += ids
+        except Exception as e:  # noqa: BLE001 - counted as a failed answer
+            t.error = str(e)
+        out.append(t)
 
 
 def _local_client(server, jobs: list[str], cfg: ServeBenchConfig, out: list[Timing]) -> None:
@@ -145,7 +172,7 @@ def _row(way: str, clients: int, loads: list, reference: list[list[int]]) -> dic
             "failed": failed, "wrong": wrong}
 
 
-def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str):
+def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str, instances: int = 1):
     from specrt.serving.serve import ServeConfig, start
     from specrt.serving.tritonserver import free_ports
 
@@ -153,9 +180,21 @@ def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str):
     backend = {f.name: getattr(cfg, f.name) for f in fields(BackendOptions)}  # as the in-process pipeline loads
     serve = ServeConfig(bundle=cfg.bundle, out=Path("build") / "bench-serve" / f"{cfg.label}-{name}", **backend,
                         verify=cfg.verify, method=cfg.method, max_batch=max_batch, http_port=http, grpc_port=grpc,
-                        stream_interval_ms=cfg.stream_interval_ms, metrics_port=metrics, server_dir=cfg.server_dir)
+                        stream_interval_ms=cfg.stream_interval_ms, metrics_port=metrics, server_dir=cfg.server_dir,
+                        instances=instances)
     server, _ = start(serve, files)
     return server
+
+
+def _start_openai(cfg: ServeBenchConfig, server):
+    """`specrt serve`'s OpenAI-compatible route in front of `server`, in this process."""
+    from specrt.bundle.manifest import load_manifest
+    from specrt.serving.openai_server import OpenAIServer, Served
+    from specrt.serving.tritonserver import free_ports
+
+    tokenizer = Path(cfg.bundle) / load_manifest(cfg.bundle, False).tokenizer
+    served = Served(Path(cfg.bundle).resolve().name, server.grpc_url, cfg.method, tokenizer)
+    return OpenAIServer(served, "127.0.0.1", free_ports(1)[0]).start()
 
 
 def run_serve(cfg: ServeBenchConfig) -> dict:
@@ -171,13 +210,22 @@ def run_serve(cfg: ServeBenchConfig) -> dict:
     reference = [pipe.generate(p, method="autoregressive", max_new_tokens=cfg.max_new_tokens).token_ids for p in prompts]
     files = locate(cfg.server_dir)
     servers = {"served": _start_server(cfg, files, cfg.max_batch, "batched")}
+    api = None
     try:
+        if cfg.route == "openai":
+            api = _start_openai(cfg, servers["served"])
         if cfg.one_at_a_time:
             servers["served-one-at-a-time"] = _start_server(cfg, files, 1, "one")
+        if cfg.instances:
+            servers["served-instances"] = _start_server(cfg, files, cfg.max_batch, "instances", cfg.instances)
         local = pipe.server(cfg.method, cfg.max_batch)
         targets = {"served": (_served_client, servers["served"]), "in-process": (_local_client, local)}
         if cfg.one_at_a_time:
             targets["served-one-at-a-time"] = (_served_client, servers["served-one-at-a-time"])
+        if api is not None:
+            targets["served-openai"] = (_openai_client, api)
+        if cfg.instances:
+            targets["served-instances"] = (_served_client, servers["served-instances"])
         loads: dict[tuple[str, int], list] = {(w, n): [] for w in targets for n in cfg.clients}
         rng = np.random.default_rng(0)
         with tqdm(total=(cfg.runs + 1) * len(loads), desc=f"bench serve {cfg.label}", unit="load") as bar:
@@ -191,12 +239,16 @@ def run_serve(cfg: ServeBenchConfig) -> dict:
                     bar.update()
         local.close()
     finally:
+        if api is not None:
+            api.stop()
         for s in servers.values():
             s.stop()
     rows = [_row(w, n, loads[w, n], reference) for w, n in loads]
     by = {(r["way"], r["clients"]): r for r in rows}
     for r in rows:
         r["vs_in_process"] = round(r["tokens_per_s"] / by["in-process", r["clients"]]["tokens_per_s"], 3)
+        if r["way"] in ("served-openai", "served-instances"):
+            r["vs_generate"] = round(r["tokens_per_s"] / by["served", r["clients"]]["tokens_per_s"], 3)
         if ("served-one-at-a-time", r["clients"]) in by:
             r["vs_one_at_a_time"] = round(r["tokens_per_s"] / by["served-one-at-a-time", r["clients"]]["tokens_per_s"], 3)
     data = {**header("serve", cfg), "server": files.version, "rows": rows}
@@ -211,16 +263,19 @@ def markdown(data: dict) -> str:
              f"{c['requests_per_client']} requests per client, batches of up to {c['max_batch']}, {streamed}, backend "
              f"{c['backend']}, {c['threads']} threads, tritonserver {data['server']}, median of {c['runs']} runs "
              f"({data['date']})", "",
-             "| way | clients | tokens/s | vs in-process | vs one at a time | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
-             "| failed / wrong |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| way | clients | tokens/s | vs in-process | vs served | vs one at a time | TTFT p50 / p99 (ms) "
+             "| ITL p50 / p99 (ms) | failed / wrong |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(data["rows"], key=lambda r: (r["clients"], WAYS.index(r["way"]))):
         one = f"{r['vs_one_at_a_time']:.2f}x" if "vs_one_at_a_time" in r else "-"
-        lines.append(f"| {r['way']} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['vs_in_process']:.2f}x | {one} | "
+        served = f"{r['vs_generate']:.2f}x" if "vs_generate" in r else "-"
+        lines.append(f"| {r['way']} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['vs_in_process']:.2f}x | {served} | {one} | "
                      f"{r['ttft_ms_p50']} / {r['ttft_ms_p99']} | {r['itl_ms_p50']} / {r['itl_ms_p99']} | "
                      f"{r['failed']} / {r['wrong']} of {r['requests']} |")
     client = {"http": "HTTP (`generate_stream`, server-sent events)" if c.get("stream", True) else "HTTP (`generate`)",
               "grpc": "gRPC (tritonclient)"}[c.get("client", "grpc")]
-    lines += ["", f"served: `specrt serve`'s tritonserver, clients over {client}, in this process; in-process: "
+    lines += ["", f"served: `specrt serve`'s tritonserver, clients over {client}, in this process; served-openai: the "
+                  "same server through the OpenAI-compatible route (the `openai` client, /v1/completions); "
+                  f"served-instances: a server of {c.get('instances', 0)} decode-loop instances; in-process: "
                   "`Pipeline.server` in the bench's process; one at a time: the served model with batches of 1. "
                   "Wrong: tokens other than `Pipeline.generate`'s greedy ones for the prompt. ITL: time between "
                   "streamed pieces over the tokens of the later one."]
@@ -257,6 +312,12 @@ def headline(data: dict) -> str:
             f"in-process")
     if "vs_one_at_a_time" in served:
         text += f", {served['vs_one_at_a_time']:.2f}x served one request at a time"
+    api = next((r for r in data["rows"] if r["way"] == "served-openai" and r["clients"] == most), None)
+    if api is not None:
+        text += f"; the OpenAI route {api['tokens_per_s']:.1f} tok/s, {api['vs_generate']:.2f}x the generate endpoint"
+    more = next((r for r in data["rows"] if r["way"] == "served-instances" and r["clients"] == most), None)
+    if more is not None:
+        text += f"; {data['config']['instances']} instances {more['vs_generate']:.2f}x one"
     bad = sum(r["failed"] + r["wrong"] for r in data["rows"])
     return text + f", TTFT p50 {served['ttft_ms_p50']} ms; " + ("every answer right" if not bad else
                                                                 f"{bad} FAILED OR WRONG ANSWERS")

@@ -91,6 +91,16 @@ class Request:
         """The Generation, once finished (raises what failed its round, or TimeoutError after `timeout` s)."""
         return self.future.result(timeout)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Its prompt's length in tokens."""
+        return self._seq.prompt_len
+
+    @property
+    def target_steps(self) -> int:
+        """The target's decode steps it has taken part in so far (prefill excluded)."""
+        return self._seq.stats.rounds
+
     def token_ids(self) -> list[int]:
         """The new tokens so far."""
         return [int(t) for t in self._seq.new_tokens]

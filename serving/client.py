@@ -115,7 +115,7 @@ class GrpcStream:
     def __init__(self, url: str, model: str = DECODE_MODEL):
         import tritonclient.grpc as grpcclient
 
-        self.grpc, self.model = grpcclient, model
+        self.model = model
         self.client = grpcclient.InferenceServerClient(url)
         self.responses: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
@@ -123,28 +123,14 @@ class GrpcStream:
 
     def send(self, prompt: str, **inputs) -> str:
         """Send one request (its inputs by name; wrong types are sent as given); returns its id."""
-        tensors = [self._tensor("PROMPT", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES")]
-        for name, value in inputs.items():
-            if isinstance(value, np.ndarray):  # as the caller made it (a test of a wrong dtype)
-                kind = {np.dtype(v): k for k, v in NUMPY.items()}.get(value.dtype, "BYTES")
-                tensors.append(self._tensor(name, value, kind))
-            elif DECODE_INPUTS.get(name) == "STRING":
-                tensors.append(self._tensor(name, np.array([str(value).encode()], dtype=np.object_), "BYTES"))
-            else:
-                kind = DECODE_INPUTS[name]
-                tensors.append(self._tensor(name, np.array([value], dtype=NUMPY[kind]), kind))
         self._count += 1
         rid = str(self._count)
-        self.client.async_stream_infer(self.model, tensors, request_id=rid, enable_empty_final_response=True)
+        self.client.async_stream_infer(self.model, request_tensors(prompt, inputs), request_id=rid,
+                                       enable_empty_final_response=True)
         return rid
 
-    def _tensor(self, name, array, kind):
-        t = self.grpc.InferInput(name, list(array.shape), kind)
-        t.set_data_from_numpy(array)
-        return t
-
     def receive(self, timeout: float = 300) -> Iterator[dict]:
-        """The responses of the request in flight, as they come: dicts of TEXT, TOKEN_IDS, FINISH_REASON; the last
+        """The responses of the request in flight, as they come: dicts of outputs(); the last
         has "final" True."""
         while True:
             result, error = self.responses.get(timeout=timeout)
@@ -153,9 +139,7 @@ class GrpcStream:
             final = result.get_response().parameters["triton_final_response"].bool_param
             out = {"final": final}
             if result.as_numpy("TEXT") is not None:
-                out.update(TEXT=result.as_numpy("TEXT")[0].decode("utf-8"),
-                           TOKEN_IDS=[int(t) for t in result.as_numpy("TOKEN_IDS")],
-                           FINISH_REASON=result.as_numpy("FINISH_REASON")[0].decode())
+                out.update(outputs(result))
             yield out
             if final:
                 return
@@ -174,6 +158,36 @@ class GrpcStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def request_tensors(prompt: str, inputs: dict) -> list:
+    """The decode-loop model's input tensors (tritonclient InferInputs, for its sync and asyncio gRPC clients) of a
+    prompt and inputs by name; an array is sent as it is (a test of a wrong dtype), values as the model declares them."""
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, array, kind):
+        t = grpcclient.InferInput(name, list(array.shape), kind)
+        t.set_data_from_numpy(array)
+        return t
+
+    tensors = [tensor("PROMPT", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES")]
+    for name, value in inputs.items():
+        if isinstance(value, np.ndarray):
+            tensors.append(tensor(name, value, {np.dtype(v): k for k, v in NUMPY.items()}.get(value.dtype, "BYTES")))
+        elif DECODE_INPUTS.get(name) == "STRING":
+            tensors.append(tensor(name, np.array([str(value).encode()], dtype=np.object_), "BYTES"))
+        else:
+            kind = DECODE_INPUTS[name]
+            tensors.append(tensor(name, np.array([value], dtype=NUMPY[kind]), kind))
+    return tensors
+
+
+def outputs(result) -> dict:
+    """The decode-loop model's outputs of one gRPC response (a tritonclient InferResult)."""
+    return {"TEXT": result.as_numpy("TEXT")[0].decode("utf-8"),
+            "TOKEN_IDS": [int(t) for t in result.as_numpy("TOKEN_IDS")],
+            "FINISH_REASON": result.as_numpy("FINISH_REASON")[0].decode(),
+            **{name: int(result.as_numpy(name)[0]) for name in ("PROMPT_TOKENS", "TARGET_STEPS")}}
 
 
 def joined(responses) -> dict:

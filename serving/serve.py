@@ -2,8 +2,9 @@
 
 Finds the server (or installs its files: serving/tritonserver.py), writes the model repository (serving/triton.py),
 starts tritonserver on 127.0.0.1 (by default) loading only the models whose backends it has, waits until they are
-ready, prints the endpoints and a curl line, and runs until Ctrl-C or SIGTERM, when it stops the server and every
-stub process it started.
+ready, puts the OpenAI-compatible routes in front of it (serving/openai_server.py), prints the endpoints and a curl
+line, and runs until Ctrl-C or SIGTERM, when it stops the server and every stub process it started. Meanwhile a
+decode-loop model whose stub process died is reloaded (Revive).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -34,6 +36,12 @@ class ServeConfig(TritonConfig):
                                              "beside it, in ../backends)")
     install: bool = option(True, "install the server files when missing (--no-install: refuse instead)")
     ready_timeout: float = option(600.0, "seconds to wait for the models to load", gt=0)
+    openai_port: int = option(9000, "port of the OpenAI-compatible routes (/v1/completions, /v1/chat/completions, "
+                                    "/v1/models) in front of the server (0: none)", ge=0, le=65535)
+    served_model_name: str | None = option(None, "the model id OpenAI clients name (default: the bundle directory's "
+                                                 "name)")
+    chat_template: Path | None = option(None, "a Jinja chat template file for /v1/chat/completions instead of the "
+                                              "tokenizer's own (for a tokenizer that has none)")
 
 
 def repository_config(cfg: ServeConfig) -> TritonConfig:
@@ -61,6 +69,70 @@ def start(cfg: ServeConfig, files: ServerFiles | None = None, log: Path | None =
     return server, info
 
 
+def start_openai(cfg: ServeConfig):
+    """The OpenAI-compatible routes in front of the server that `start` runs, listening once this returns (None where
+    --openai-port is 0)."""
+    if not cfg.openai_port:
+        return None
+    from specrt.bundle.manifest import load_manifest
+
+    try:
+        from specrt.serving.openai_server import OpenAIServer, Served
+    except ImportError as e:
+        raise SpecrtError(f"the OpenAI-compatible routes need FastAPI, uvicorn and sse-starlette ({e}): pip install "
+                          "'specrt[serve]', or --openai-port 0 to serve without them") from None
+
+    bundle = Path(cfg.bundle)
+    tokenizer = bundle / load_manifest(bundle, False).tokenizer
+    if cfg.chat_template is not None and not Path(cfg.chat_template).is_file():
+        raise SpecrtError(f"--chat-template {cfg.chat_template} is not a file")
+    grpc = f"{'127.0.0.1' if cfg.host == '0.0.0.0' else cfg.host}:{cfg.grpc_port}"
+    served = Served(cfg.served_model_name or bundle.resolve().name, grpc, cfg.method, tokenizer, cfg.chat_template)
+    return OpenAIServer(served, cfg.host, cfg.openai_port).start()
+
+
+class Revive:
+    """Watches the decode-loop model's stub processes (one per instance) and, where one has died (the OOM killer, a
+    crash), reloads the model through Triton's repository API: readiness turns false at once (the model unloaded), the
+    requests in flight end with an error, and the next ones are answered once it is loaded again. Triton itself keeps
+    answering ready over a dead stub, failing every request."""
+
+    def __init__(self, server: TritonServer, model: str = DECODE_MODEL, interval: float = 0.5, log=sys.stderr):
+        self.server, self.model, self.interval, self.log = server, model, interval, log
+        self.on_death: list = []  # called (from this thread) when a stub is found dead, before the reload
+        self.expected = len(server.stubs(model))
+        self.revived = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="specrt-revive", daemon=True)
+
+    def start(self) -> "Revive":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            alive = len(self.server.stubs(self.model))
+            if alive >= self.expected or self.server.process.poll() is not None:
+                continue
+            print(f"{self.expected - alive} of the {self.model} model's {self.expected} stub process(es) died: "
+                  "reloading it ...", file=self.log, flush=True)
+            for callback in self.on_death:
+                callback()
+            t0 = time.monotonic()
+            try:
+                self.server.reload(self.model)
+            except SpecrtError as e:
+                print(f"the reload failed: {e}", file=self.log, flush=True)
+                continue  # tried again at the next look
+            self.revived += 1
+            self.expected = max(self.expected, len(self.server.stubs(self.model)))
+            print(f"{self.model} reloaded in {time.monotonic() - t0:.1f} s", file=self.log, flush=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+
+
 def serve(cfg: ServeConfig) -> None:
     """Run the server until Ctrl-C / SIGTERM (or until it exits)."""
     files = locate(cfg.server_dir, cfg.tritonserver, cfg.install)
@@ -72,9 +144,13 @@ def serve(cfg: ServeConfig) -> None:
         stopping.set()
 
     previous = signal.signal(signal.SIGTERM, _stop)
-    server = None
+    server = openai = revive = None
     try:
         server, info = start(cfg, files)
+        revive = Revive(server).start()
+        openai = start_openai(cfg)
+        if openai is not None:
+            revive.on_death.append(openai.fail_in_flight)
         skipped = ", ".join(f"{m} (no {b} backend here)" for m, b in info["skipped"].items())
         host = "127.0.0.1" if cfg.host == "0.0.0.0" else cfg.host
         body = json.dumps({"PROMPT": "def fibonacci(n):", "MAX_NEW_TOKENS": 64})
@@ -82,6 +158,8 @@ def serve(cfg: ServeConfig) -> None:
         print(f"  HTTP     http://{host}:{cfg.http_port}/v2/models/{DECODE_MODEL}/generate (and generate_stream)")
         print(f"  gRPC     {host}:{cfg.grpc_port} (streaming: tritonclient.grpc start_stream / async_stream_infer)")
         print(f"  metrics  http://{host}:{cfg.metrics_port}/metrics")
+        if openai is not None:
+            print(f"  OpenAI   {openai.url} (completions, chat/completions, models)")
         print(f"  log      {server.log}")
         print(f"try: curl -s -X POST http://{host}:{cfg.http_port}/v2/models/{DECODE_MODEL}/generate -d '{body}'")
         print("Ctrl-C stops it.", flush=True)
@@ -94,6 +172,10 @@ def serve(cfg: ServeConfig) -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if revive is not None:
+            revive.stop()
+        if openai is not None:
+            openai.stop()
         if server is not None:
             print("stopping tritonserver ...", file=sys.stderr, flush=True)
             code = server.stop()

@@ -59,7 +59,8 @@ class TritonConfig(BundleOptions, BackendOptions):
                                              "every response is a round trip from the Python backend to the server "
                                              "(0: one per round)", ge=0)
     instances: int = option(1, "decode-loop model instances: processes, each loading the bundle and batching the "
-                               "requests Triton gives it", ge=1)
+                               "requests Triton gives it (on the ort backend --threads, default every core, is split "
+                               "between them)", ge=1)
     step_kind: str = option("cpu", "where Triton runs the ONNX step-graph models (onnxruntime_onnx)",
                             choices=("cpu", "gpu"))
 
@@ -167,6 +168,10 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
     shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
     params = {"bundle": str(bundle.resolve()), **load_parameters(cfg), "method": cfg.method,
               "max_batch": str(cfg.max_batch), "stream_interval_ms": f"{cfg.stream_interval_ms:g}"}
+    if cfg.instances > 1 and cfg.backend == "ort":  # instances on host cores share them: --threads split between them
+        from specrt.bundle.machine import resolve_threads
+
+        params["threads"] = str(max(1, resolve_threads(cfg.threads) // cfg.instances))
     config = {
         "name": DECODE_MODEL, "backend": "python", "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": True},
@@ -174,7 +179,9 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
             {"name": n, "data_type": "=TYPE_" + t, "dims": [1], "optional": True} for n, t in DECODE_INPUTS.items()],
         "output": [{"name": "TEXT", "data_type": "=TYPE_STRING", "dims": [1]},
                    {"name": "TOKEN_IDS", "data_type": "=TYPE_INT64", "dims": [-1]},
-                   {"name": "FINISH_REASON", "data_type": "=TYPE_STRING", "dims": [1]}],
+                   {"name": "FINISH_REASON", "data_type": "=TYPE_STRING", "dims": [1]},
+                   {"name": "PROMPT_TOKENS", "data_type": "=TYPE_INT64", "dims": [1]},
+                   {"name": "TARGET_STEPS", "data_type": "=TYPE_INT64", "dims": [1]}],
         # the ort backend runs on host cores; the others place themselves on the device they are given
         "instance_group": [{"kind": "=KIND_CPU" if cfg.backend == "ort" else "=KIND_MODEL", "count": cfg.instances}],
         "parameters": [{"key": k, "value": {"string_value": v}} for k, v in params.items() if v],

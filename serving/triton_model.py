@@ -19,6 +19,9 @@ together in one continuously batched loop (serving/pool.py: a request joins the 
     outputs   TEXT            string [1]  the continuation, or the piece of it
               TOKEN_IDS       int64  [-1] its token ids (a piece's: the tokens since the previous piece)
               FINISH_REASON   string [1]  "eos", "length" or "cancelled" on the last response, else ""
+              PROMPT_TOKENS   int64  [1]  the prompt's tokens
+              TARGET_STEPS    int64  [1]  the target's decode steps so far, prefill excluded: new tokens / TARGET_STEPS
+                                          are the tokens each target call gave
 
 A request with bad input gets an error response naming the input, and nothing else happens. A client that cancels
 or disconnects (the response sender says so) leaves its batch at the end of the round. The model's counters go to
@@ -196,19 +199,20 @@ class TritonPythonModel:
                     if piece is not None:
                         # no question first (a cancelled request's responses are dropped; the watcher takes it out
                         # of its batch)
-                        sender.send(_response(piece.text, piece.token_ids, ""))
+                        sender.send(_response(piece.text, piece.token_ids, handle))
                         with self.lock:  # execute() adds requests from Triton's thread
                             streams = sum(lv.stream for lv in self.live.values())
                         live.next_send = time.perf_counter() + self.stream_interval * max(
                             1.0, streams / STREAMS_AT_INTERVAL)
                     return
                 done = handle.result()
-                last = _response(piece.text if piece else "", piece.token_ids if piece else [], done.finish_reason)
+                last = _response(piece.text if piece else "", piece.token_ids if piece else [], handle,
+                                 done.finish_reason)
             elif not handle.done():
                 return
             else:
                 done = handle.result()
-                last = _response(done.text, done.token_ids, done.finish_reason)
+                last = _response(done.text, done.token_ids, handle, done.finish_reason)
         except Exception as e:  # a failed round (or send): the request's error, the others go on
             handle.cancel()
             last = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decoding failed: {e}"))
@@ -235,11 +239,15 @@ class TritonPythonModel:
             t.join()
 
 
-def _response(text: str, token_ids: list[int], finish_reason: str):
+def _response(text: str, token_ids: list[int], handle, finish: str = ""):
+    """A response with a piece of text (and its tokens) of the request `handle`; the last says why it ended."""
+    prompt, steps = handle.prompt_tokens, handle.target_steps
     return pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor("TEXT", np.array([text.encode("utf-8")], dtype=np.object_)),
         pb_utils.Tensor("TOKEN_IDS", np.asarray(token_ids, dtype=np.int64)),
-        pb_utils.Tensor("FINISH_REASON", np.array([finish_reason.encode()], dtype=np.object_))])
+        pb_utils.Tensor("FINISH_REASON", np.array([finish.encode()], dtype=np.object_)),
+        pb_utils.Tensor("PROMPT_TOKENS", np.array([prompt], dtype=np.int64)),
+        pb_utils.Tensor("TARGET_STEPS", np.array([steps], dtype=np.int64))])
 
 
 class _Metrics:

@@ -239,6 +239,38 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def stubs(self, model: str) -> list[int]:
+        """Process ids of the Python-backend stubs this server runs for `model` (one per instance)."""
+        if self.process is None:
+            return []
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            if (parent == self.process.pid and cmd[0].endswith(b"triton_python_backend_stub")
+                    and f"/{model}/1/model.py".encode() in b" ".join(cmd)):
+                found.append(int(proc.name))
+        return found
+
+    def reload(self, model: str, timeout: float = 600) -> None:
+        """Unload `model` (readiness turns false; its requests in flight end with an error) and load it again through
+        Triton's repository API; returns once it is loaded (raises SpecrtError, with the server's answer, if not)."""
+        for action, wait in (("unload", 60), ("load", timeout)):
+            request = urllib.request.Request(f"{self.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
+                                             method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=wait):
+                    pass
+            except urllib.error.HTTPError as e:
+                raise SpecrtError(f"Triton refused to {action} {model}: {e.read().decode(errors='replace')}") from None
+            except (urllib.error.URLError, OSError) as e:
+                raise SpecrtError(f"Triton did not {action} {model}: {e}") from None
+
     def wait_ready(self, timeout: float = 300) -> None:
         """Wait until ready; raises SpecrtError with the log's tail if the server exits or `timeout` s pass."""
         deadline = time.monotonic() + timeout

@@ -171,12 +171,17 @@ def cmd_inplace(args) -> None:
 
 
 def cmd_triton(args) -> None:
+    from specrt.serving.k8s import K8sConfig, write_manifests
     from specrt.serving.triton import TritonConfig, write_repository
 
-    cfg = config_from(TritonConfig, args)
+    cfg = config_from(K8sConfig, args)
     info = write_repository(cfg)
     print(f"wrote the Triton model repository {cfg.out}: {', '.join(info['models'])}")
-    print(f"serve it with `specrt serve {to_flags(cfg)}`, or a Triton of your own: `tritonserver "
+    if cfg.k8s is not None:
+        kinds = ", ".join(d["kind"] for d in write_manifests(cfg))
+        print(f"wrote {cfg.k8s} ({kinds}): `kubectl apply -f {cfg.k8s}` with the image and the bundle's volume claim")
+    repository = TritonConfig(**{f.name: getattr(cfg, f.name) for f in fields(TritonConfig)})
+    print(f"serve it with `specrt serve {to_flags(repository)}`, or a Triton of your own: `tritonserver "
           f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
 
 
@@ -334,7 +339,7 @@ def build_parser() -> ArgumentParser:
     from specrt.engines.quantize import QuantizeConfig
     from specrt.cli.gpu_session import SessionConfig
     from specrt.serving.serve import ServeConfig
-    from specrt.serving.triton import TritonConfig
+    from specrt.serving.k8s import K8sConfig
 
     parser = ArgumentParser(prog="specrt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -389,7 +394,7 @@ def build_parser() -> ArgumentParser:
                                                     "with --kv-update inplace)"),
             ("report", ReportConfig, cmd_report, "one page (HTML and Markdown) tying a bundle's latency profile, "
                                                  "acceptance, plan, engines and bench runs together; --vs compares two"),
-            ("triton", TritonConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
+            ("triton", K8sConfig, cmd_triton, "a Triton Inference Server model repository: the step graphs (and "
                                                  "TensorRT plans) and specrt's decode loop, streaming"),
             ("gpu-session", SessionConfig, cmd_gpu_session, "the GPU run on a lent machine: one call of under ten "
                                                             "minutes (--call 1, 2, batch, ppd, quant, export), every "

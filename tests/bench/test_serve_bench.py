@@ -13,8 +13,8 @@ from specrt.errors import SpecrtError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("client", ["http", "grpc"])
-def test_bench_serve_measures_three_ways_and_checks_every_answer(demo_bundle, tmp_path, client):
+@pytest.mark.parametrize("client,route", [("http", "generate"), ("grpc", "openai")])
+def test_bench_serve_measures_every_way_and_checks_every_answer(demo_bundle, tmp_path, client, route):
     from specrt.bench.catalog import headline
     from specrt.bench.serve import ServeBenchConfig, run_serve
     from specrt.serving.tritonserver import locate
@@ -26,11 +26,14 @@ def test_bench_serve_measures_three_ways_and_checks_every_answer(demo_bundle, tm
             raise
         pytest.skip(f"no Triton server here: {e}")
     cfg = ServeBenchConfig(bundle=demo_bundle, out=tmp_path, label="t", threads=2, clients=(1, 3), requests_per_client=2,
-                           num_prompts=3, max_new_tokens=12, runs=1, max_batch=4, client=client,
+                           num_prompts=3, max_new_tokens=12, runs=1, max_batch=4, client=client, route=route,
+                           instances=2 if route == "openai" else 0,
                            server_dir=ROOT / "build" / "tritonserver")
     data = run_serve(cfg)
     rows = {(r["way"], r["clients"]): r for r in data["rows"]}
-    assert set(rows) == {(w, n) for w in ("served", "in-process", "served-one-at-a-time") for n in (1, 3)}
+    ways = ("served", "in-process", "served-one-at-a-time") + (
+        ("served-openai", "served-instances") if route == "openai" else ())
+    assert set(rows) == {(w, n) for w in ways for n in (1, 3)}
     for r in rows.values():
         assert r["failed"] == 0 and r["wrong"] == 0 and r["requests"] == 2 * r["clients"]
         assert r["tokens_per_s"] > 0 and 0 < r["ttft_ms_p50"] <= r["ttft_ms_p99"]
@@ -40,3 +43,7 @@ def test_bench_serve_measures_three_ways_and_checks_every_answer(demo_bundle, tm
     md = (tmp_path / "serve-t.md").read_text()
     assert md.startswith("### serve `t`: sd, greedy, 12 new tokens a request") and (tmp_path / "serve-t.png").is_file()
     assert headline("serve", data).startswith("3 clients over Triton: **") and "every answer right" in headline("serve", data)
+    if route == "openai":  # its tokens read back from the route (return_token_ids) and checked as the others'
+        assert rows["served-openai", 3]["vs_generate"] == pytest.approx(
+            rows["served-openai", 3]["tokens_per_s"] / rows["served", 3]["tokens_per_s"], rel=1e-2)
+        assert "the OpenAI route" in headline("serve", data) and "2 instances" in headline("serve", data)

@@ -4,9 +4,7 @@ build/tritonserver on first use) serving the demo bundle on 127.0.0.1, with real
 be installed; CI requires them (SPECRT_REQUIRE_TRITON=1)."""
 
 import json
-import os
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,37 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specrt.errors import SpecrtError
-
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (a dev dependency) is the gRPC client")
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.serving.triton_helpers import ROOT, quiet, settled, start_server  # noqa: E402
+
 # every lossless method a bundle without a plan (auto) or prompt tokens (ppd) runs
 METHODS = ("autoregressive", "sd", "tree", "anpd", "dynamic")
-
-
-@pytest.fixture(scope="module")
-def files():
-    from specrt.serving.tritonserver import locate
-
-    try:
-        return locate(ROOT / "build" / "tritonserver")
-    except SpecrtError as e:
-        if os.environ.get("SPECRT_REQUIRE_TRITON"):
-            raise
-        pytest.skip(f"no Triton server here: {e}")
-
-
-def _start(files, repo, tmp):
-    from specrt.serving.tritonserver import TritonServer, free_ports
-
-    server = TritonServer(files, repo, ["specrt"], "127.0.0.1", *free_ports(3), log=tmp / "server.log").start()
-    try:
-        server.wait_ready(300)
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +31,7 @@ def repo(demo_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(files, repo, tmp_path_factory):
-    s = _start(files, repo, tmp_path_factory.mktemp("log"))
+    s = start_server(files, repo, tmp_path_factory.mktemp("log"))
     yield s
     s.stop()
 
@@ -71,35 +44,6 @@ def reference(pipelines, humaneval):
         for i, p in enumerate(humaneval[:8]):
             out[method, i] = pipelines["ort"].generate(p, method=method, max_new_tokens=24).token_ids
     return out
-
-
-def metrics(server) -> dict[str, float]:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
-        lines = r.read().decode().splitlines()
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line.startswith("specrt_"))}
-
-
-def settled(server, before: dict, key: str, want: float, timeout: float = 30) -> dict:
-    """The metrics once `key` has grown by `want` since `before` (the model refreshes them every POLL_SECONDS)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = metrics(server)
-        if now.get(key, 0) - before.get(key, 0) >= want:
-            return now
-        assert time.monotonic() < deadline, f"{key} grew by {now.get(key, 0) - before.get(key, 0)}, not {want}: {now}"
-        time.sleep(0.1)
-
-
-def quiet(server, timeout: float = 30) -> dict:
-    """The metrics once nothing runs and they have stopped changing (what ended before is counted)."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        now = metrics(server)
-        if now == last and not any(v for k, v in now.items() if k.startswith(("specrt_running", "specrt_queue"))):
-            return now
-        last = now
-        time.sleep(0.5)  # a few of the model's refreshes (POLL_SECONDS)
-    raise AssertionError(f"the metrics did not settle: {last}")
 
 
 def test_served_greedy_tokens_equal_in_process_generation(server, humaneval, reference):
@@ -127,7 +71,7 @@ def test_ppd_is_served_token_identical_too(files, ppd_bundle, humaneval, tmp_pat
 
     write_repository(TritonConfig(bundle=ppd_bundle, out=tmp_path / "repo", method="ppd", threads=2))
     pipe = Pipeline.load(ppd_bundle, threads=2)
-    server = _start(files, tmp_path / "repo", tmp_path)
+    server = start_server(files, tmp_path / "repo", tmp_path)
     try:
         with HttpClient(server.http_url) as http:
             for p in humaneval[:4]:
@@ -149,7 +93,7 @@ def test_the_served_model_loads_the_bundle_with_every_option_it_was_given(files,
     options = {"threads": 2, "kv_update": "inplace", "packed_rows": False}
     write_repository(TritonConfig(bundle=inplace_bundle, out=tmp_path / "repo", method="sd", **options))
     pipe = Pipeline.load(inplace_bundle, **options)
-    server = _start(files, tmp_path / "repo", tmp_path)
+    server = start_server(files, tmp_path / "repo", tmp_path)
     try:
         for p in humaneval[:3]:
             want = pipe.generate(p, method="autoregressive", max_new_tokens=24).token_ids
@@ -269,7 +213,7 @@ def test_a_restarted_server_answers_the_same(files, repo, server, humaneval, ref
     from specrt.serving.client import http_generate
 
     server.stop()
-    again = _start(files, repo, tmp_path)
+    again = start_server(files, repo, tmp_path)
     try:
         for i in range(3):
             assert http_generate(again.http_url, humaneval[i], MAX_NEW_TOKENS=24)["TOKEN_IDS"] == reference["sd", i]
@@ -291,7 +235,10 @@ def _stubs_of(repo) -> list[int]:
 
 
 def test_specrt_serve_runs_until_ctrl_c_and_leaves_nothing_behind(files, demo_bundle, humaneval, reference, tmp_path):
-    """The one command: the server found, the repository written, ready, a streamed answer, Ctrl-C, no stub left."""
+    """The one command: the server found, the repository written, ready, a streamed answer over gRPC and one over the
+    OpenAI-compatible route (the `openai` client), Ctrl-C, no stub left."""
+    from openai import OpenAI
+
     import signal
     import subprocess
     import sys
@@ -299,11 +246,11 @@ def test_specrt_serve_runs_until_ctrl_c_and_leaves_nothing_behind(files, demo_bu
     from specrt.serving.client import GrpcStream, joined
     from specrt.serving.tritonserver import free_ports
 
-    http, grpc, prom = free_ports(3)
+    http, grpc, prom, api = free_ports(4)
     repo = tmp_path / "repo"
     proc = subprocess.Popen([sys.executable, "-m", "specrt", "serve", "--bundle", str(demo_bundle), "--out", str(repo),
                              "--threads", "2", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port",
-                             str(prom), "--server-dir", str(ROOT / "build" / "tritonserver")],
+                             str(prom), "--openai-port", str(api), "--server-dir", str(ROOT / "build" / "tritonserver")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -314,8 +261,14 @@ def test_specrt_serve_runs_until_ctrl_c_and_leaves_nothing_behind(files, demo_bu
         text = "".join(lines)
         assert text.startswith("ready: models specrt; not loaded: specrt_target (no onnxruntime backend here)"), text
         assert f"curl -s -X POST http://127.0.0.1:{http}/v2/models/specrt/generate -d" in text
+        assert f"OpenAI   http://127.0.0.1:{api}/v1 (completions, chat/completions, models)" in text
         with GrpcStream(f"127.0.0.1:{grpc}") as s:
-            assert joined(s.generate(humaneval[2], MAX_NEW_TOKENS=24, STREAM=True))["TOKEN_IDS"] == reference["sd", 2]
+            streamed = joined(s.generate(humaneval[2], MAX_NEW_TOKENS=24, STREAM=True))
+        assert streamed["TOKEN_IDS"] == reference["sd", 2]
+        client = OpenAI(base_url=f"http://127.0.0.1:{api}/v1", api_key="-", max_retries=0)
+        (model,) = client.models.list().data
+        answer = client.completions.create(model=model.id, prompt=humaneval[2], max_tokens=24, temperature=0)
+        assert model.id == demo_bundle.name and answer.choices[0].text == streamed["TEXT"]
         assert _stubs_of(repo)
     finally:
         proc.send_signal(signal.SIGINT)

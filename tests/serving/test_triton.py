@@ -51,10 +51,11 @@ def test_the_repository_has_a_model_per_step_graph_and_the_decode_loop(repo, dem
                                                        ("TEMPERATURE", True), ("TOP_K", True), ("TOP_P", True),
                                                        ("SEED", True), ("STREAM", True)]
     assert c.input[0].data_type == model_config_pb2.TYPE_STRING and c.input[-1].data_type == model_config_pb2.TYPE_BOOL
-    assert [o.name for o in c.output] == ["TEXT", "TOKEN_IDS", "FINISH_REASON"]
+    assert [o.name for o in c.output] == ["TEXT", "TOKEN_IDS", "FINISH_REASON", "PROMPT_TOKENS", "TARGET_STEPS"]
     assert c.instance_group[0].count == 2
     params = {k: v.string_value for k, v in c.parameters.items()}
-    assert params == {"bundle": str(demo_bundle.resolve()), "backend": "ort", "threads": "2", "kv_update": "runtime",
+    # two instances share --threads 2: one thread each
+    assert params == {"bundle": str(demo_bundle.resolve()), "backend": "ort", "threads": "1", "kv_update": "runtime",
                       "packed_rows": "true", "verify": "recorded", "method": "dynamic", "max_batch": "8",
                       "stream_interval_ms": "20"}
     assert (repo / "specrt" / "1" / "model.py").is_file()
