@@ -36,6 +36,8 @@ UNSUPPORTED = {"echo": lambda v: v in (None, False), "logprobs": lambda v: v in 
 FIELD_OF_INPUT = {"PROMPT": "prompt", "MAX_NEW_TOKENS": "max_tokens", "METHOD": "method", "TEMPERATURE": "temperature",
                   "TOP_P": "top_p", "SEED": "seed"}
 FINISH = {"eos": "stop", "length": "length", "cancelled": "stop"}
+# what Triton answers while the decode-loop model's stub is dead, or the model is being reloaded (serve.Revive)
+UNAVAILABLE = ("is not healthy", "has no available versions", "Model version not ready")
 
 
 class ApiError(Exception):
@@ -156,6 +158,9 @@ def served_error(message: str, chat: bool) -> ApiError:
     if not fields:
         first = message.split(" ", 1)[0]
         fields = [FIELD_OF_INPUT[first]] if first in FIELD_OF_INPUT else []
+    if not fields and any(s in message for s in UNAVAILABLE):
+        return ApiError(503, f"the model is not available now (its process died and is being reloaded): {message}",
+                        kind="server_error")
     if not fields:
         return ApiError(500, f"the model failed: {message}", kind="server_error")
     param = ",".join("messages" if chat and f == "prompt" else f for f in fields)

@@ -90,3 +90,6 @@ def test_the_decode_loops_refusals_name_the_request_field():
     assert served_error("MAX_NEW_TOKENS must be int, got 2.5", chat=False).param == "max_tokens"
     failed = served_error("decoding failed: out of memory", chat=False)
     assert (failed.status, failed.kind) == (500, "server_error")
+    for meanwhile in ("Stub process 'specrt_0_0' is not healthy.",
+                      "Request for unknown model: 'specrt' has no available versions"):
+        assert served_error(meanwhile, chat=False).status == 503  # a reload under way: send it again
