@@ -60,6 +60,9 @@ class PpdConfig(BundleOptions):
     steps: int = option(1000, "training steps", ge=0)
     batch_size: int = option(8, "training windows per step", ge=1)
     window: int = option(128, "tokens per training window", ge=16)
+    corpus: str = option("stdlib", "training windows: stdlib (windows of Python source) or own (the target's own greedy "
+                                   "continuations of mixed prompts: code, prose and chat through its template, each "
+                                   "window's first quarter prompt: what decoding reads)", choices=("stdlib", "own"))
     insertions: int = option(12, "prompt blocks inserted after random positions of each window", ge=1)
     lr: float = option(0.003, "Adam learning rate of the prompt embeddings", gt=0)
     decay: float = option(0.8, "loss weight alpha^(d-1) of distance d", gt=0, le=1)
@@ -305,7 +308,7 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     import torch
     from tokenizers import Tokenizer
 
-    from specrt.checkpoints.corpus import corpus_hash, corpus_windows, load_corpus
+    from specrt.checkpoints.corpus import corpus_hash, load_corpus
     from specrt.model.checkpoint import load_checkpoint
     from specrt.model.step import StepModule
 
@@ -333,10 +336,10 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
     else:
         module.prompt_embeddings = torch.nn.Parameter(_initial(module, k, e, cfg.seed), requires_grad=False)
         initial = accuracy(module, val, text, cfg, vocab)[0]
-        windows = corpus_windows(ids, max(64, cfg.batch_size * 8), cfg.window, cfg.seed, "train")
+        windows = training_windows(cfg, module, bundle / manifest.tokenizer, ids)
         record = train(module, windows, cfg, vocab, progress)
-        train_files, _ = load_corpus()
-        record["corpus_sha256"] = corpus_hash(train_files)
+        record["corpus_sha256"] = (corpus_hash(load_corpus()[0]) if cfg.corpus == "stdlib" else
+                                   hashlib.sha256(np.asarray(windows, dtype=np.int64).tobytes()).hexdigest())
     record.update(config=config_dict(cfg), seed=cfg.seed,
                   validation={"prompts_sha256": sha256_file(cfg.prompts)} if cfg.prompts else
                   {"corpus_sha256": corpus_hash(load_corpus()[1])})
@@ -358,6 +361,24 @@ def train_prompt_tokens(cfg: PpdConfig, progress: bool = True) -> PromptTokens:
         path_accuracy=tuple(PathHit(path, round(p, 6)) for path, p in joint.items()), trees=trees)
     artifacts.save(bundle, result)
     return result
+
+
+def training_windows(cfg: PpdConfig, module, tokenizer_dir: Path, encode) -> list[list[int]]:
+    """The windows prompt tokens train on: cut from the stdlib's training files, or (corpus "own") the target's greedy
+    continuations of the last --window / 4 tokens of mixed training prompts (never the validation split's)."""
+    from specrt.checkpoints.corpus import corpus_windows
+
+    num = max(64, cfg.batch_size * 8)
+    if cfg.corpus == "stdlib":
+        return corpus_windows(encode, num, cfg.window, cfg.seed, "train")
+    from transformers import AutoTokenizer
+
+    from specrt.checkpoints.prompt_mix import mixed_prompts
+
+    text = cfg.window // 4
+    prompts = mixed_prompts(AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True), 2 * num, "train", cfg.seed)
+    firsts = [ids[-text:] for ids in (encode(p.text) for p in prompts) if len(ids) >= text][:num]
+    return greedy_windows(module, [f + [0] * (cfg.window - text) for f in firsts], text).tolist()
 
 
 def validation_windows(cfg: PpdConfig, encode) -> list[list[int]]:

@@ -493,6 +493,32 @@ def test_guess_accuracy_is_scored_against_the_targets_own_greedy_continuation():
     assert (logits[:, 11:-1].argmax(-1).numpy() == g[:, 12:]).all()
 
 
+def test_the_own_corpus_trains_on_the_targets_greedy_continuations_of_training_prompts(demo_bundle):
+    """corpus "own": each window is the last quarter-window of a mixed training prompt and the target's own greedy
+    tokens after it (what decoding reads), never a validation prompt."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.checkpoints.prompt_mix import mixed_prompts
+    from specrt.engines.ppd import PpdConfig, greedy_windows, training_windows
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.step import StepModule
+
+    module = StepModule(load_checkpoint(DEMO_DIR / "target", "float32", "cpu")).eval()
+    encode = (lambda text: Tokenizer.from_file(str(demo_bundle / "tokenizer" / "tokenizer.json")).encode(text).ids)
+    cfg = PpdConfig(bundle=demo_bundle, corpus="own", window=32, batch_size=2)
+    windows = np.array(training_windows(cfg, module, demo_bundle / "tokenizer", encode))
+    assert windows.shape == (64, 32)
+    assert (greedy_windows(module, windows.tolist(), 8) == windows).all()  # past 8 prompt tokens: the target's own
+    train = {tuple(encode(p.text)[-8:]) for p in mixed_prompts(AutoTokenizer.from_pretrained(DEMO_DIR / "tokenizer"),
+                                                               128, "train")}
+    assert {tuple(w[:8]) for w in windows.tolist()} <= train
+    stdlib = np.array(training_windows(PpdConfig(bundle=demo_bundle, window=32, batch_size=2), module,
+                                       demo_bundle / "tokenizer", encode))
+    assert stdlib.shape == (64, 32) and (greedy_windows(module, stdlib.tolist(), 8) != stdlib).any()
+
+
 def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
     """--prompts: the validation windows end in the user's prompts (no training: --prompts-from), the file's hash is
     recorded, and too few prompts long enough for the window are refused in one line."""
