@@ -130,7 +130,7 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool |
         return None, (f"PPD's prompt tokens are rows of the exported target graph, not of the {quant} variant: load "
                       "without quant"), None
     if backend == "trt":
-        return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or graphs", None
+        return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or static", None
     if backend == "ort":
         if tokens.graph is None:
             return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
@@ -175,7 +175,7 @@ def _check_quant(backend: str, quant: str | None) -> None:
                                   f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
                                   "graphs run on the ort backend")
     if backend == "ort" and quant in TORCH_QUANT_SCHEMES:
-        raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or graphs built with "
+        raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or static engines built with "
                                   f"--quant {quant}); the ort backend runs `specrt quantize`'s variants")
 
 

@@ -89,7 +89,7 @@ class Pipeline:
         those not hashed before as the same file (bundle/manifest.py: .verified.json), "full" every one, False none.
 
         threads: intra-op threads (default: every core this process may use); device: "cpu" or "cuda[:N]"
-        (torch backend: default CUDA where present; graphs and trt: default the device the engines were built for);
+        (torch backend: default CUDA where present; static and trt: default the device the engines were built for);
         quant: a quantized variant of the step graphs (`specrt quantize`, e.g. "int8-weights"; ort backend): the
         models it has a variant for run it, the others their exported graph; "plan": the variant plan.json picked
         (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported

@@ -127,7 +127,7 @@ def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
 
         if not entry.onnx:
             raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): load it with backend "
-                              "torch or graphs, or re-export it with the graphs")
+                              "torch or static, or re-export it with the graphs")
         if entry.dtype == "bfloat16":
             raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                               "bfloat16 kernels): load it with backend torch, static or trt, or export in float32")
