@@ -7,20 +7,51 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from specrt.config import to_flags
 
-VERBS = {"e2e": ("E2EConfig", "End to end"), "trees": ("TreesConfig", "Trees: measured vs predicted"),
-         "ngram": ("NgramConfig", "ANPD ablation"), "mtad": ("MtadConfig", "MJSD / MTAD"),
-         "soak": ("SoakConfig", "Memory soak"), "quant": ("QuantBenchConfig", "Quantized step graphs"),
-         "ppd": ("PpdBenchConfig", "PPD: parallel prompt decoding"),
-         "batch": ("BatchBenchConfig", "Batching: continuous against static, unpadded against padded, and predicted"),
-         "load": ("LoadBenchConfig", "Start-up: fresh process to first token"),
-         "serve": ("ServeBenchConfig", "Serving: a real Triton server against the same load in process"),
-         "fusions": ("FusionsConfig", "Load-time fusions: the step by the projections merged"),
-         "kernels": ("KernelsConfig", "Kernels: where a target step's time goes")}
+@dataclass(frozen=True)
+class Verb:
+    """A `specrt bench` verb: specrt.bench.<verb>'s config class and run function, its help line, and the title of its
+    results' section (None: it writes no bench results)."""
+
+    config: str
+    run: str
+    help: str
+    title: str | None = None
+
+
+VERBS = {
+    "e2e": Verb("E2EConfig", "run_e2e", "end-to-end tokens/s against HF and Optimum baselines", "End to end"),
+    "trees": Verb("TreesConfig", "run_trees", "measured vs predicted tokens/s per tree size (after tune)",
+                  "Trees: measured vs predicted"),
+    "ngram": Verb("NgramConfig", "run_ngram", "ANPD ablation over n-gram order N and draft length K", "ANPD ablation"),
+    "mtad": Verb("MtadConfig", "run_mtad", "MTAD/MJSD speed and perplexity vs sd, tau and beam ablations", "MJSD / MTAD"),
+    "soak": Verb("SoakConfig", "run_soak", "resident memory over many calls with random prompt lengths", "Memory soak"),
+    "quant": Verb("QuantBenchConfig", "run_quant", "quantized variants: bytes, tokens/s, tokens per call, perplexity and "
+                  "greedy agreement against the exported pair", "Quantized step graphs"),
+    "ppd": Verb("PpdBenchConfig", "run_ppd", "PPD against AR, sd, dynamic and anpd; its trees' ablations; accepted "
+                "length by distance (after `specrt ppd train`)", "PPD: parallel prompt decoding"),
+    "batch": Verb("BatchBenchConfig", "run_batch", "throughput, request latency and the cost model's predictions by "
+                  "batch size: continuous against static, unpadded against padded batches",
+                  "Batching: continuous against static, unpadded against padded, and predicted"),
+    "load": Verb("LoadBenchConfig", "run_load", "fresh process to first token: import, Pipeline.load and the first "
+                 "token, against other bundles (--vs)", "Start-up: fresh process to first token"),
+    "serve": Verb("ServeBenchConfig", "run_serve", "concurrent clients over a real Triton server (its generate endpoint, "
+                  "its OpenAI route) against the same load in process and served one request at a time: throughput, "
+                  "time to first token, inter-token latency", "Serving: a real Triton server against the same load in "
+                  "process"),
+    "fusions": Verb("FusionsConfig", "run_fusions", "the target's step by the ort backend's projection merges (q/k/v, "
+                    "gate/up, none), interleaved in one run", "Load-time fusions: the step by the projections merged"),
+    "kernels": Verb("KernelsConfig", "run_kernels", "where a target step's time goes, kernel by kernel "
+                    "(torch.profiler): host work, weight GEMMs against the bandwidth roofline, other kernels, gaps",
+                    "Kernels: where a target step's time goes"),
+    "docs": Verb("DocsConfig", "run_docs", "the full results page and the README's results table, generated from "
+                 "bench/results/*.json"),
+}
+RESULTS = {verb: v.title for verb, v in VERBS.items() if v.title}  # verb -> its results' section title
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -39,7 +70,7 @@ def bench_command(verb: str, data: dict) -> str:
     """A bench result's command: recorded by newer runs, rebuilt from its config for older ones."""
     if data.get("command"):
         return data["command"]
-    cls = getattr(importlib.import_module(f"specrt.bench.{verb}"), VERBS[verb][0])
+    cls = getattr(importlib.import_module(f"specrt.bench.{verb}"), VERBS[verb].config)
     return rebuild_command(f"specrt bench {verb}", cls, data.get("config", {}))
 
 
@@ -54,7 +85,7 @@ def bench_results(directory: Path) -> tuple[list[tuple[Path, str, dict]], list[P
         except (OSError, json.JSONDecodeError):
             others.append(path)
             continue
-        if verb in VERBS and isinstance(data, dict) and "rows" in data:
+        if verb in RESULTS and isinstance(data, dict) and "rows" in data:
             found.append((path, verb, data))
         else:
             others.append(path)
@@ -78,7 +109,7 @@ def bench_section(results: list[tuple[Path, str, dict]], page_dir: Path, level: 
     import os
 
     lines = []
-    for verb, (_, title) in VERBS.items():
+    for verb, title in RESULTS.items():
         runs = [(p, d) for p, v, d in results if v == verb]
         if not runs:
             continue
@@ -102,7 +133,7 @@ def results_table(results: list[tuple[Path, str, dict]], docs_page: str) -> list
     """The README's results table: a headline per committed bench result, its date and where its table is."""
     lines = ["| result | measured | date | command |", "|---|---|---|---|"]
     for path, verb, data in results:
-        anchor = re.sub(r"[^\w\- ]", "", VERBS[verb][1].lower()).replace(" ", "-")  # as GitHub makes heading anchors
+        anchor = re.sub(r"[^\w\- ]", "", RESULTS[verb].lower()).replace(" ", "-")  # as GitHub makes heading anchors
         lines.append(f"| [`{path.stem}`]({docs_page}#{anchor}) | {headline(verb, data)} | {data.get('date', '-')} | "
                      f"`{bench_command(verb, data)}` |")
     return lines

@@ -31,7 +31,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from specrt.cli.args import ArgumentParser, add_config, add_flag, config_from, name_flags
-from specrt.cli.bench_verbs import BENCH_VERBS, cmd_bench
+from specrt.bench.catalog import VERBS as BENCH_VERBS
+from specrt.cli.bench_verbs import cmd_bench
 from specrt.config import field_types, format_value, to_flags
 from specrt.errors import SpecrtError
 
@@ -420,9 +421,8 @@ def build_parser() -> ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True)
-    for verb, (module, cls, _, help_text) in BENCH_VERBS.items():
-        mod = importlib.import_module(f"specrt.bench.{module}")
-        add_config(bsub.add_parser(verb, help=help_text), getattr(mod, cls))
+    for verb, v in BENCH_VERBS.items():
+        add_config(bsub.add_parser(verb, help=v.help), getattr(importlib.import_module(f"specrt.bench.{verb}"), v.config))
     bench.set_defaults(func=cmd_bench)
     return parser
 
