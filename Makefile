@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(BIN)/specrt demo --bundle $(OUT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu and not trt"
+	$(BIN)/python -m pytest -q --durations=30 -m "not slow and not gpu and not trt"
 
 models: $(STAMP)
 	$(BIN)/specrt models train --out build/models
