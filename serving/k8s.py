@@ -49,8 +49,7 @@ class K8sConfig(TritonConfig):
 def serve_args(cfg: TritonConfig, threads: int) -> list[str]:
     """`specrt serve`'s flags for the decode loop and backend options of `cfg` (those not at their defaults)."""
     defaults = {f.name: f.default for f in fields(TritonConfig) if f.name in ("bundle", "out")}
-    plain = replace(TritonConfig(**{f.name: getattr(cfg, f.name) for f in fields(TritonConfig)}), **defaults,
-                    threads=threads)
+    plain = replace(TritonConfig.part_of(cfg), **defaults, threads=threads)
     return shlex.split(to_flags(plain))
 
 

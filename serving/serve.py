@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.config import option
@@ -44,15 +44,11 @@ class ServeConfig(TritonConfig):
                                               "tokenizer's own (for a tokenizer that has none)")
 
 
-def repository_config(cfg: ServeConfig) -> TritonConfig:
-    return TritonConfig(**{f.name: getattr(cfg, f.name) for f in fields(TritonConfig)})
-
-
 def start(cfg: ServeConfig, files: ServerFiles | None = None, log: Path | None = None) -> tuple[TritonServer, dict]:
     """Locate the server (unless given its files), write the repository, start the server on it and wait until it is
     ready; returns (the running server, the repository's info). The caller stops it."""
     files = files or locate(cfg.server_dir, cfg.tritonserver, cfg.install)
-    info = write_repository(repository_config(cfg))
+    info = write_repository(TritonConfig.part_of(cfg))
     have = set(files.backends)
     models = [m for m, backend in info["backends"].items() if backend in have]
     if DECODE_MODEL not in models:

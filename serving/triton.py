@@ -64,6 +64,11 @@ class TritonConfig(BundleOptions, BackendOptions):
     step_kind: str = option("cpu", "where Triton runs the ONNX step-graph models (onnxruntime_onnx)",
                             choices=("cpu", "gpu"))
 
+    @classmethod
+    def part_of(cls, cfg) -> "TritonConfig":
+        """The repository's options of a config that extends these (serve's, triton --k8s's)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
 
 # -- config.pbtxt (protobuf text format) --------------------------------------------------------------
 def _text(value, indent: int) -> str:

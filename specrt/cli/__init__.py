@@ -181,8 +181,7 @@ def cmd_triton(args) -> None:
     if cfg.k8s is not None:
         kinds = ", ".join(d["kind"] for d in write_manifests(cfg))
         print(f"wrote {cfg.k8s} ({kinds}): `kubectl apply -f {cfg.k8s}` with the image and the bundle's volume claim")
-    repository = TritonConfig(**{f.name: getattr(cfg, f.name) for f in fields(TritonConfig)})
-    print(f"serve it with `specrt serve {to_flags(repository)}`, or a Triton of your own: `tritonserver "
+    print(f"serve it with `specrt serve {to_flags(TritonConfig.part_of(cfg))}`, or a Triton of your own: `tritonserver "
           f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
 
 
