@@ -85,13 +85,12 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
         prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
     elif kv_update == "inplace":
         graphs = _in_place_graphs(bundle, backend, quant, verify)
-        prompt_tokens, refused, embeddings = None, ("PPD's prompt tokens are rows of the exported target graph, "
-                                                    "not of its in-graph variant: load with kv_update='runtime'"), None
+        prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify, graphs["target"])
     else:
         graphs = _quantized_graphs(bundle, backend, quant)
         prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
-    if prompt_tokens is not None and prompt_tokens.graph and backend == "ort":
-        graphs["target"] = prompt_tokens.graph  # the exported target plus the prompt tokens' embedding rows
+    if prompt_tokens is not None and backend == "ort":  # the target graph plus the prompt tokens' embedding rows
+        graphs["target"] = prompt_tokens.inplace_graph if kv_update == "inplace" else prompt_tokens.graph
     return ResolvedBundle(bundle, manifest, tokenizer, backend, resolve_threads(threads), resolve_device(backend, device),
                           quant, kv_update, packed_rows, engines, graphs, prompt_tokens, refused, embeddings)
 
@@ -116,9 +115,11 @@ def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, 
     return engines
 
 
-def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool | str):
+def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool | str, inplace: str | None = None):
     """(PromptTokens or None, why not, prompt embeddings for the torch backends or None). A bundle without
-    usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing."""
+    usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing. `inplace`: the
+    in-graph target graph loaded (kv_update "inplace"), whose twin with the prompt tokens must be there and made from
+    it."""
     if not (bundle / PromptTokens.FILE).is_file():
         return None, f"{bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {bundle}`", None
     try:
@@ -132,15 +133,24 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool |
     if backend == "trt":
         return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or static", None
     if backend == "ort":
+        graph, sha = (tokens.inplace_graph, tokens.inplace_graph_sha256) if inplace else (tokens.graph, tokens.graph_sha256)
         if tokens.graph is None:
             return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
-        if verify_files(bundle, {tokens.graph: tokens.graph_sha256}, verify) or not (bundle / tokens.graph).is_file():
-            return None, f"{bundle / tokens.graph} is missing or changed since `specrt ppd train` wrote it: {redo}", None
+        if inplace and (graph is None or tokens.inplace_source_sha256 != _sha_of(bundle, inplace)):
+            return None, (f"{bundle}'s in-graph step graphs are newer than its PPD prompt tokens (or were made after "
+                          f"them): {redo} to give them the prompt tokens too"), None
+        if verify_files(bundle, {graph: sha}, verify) or not (bundle / graph).is_file():
+            return None, f"{bundle / graph} is missing or changed since `specrt ppd train` wrote it: {redo}", None
         return tokens, None, None
     path = bundle / tokens.embeddings
     if verify_files(bundle, {tokens.embeddings: tokens.embeddings_sha256}, verify or True):
         return None, f"{path} is missing or changed since `specrt ppd train` wrote it: {redo}", None
     return tokens, None, np.load(path)
+
+
+def _sha_of(bundle: Path, graph: str) -> str | None:
+    """The recorded sha256 of the in-graph target graph `graph` (inplace.json)."""
+    return next((g.sha256 for g in artifacts.load(bundle, InPlaceGraphs).graphs.values() if g.file == graph), None)
 
 
 def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool | str) -> dict[str, str]:

@@ -60,6 +60,11 @@ class PromptTokens(Artifact):
     initial_accuracy: tuple[tuple[float, ...], ...]  # [k][K] the same with the untrained (initial) prompt tokens
     path_accuracy: tuple[PathHit, ...]  # every candidate path whose guesses were all right together at least once
     trees: tuple[PpdTree, ...]  # one per budget, ascending
+    # the in-graph variant (`specrt inplace`) with the prompt tokens, where the bundle had one when they were trained;
+    # made from the in-graph target graph of that sha256 (a later `specrt inplace` leaves it behind)
+    inplace_graph: str | None = None
+    inplace_graph_sha256: str | None = None
+    inplace_source_sha256: str | None = None
 
     def identity(self) -> str:
         """What a measurement of these prompt tokens' trees rests on: the embeddings and the trees (sha256)."""

@@ -519,6 +519,32 @@ def test_the_own_corpus_trains_on_the_targets_greedy_continuations_of_training_p
     assert stdlib.shape == (64, 32) and (greedy_windows(module, stdlib.tolist(), 8) != stdlib).any()
 
 
+def test_ppd_runs_on_the_in_graph_kv_update_too_and_says_when_it_is_newer(inplace_bundle, ppd_bundle, humaneval,
+                                                                           tmp_path):
+    """Prompt tokens trained on a bundle with `specrt inplace`'s graphs get an in-graph twin of the target graph:
+    ppd then runs with kv_update="inplace", token-identical to AR; in-graph graphs made after them are refused, saying
+    what to re-run."""
+    from specrt.export.inplace import InPlaceConfig, in_place
+    from specrt.runtime.pipeline import Pipeline
+
+    b = tmp_path / "b"
+    shutil.copytree(inplace_bundle, b)
+    t = train_prompt_tokens(PpdConfig(bundle=b, prompts_from=ppd_bundle, val_windows=4, budgets=(4, 8)),
+                            progress=False)
+    assert t.inplace_graph == "inplace/target-ppd.onnx" and (b / t.inplace_graph).is_file()
+    pipe = Pipeline.load(b, kv_update="inplace", threads=2)
+    ar = pipe.generate(humaneval[:3], method="autoregressive", max_new_tokens=32)
+    for batch_size in (1, 3):
+        got = pipe.generate(humaneval[:3], method="ppd", max_new_tokens=32, batch_size=batch_size)
+        assert [o.token_ids for o in got] == [o.token_ids for o in ar], batch_size
+    assert sum(o.stats.rounds for o in got) < 3 * 32  # guesses were accepted
+    late = tmp_path / "late"  # prompt tokens trained first, then `specrt inplace`: they have no in-graph twin
+    shutil.copytree(ppd_bundle, late)
+    in_place(InPlaceConfig(bundle=late), progress=False)
+    with pytest.raises(BundleError, match="newer than its PPD prompt tokens"):
+        Pipeline.load(late, kv_update="inplace", threads=2).generate(humaneval[0], method="ppd", max_new_tokens=4)
+
+
 def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
     """--prompts: the validation windows end in the user's prompts (no training: --prompts-from), the file's hash is
     recorded, and too few prompts long enough for the window are refused in one line."""
