@@ -92,6 +92,21 @@ def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
     onnx.checker.check_model(str(dest))
 
 
+def _array(tensor, base_dir: Path):
+    """An initializer's values, its external data read from `base_dir` directly: onnx's own reader refuses a data
+    file with several hard links (bundles copied with `cp -al`, deduplicated stores), which is no attack here."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    info = {e.key: e.value for e in tensor.external_data}
+    with open(Path(base_dir) / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        raw = f.read(int(info["length"]))
+    return np.frombuffer(raw, dtype=helper.tensor_dtype_to_np_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+
+
 def add_prompt_embeddings(src: Path, dest: Path, prompt_embeddings) -> None:
     """`dest`: the step graph `src` with extra rows appended to its input embedding table (PPD's prompt tokens,
     ids V .. V + P - 1); the head and every other weight unchanged. `dest` must sit in `src`'s directory: the
@@ -112,7 +127,7 @@ def add_prompt_embeddings(src: Path, dest: Path, prompt_embeddings) -> None:
     if len(gathers) != 1:
         raise SpecrtError(f"{src}: expected one Gather of the embedding table by {contract.INPUT_IDS!r}, found {len(gathers)}")
     table = inits[gathers[0].input[0]]
-    weights = numpy_helper.to_array(table, base_dir=str(src.parent))  # external data read, not moved
+    weights = _array(table, src.parent)  # external data read, not moved
     extra = np.asarray(prompt_embeddings, dtype=weights.dtype)
     if extra.ndim != 2 or extra.shape[1] != weights.shape[1]:
         raise SpecrtError(f"prompt embeddings of shape {extra.shape} do not fit the embedding table {weights.shape}")
@@ -121,5 +136,5 @@ def add_prompt_embeddings(src: Path, dest: Path, prompt_embeddings) -> None:
     gathers[0].input[0] = name  # the original table stays for whatever else reads it (a tied head)
     if not any(table.name in n.input for n in g.node):
         g.initializer.remove(next(t for t in g.initializer if t.name == table.name))
+    onnx.checker.check_model(model)  # the graph; its external data is the source's, not rewritten
     onnx.save_model(model, str(dest))
-    onnx.checker.check_model(str(dest))

@@ -574,3 +574,30 @@ def test_accuracy_is_measured_on_your_own_prompts(ppd_bundle, tmp_path):
     windows = validation_windows(replace(cfg, new_tokens=40), lambda text: encode(text).ids)
     long_enough = [ids for ids in (encode(p).ids for p in humaneval_prompts(20)[10:]) if len(ids) >= 32]
     assert [w[:32] for w in windows] == [ids[-32:] for ids in long_enough[:6]] and {len(w) for w in windows} == {72}
+
+
+def test_prompt_rows_join_a_table_whose_data_file_has_several_hard_links(tmp_path):
+    """onnx's own external-data reader refuses a data file with several hard links (a bundle copied with `cp -al`);
+    the graph pass reads the table itself, and the new graph shares the data file."""
+    import os
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specrt.graphs.passes import add_prompt_embeddings
+
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "input_ids"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [None])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 4])],
+                              [numpy_helper.from_array(table, "table")])
+    src = tmp_path / "target.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src),
+                    save_as_external_data=True, location="target.onnx.data", size_threshold=0)
+    os.link(tmp_path / "target.onnx.data", tmp_path / "linked.data")
+    extra = np.full((2, 4), -1.0, dtype=np.float32)
+    add_prompt_embeddings(src, tmp_path / "target-ppd.onnx", extra)
+    session = ort.InferenceSession(str(tmp_path / "target-ppd.onnx"), providers=["CPUExecutionProvider"])
+    out = session.run(["logits"], {"input_ids": np.array([3, 10, 11])})[0]
+    assert (out == np.concatenate([table[3:4], extra])).all()
