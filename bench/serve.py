@@ -32,7 +32,7 @@ import numpy as np
 from specrt.bench.report import BenchConfig, header, write_report
 from specrt.bundle.machine import resolve_threads
 from specrt.config import option
-from specrt.errors import InvalidRequestError
+from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.methods import METHODS
@@ -186,15 +186,49 @@ def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str, insta
     return server
 
 
-def _start_openai(cfg: ServeBenchConfig, server):
-    """`specrt serve`'s OpenAI-compatible route in front of `server`, in this process."""
+def _serve_openai(served, port: int, ready, stop) -> None:
+    from specrt.serving.openai_server import OpenAIServer
+
+    api = OpenAIServer(served, "127.0.0.1", port).start()
+    ready.set()
+    stop.wait()
+    api.stop()
+
+
+class _OpenAIProcess:
+    """`specrt serve`'s OpenAI-compatible route in front of a server, in a process of its own (as `specrt serve` runs
+    it: apart from its clients, which here are this process's threads)."""
+
+    def __init__(self, served, port: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.ready, self.stopping = ctx.Event(), ctx.Event()
+        self.process = ctx.Process(target=_serve_openai, args=(served, port, self.ready, self.stopping), daemon=True)
+        self.url, self.model = f"http://127.0.0.1:{port}/v1", served.name
+
+    def start(self) -> "_OpenAIProcess":
+        self.process.start()
+        if not self.ready.wait(120):
+            self.stop()
+            raise SpecrtError(f"the OpenAI-compatible route did not start on {self.url}")
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def _start_openai(cfg: ServeBenchConfig, server) -> _OpenAIProcess:
     from specrt.bundle.manifest import load_manifest
-    from specrt.serving.openai_server import OpenAIServer, Served
+    from specrt.serving.openai_server import Served
     from specrt.serving.tritonserver import free_ports
 
     tokenizer = Path(cfg.bundle) / load_manifest(cfg.bundle, False).tokenizer
     served = Served(Path(cfg.bundle).resolve().name, server.grpc_url, cfg.method, tokenizer)
-    return OpenAIServer(served, "127.0.0.1", free_ports(1)[0]).start()
+    return _OpenAIProcess(served, free_ports(1)[0]).start()
 
 
 def run_serve(cfg: ServeBenchConfig) -> dict:
