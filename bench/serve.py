@@ -346,6 +346,7 @@ def headline(data: dict) -> str:
             f"in-process")
     if "vs_one_at_a_time" in served:
         text += f", {served['vs_one_at_a_time']:.2f}x served one request at a time"
+    text += f", TTFT p50 {served['ttft_ms_p50']} ms"
     api = next((r for r in data["rows"] if r["way"] == "served-openai" and r["clients"] == most), None)
     if api is not None:
         text += f"; the OpenAI route {api['tokens_per_s']:.1f} tok/s, {api['vs_generate']:.2f}x the generate endpoint"
@@ -353,5 +354,4 @@ def headline(data: dict) -> str:
     if more is not None:
         text += f"; {data['config']['instances']} instances {more['vs_generate']:.2f}x one"
     bad = sum(r["failed"] + r["wrong"] for r in data["rows"])
-    return text + f", TTFT p50 {served['ttft_ms_p50']} ms; " + ("every answer right" if not bad else
-                                                                f"{bad} FAILED OR WRONG ANSWERS")
+    return text + "; " + ("every answer right" if not bad else f"{bad} FAILED OR WRONG ANSWERS")
