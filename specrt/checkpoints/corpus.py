@@ -8,6 +8,7 @@ relative to the stdlib root, so the split is the same on every machine with the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sysconfig
@@ -35,8 +36,15 @@ def is_validation(rel_path: str) -> bool:
 
 
 def load_corpus(root: Path | None = None) -> tuple[list[CorpusFile], list[CorpusFile]]:
-    """(train, validation) files, sorted by path; undecodable files are skipped."""
-    root = root or stdlib_root()
+    """(train, validation) files, sorted by path; undecodable files are skipped. Read once per root and process (the
+    standard library does not change under a running interpreter); each call gets its own lists."""
+    train, val = _read_corpus(str(root or stdlib_root()))
+    return list(train), list(val)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_corpus(root_dir: str) -> tuple[tuple[CorpusFile, ...], tuple[CorpusFile, ...]]:
+    root = Path(root_dir)
     train: list[CorpusFile] = []
     val: list[CorpusFile] = []
     for path in sorted(root.rglob("*.py")):
@@ -50,7 +58,7 @@ def load_corpus(root: Path | None = None) -> tuple[list[CorpusFile], list[Corpus
         (val if is_validation(rel) else train).append(CorpusFile(rel, text))
     if not train or not val:
         raise RuntimeError(f"no Python sources found under {root}")
-    return train, val
+    return tuple(train), tuple(val)
 
 
 def corpus_hash(files: list[CorpusFile]) -> str:

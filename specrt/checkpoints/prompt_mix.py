@@ -15,6 +15,7 @@ is a benchmark prompt (HumanEval's, or the chat prompts the bench poses).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -61,6 +62,12 @@ def _docstring_items(source: str):
             yield ("def" if isinstance(node, ast.FunctionDef) else "class"), node.name, head, paragraph
 
 
+@functools.lru_cache(maxsize=None)
+def _file_items(text: str) -> tuple:
+    """_docstring_items of one file's text, parsed once per process (the corpus is read for every mix drawn)."""
+    return tuple(_docstring_items(text))
+
+
 def _chat(tokenizer, message: str) -> str:
     """One user turn through the (transformers) tokenizer's chat template, rendered by specrt.chat."""
     from specrt.chat import ChatTemplate
@@ -75,7 +82,7 @@ def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, li
     for f in files:
         if f.rel_path.startswith(("test/", "idlelib/idle_test/")) or "/tests/" in f.rel_path:
             continue
-        for what, name, head, paragraph in _docstring_items(f.text):
+        for what, name, head, paragraph in _file_items(f.text):
             sentence = paragraph.split(". ")[0].rstrip(".")
             if what == "def" and 20 < len(head) < 1200 and not name.startswith("_"):
                 pools["code"].append(head + "\n")

@@ -506,7 +506,8 @@ def test_the_own_corpus_trains_on_the_targets_greedy_continuations_of_training_p
     from specrt.model.step import StepModule
 
     module = StepModule(load_checkpoint(DEMO_DIR / "target", "float32", "cpu")).eval()
-    encode = (lambda text: Tokenizer.from_file(str(demo_bundle / "tokenizer" / "tokenizer.json")).encode(text).ids)
+    tokenizer = Tokenizer.from_file(str(demo_bundle / "tokenizer" / "tokenizer.json"))
+    encode = (lambda text: tokenizer.encode(text).ids)
     cfg = PpdConfig(bundle=demo_bundle, corpus="own", window=32, batch_size=2)
     windows = np.array(training_windows(cfg, module, demo_bundle / "tokenizer", encode))
     assert windows.shape == (64, 32)

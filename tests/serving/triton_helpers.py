@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_server(files, repo, tmp):
     from specrt.serving.tritonserver import TritonServer, free_ports
 
-    server = TritonServer(files, repo, ["specrt"], "127.0.0.1", *free_ports(3), log=tmp / "server.log").start()
+    # a test server exits within seconds: no client of a finished test needs Triton's default 30 s of grace
+    server = TritonServer(files, repo, ["specrt"], "127.0.0.1", *free_ports(3), log=tmp / "server.log",
+                          exit_timeout=5).start()
     try:
         server.wait_ready(300)
     except BaseException:
