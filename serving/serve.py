@@ -134,12 +134,15 @@ def serve(cfg: ServeConfig) -> None:
     files = locate(cfg.server_dir, cfg.tritonserver, cfg.install)
     print(f"starting tritonserver {files.version} on {cfg.host} for {cfg.bundle} ({cfg.backend} backend, method "
           f"{cfg.method} by default, batches of up to {cfg.max_batch}) ...", file=sys.stderr, flush=True)
-    stopping = threading.Event()
+    stopping, ready = threading.Event(), threading.Event()
 
     def _stop(signum, frame):
         stopping.set()
+        if not ready.is_set():  # still starting: stop starting (start() stops what it began)
+            raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # both handled here, whatever this process inherited (a parent that ignores SIGINT passes that on to its children)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     server = openai = revive = None
     try:
         server, info = start(cfg, files)
@@ -159,6 +162,7 @@ def serve(cfg: ServeConfig) -> None:
         print(f"  log      {server.log}")
         print(f"try: curl -s -X POST http://{host}:{cfg.http_port}/v2/models/{DECODE_MODEL}/generate -d '{body}'")
         print("Ctrl-C stops it.", flush=True)
+        ready.set()
         while not stopping.is_set() and server.process.poll() is None:
             stopping.wait(0.5)
         if not stopping.is_set():
@@ -167,7 +171,8 @@ def serve(cfg: ServeConfig) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if revive is not None:
             revive.stop()
         if openai is not None:
