@@ -211,6 +211,7 @@ def test_a_killed_stub_is_reloaded_and_readiness_says_so_meanwhile(client, api, 
     is reloaded)."""
     import os
     import signal
+    import threading
     import time
 
     from specrt.serving.serve import Revive
@@ -224,15 +225,21 @@ def test_a_killed_stub_is_reloaded_and_readiness_says_so_meanwhile(client, api, 
         assert next(stream).choices[0].text
         (stub,) = triton.stubs("specrt")
         os.kill(stub, signal.SIGKILL)
-        killed, seen_unready = time.monotonic(), None
+        killed, unready = time.monotonic(), []
+
+        def watch():  # from the kill on: the first moment readiness says false
+            while not unready and time.monotonic() < killed + 30:
+                if not triton.ready():
+                    unready.append(time.monotonic() - killed)
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         with pytest.raises(openai.APIError, match="process died"):
             for _ in stream:
                 pass
-        while time.monotonic() < killed + 5 and seen_unready is None:
-            if not triton.ready():
-                seen_unready = time.monotonic() - killed
-            time.sleep(0.02)
-        assert seen_unready is not None, "readiness stayed true over a dead stub"
+        watcher.join()
+        assert unready and unready[0] < 5, f"readiness stayed true over a dead stub: {unready}"
         while not triton.ready():
             assert time.monotonic() < killed + 60, "not reloaded within 60 s"
             time.sleep(0.2)
