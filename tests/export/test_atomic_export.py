@@ -31,8 +31,9 @@ def _wait_for_temporary(parent, proc, timeout=120):
 
 def _files(bundle) -> dict:
     """The bundle's files and bytes, but for .verified.json: the cache of hashes already checked, which any verifying
-    reader rewrites (a copied bundle's entries name the original's inodes, so the re-export's check of it renews them)."""
-    return {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*") if p.is_file() and p.name != ".verified.json"}
+    reader rewrites (a copied bundle's entries name the original's inodes: the re-export's check of it renews them)."""
+    return {p.relative_to(bundle): p.read_bytes() for p in bundle.rglob("*")
+            if p.is_file() and p.name != ".verified.json"}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
