@@ -367,7 +367,7 @@ class Session:
         self.log(f"gpu-test: {status}: {tail[0]}")
 
     def pack(self) -> None:
-        """Copy what this session has (results, logs, stamps, the record, the bundle's small artifacts) to --pack."""
+        """Copy what this session has (results, logs, stamps, the record, each bundle's small artifacts) to --pack."""
         (self.out / "session.json").write_text(json.dumps(self.record, indent=1) + "\n")
         if self.cfg.pack is None:
             return
@@ -375,9 +375,10 @@ class Session:
         files = [self.out / "session.json", self.out / "session.log"]
         for d in ("results", "logs", "done"):
             files += sorted(p for p in (self.out / d).rglob("*") if p.is_file())
-        for name in SMALL_ARTIFACTS:
-            p = self.out / "bundle" / name
-            files += sorted(q for q in p.rglob("*.json") if q.is_file()) if p.is_dir() else [p] if p.is_file() else []
+        for bundle in sorted(b for b in self.out.glob("bundle*") if b.is_dir() and not b.name.endswith(".tmp")):
+            for name in SMALL_ARTIFACTS:
+                p = bundle / name
+                files += sorted(q for q in p.rglob("*.json") if q.is_file()) if p.is_dir() else [p] if p.is_file() else []
         files = [f for f in files if f.stat().st_size <= PACK_LIMIT]
         if dest.name.endswith((".tar.gz", ".tgz")):
             dest.parent.mkdir(parents=True, exist_ok=True)

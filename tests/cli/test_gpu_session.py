@@ -58,19 +58,19 @@ def test_a_failed_stage_is_logged_and_the_next_runs(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "pack" / "session.json").read_text())["stages"][2]["status"] == "ok"
 
 
-def test_the_bundles_small_artifacts_are_packed_and_its_graphs_are_not(tmp_path, monkeypatch):
+def test_each_bundles_small_artifacts_are_packed_and_its_graphs_are_not(tmp_path, monkeypatch):
     session = _session(tmp_path, [], monkeypatch)
-    bundle = tmp_path / "s" / "bundle"
-    for name in ("plan.json", "plans/exported.json", "plans/int8-weights.json", "quant/int8-weights/acceptance.json",
-                 "target.onnx", "quant/int8-weights/target.onnx"):
-        (bundle / name).parent.mkdir(parents=True, exist_ok=True)
-        (bundle / name).write_text("{}")
+    for bundle in ("bundle", "bundle-real", "bundle-real.tmp"):
+        for name in ("plan.json", "plans/exported.json", "plans/int8-weights.json",
+                     "quant/int8-weights/acceptance.json", "target.onnx", "quant/int8-weights/target.onnx"):
+            (tmp_path / "s" / bundle / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "s" / bundle / name).write_text("{}")
     session.log("packing")
     session.pack()
-    packed = sorted(str(p.relative_to(tmp_path / "pack" / "bundle")) for p in (tmp_path / "pack" / "bundle").rglob("*")
+    packed = sorted(str(p.relative_to(tmp_path / "pack")) for p in (tmp_path / "pack").glob("bundle*/**/*")
                     if p.is_file())
-    assert packed == ["plan.json", "plans/exported.json", "plans/int8-weights.json",
-                      "quant/int8-weights/acceptance.json"]
+    assert packed == sorted(f"{b}/{n}" for b in ("bundle", "bundle-real") for n in (
+        "plan.json", "plans/exported.json", "plans/int8-weights.json", "quant/int8-weights/acceptance.json"))
 
 
 def test_the_budget_is_kept(tmp_path, monkeypatch):
