@@ -74,13 +74,15 @@ class TritonStream:
 
         call = self.client.stream_infer(requests())
         self.calls[id(call)] = call
+        finished = False
         try:
             async for result, error in call:
                 if error is not None:
                     raise ServedError(error.message())
                 out = outputs(result)
+                finished = bool(out["FINISH_REASON"])
                 yield out
-                if out["FINISH_REASON"]:
+                if finished:
                     return
         except asyncio.CancelledError:
             if id(call) in self.lost:
@@ -94,8 +96,9 @@ class TritonStream:
         finally:
             self.calls.pop(id(call), None)
             self.lost.discard(id(call))
-            done.set()
-            call.cancel()
+            done.set()  # the request stream ends: an answered call closes by itself
+            if not finished:  # left early: the request is cancelled in Triton (cancelling costs grpc a traceback)
+                call.cancel()
 
     async def ready(self) -> bool:
         try:

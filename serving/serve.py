@@ -96,7 +96,8 @@ class Revive:
     def __init__(self, server: TritonServer, model: str = DECODE_MODEL, interval: float = 0.5, log=sys.stderr):
         self.server, self.model, self.interval, self.log = server, model, interval, log
         self.on_death: list = []  # called (from this thread) when a stub is found dead, before the reload
-        self.expected = len(server.stubs(model))
+        self.known = server.stubs(model)  # the stubs' process ids, looked at alone while they all live
+        self.expected = len(self.known)
         self.revived = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="specrt-revive", daemon=True)
@@ -107,10 +108,12 @@ class Revive:
 
     def _run(self) -> None:
         while not self.stopping.wait(self.interval):
-            alive = len(self.server.stubs(self.model))
-            if alive >= self.expected or self.server.process.poll() is not None:
+            if len(self.server.stubs(self.model, among=self.known)) >= self.expected:
                 continue
-            print(f"{self.expected - alive} of the {self.model} model's {self.expected} stub process(es) died: "
+            self.known = self.server.stubs(self.model)  # every process looked at: one may have been started anew
+            if len(self.known) >= self.expected or self.server.process.poll() is not None:
+                continue
+            print(f"{self.expected - len(self.known)} of the {self.model} model's {self.expected} stub process(es) died: "
                   "reloading it ...", file=self.log, flush=True)
             for callback in self.on_death:
                 callback()
@@ -121,7 +124,8 @@ class Revive:
                 print(f"the reload failed: {e}", file=self.log, flush=True)
                 continue  # tried again at the next look
             self.revived += 1
-            self.expected = max(self.expected, len(self.server.stubs(self.model)))
+            self.known = self.server.stubs(self.model)
+            self.expected = max(self.expected, len(self.known))
             print(f"{self.model} reloaded in {time.monotonic() - t0:.1f} s", file=self.log, flush=True)
 
     def stop(self) -> None:

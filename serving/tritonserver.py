@@ -239,12 +239,13 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def stubs(self, model: str) -> list[int]:
-        """Process ids of the Python-backend stubs this server runs for `model` (one per instance)."""
+    def stubs(self, model: str, among=None) -> list[int]:
+        """Process ids of the Python-backend stubs this server runs for `model` (one per instance); `among`: only
+        these process ids are looked at (a cheap check that known stubs still live), else every process."""
         if self.process is None:
             return []
         found = []
-        for proc in Path("/proc").iterdir():
+        for proc in (Path("/proc") / str(pid) for pid in among) if among is not None else Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
             try:
