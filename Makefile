@@ -54,6 +54,8 @@ real-bundle: $(STAMP)
 	test -f $(REAL_OUT)/manifest.json || $(BIN)/specrt export --target build/real/$(REAL) --draft build/drafts/$(REAL) \
 		--out $(REAL_OUT)
 	test -f $(REAL_OUT)/inplace.json || $(BIN)/specrt inplace --bundle $(REAL_OUT)
+	test -f $(REAL_OUT)/ngram-prior.json || $(BIN)/specrt ngram prior --bundle $(REAL_OUT) --target build/real/$(REAL) \
+		--threads $(THREADS)
 	test -f $(REAL_OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(REAL_OUT) --threads $(THREADS) \
 		--prompts build/drafts/$(REAL)/validation-prompts.jsonl
 	test -f $(REAL_OUT)/latency.json || $(BIN)/specrt profile --bundle $(REAL_OUT) --kv-update inplace \

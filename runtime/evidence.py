@@ -2,19 +2,25 @@
 
 The plan (`specrt tune`), the latency profile (`specrt profile`) and the acceptance (`specrt calibrate`), each
 refused where it was made for another export, machine or variant of the step graphs (bundle/artifacts), and what
-the methods derive from them: the calibrated draft temperature, ANPD's hardware-aware round costs, PPD's tree.
+the methods derive from them: the calibrated draft temperature, ANPD's hardware-aware round costs, PPD's tree; and
+the n-gram drafters' prior (`specrt ngram prior`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, LatencyProfile, Plan, VariantPlan, variant_words
+from specrt.bundle.artifacts import Acceptance, LatencyProfile, NgramPrior, Plan, VariantPlan, variant_words
 from specrt.bundle.machine import Machine
+from specrt.bundle.manifest import verify_files
 from specrt.errors import BundleError
 from specrt.runtime.cost import choose_ppd_tree, ngram_round_costs
+from specrt.runtime.drafters.ngram import NgramTable
 
 
 @dataclass(frozen=True)
@@ -81,3 +87,22 @@ class Evidence:
         except BundleError:
             measured = {}
         return choose_ppd_tree(prompt_tokens, latency, batch_size, measured)
+
+    def ngram_table(self, max_n: int) -> NgramTable | None:
+        """The n-gram drafters' prior of order max_n (ngram-prior.json), None where the bundle has none; refused
+        where it was made for another export or its sequences changed since."""
+        if not (self.bundle / NgramPrior.FILE).is_file():
+            return None
+        prior = artifacts.load(self.bundle, NgramPrior)
+        if verify_files(self.bundle, {prior.data: prior.data_sha256}):
+            raise BundleError(f"{self.bundle / prior.data} is missing or changed since `specrt ngram prior` wrote it: "
+                              f"re-run `{NgramPrior.command(self.bundle)}`")
+        return prior_table(str(self.bundle / prior.data), prior.data_sha256, max_n)
+
+
+@functools.lru_cache(maxsize=4)
+def prior_table(path: str, sha256: str, max_n: int) -> NgramTable:
+    """One NgramTable per prior file and order in a process (sha256: a remade file is read again)."""
+    with np.load(path) as z:
+        ids, offsets = z["ids"], z["offsets"]
+    return NgramTable(max_n, [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])])

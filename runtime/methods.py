@@ -148,10 +148,21 @@ class NgramOptions(Method):
     ngram_hardware_aware: bool = option(False, "per round, verify the best-first n-gram drafts that pay off under the "
                                                "bundle's latency profile (latency.json), on top of any other drafter's "
                                                "nodes")
+    ngram_prior: bool = option(True, "fall back on the bundle's n-gram prior (`specrt ngram prior`: the target's own "
+                                     "text) where the text itself has not shown a context yet; no effect without one")
+    # a drafted row costs ~6% of a one-token step on a 2-core CPU: drafts of the prior alone that are less likely
+    # cost more rows than they return (bench/results e2e-smollm2-135m-*-prior)
+    ngram_prior_min_prob: float = option(0.2, "no draft from the prior alone whose estimated path probability is "
+                                              "lower", ge=0, le=1)
 
     def _ngram_costs(self, ctx: "MethodContext", num_tokens: int, batch_size: int) -> list[float] | None:
         """The hardware-aware n-gram drafter's round costs up to num_tokens drafted tokens in all, else None."""
         return ctx.evidence.ngram_round_costs(num_tokens, batch_size) if self.ngram_hardware_aware else None
+
+    def _ngram_drafter(self, ctx: "MethodContext", num_tokens: int, min_prob: float, costs) -> NgramDrafter:
+        prior = ctx.evidence.ngram_table(self.ngram_n) if self.ngram_prior else None
+        return NgramDrafter(self.ngram_n, num_tokens, self.ngram_branches, min_prob, costs, prior,
+                            self.ngram_prior_min_prob)
 
 
 @dataclass(frozen=True)
@@ -185,7 +196,7 @@ class MergeOptions(NgramOptions):
         if not self.ngram_tokens:
             return built
         costs = self._ngram_costs(ctx, built.slack + self.ngram_tokens, batch_size)  # the other drafter's nodes first
-        ngram = NgramDrafter(self.ngram_n, self.ngram_tokens, self.ngram_branches, self.ngram_min_prob, costs)
+        ngram = self._ngram_drafter(ctx, self.ngram_tokens, self.ngram_min_prob, costs)
         # the merged tree holds up to every node of both; the draft cache needs no more than before
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
 
@@ -295,8 +306,7 @@ class Anpd(NgramOptions):
 
     def build(self, ctx, params, batch_size):
         k = self.num_draft_tokens
-        drafter = NgramDrafter(self.ngram_n, k, self.ngram_branches, self.ngram_min_prob,
-                               self._ngram_costs(ctx, k, batch_size))
+        drafter = self._ngram_drafter(ctx, k, self.ngram_min_prob, self._ngram_costs(ctx, k, batch_size))
         return Built(drafter, make_verifier(params), self.round_tokens())
 
 

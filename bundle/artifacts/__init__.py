@@ -9,6 +9,7 @@
     quant.json       QuantSet        `specrt quantize`   8-bit variants of the step graphs (ONNX Runtime)
     ppd.json         PromptTokens    `specrt ppd train`  PPD's trained prompt tokens, their graph and sparse trees
     inplace.json     InPlaceGraphs   `specrt inplace`    step graphs that write their K/V into the cache in place
+    ngram-prior.json NgramPrior      `specrt ngram prior` the target's own text, the n-gram drafters' prior
 
 Each is a frozen dataclass with a format version and a Stamp: the sha256 of the bundle's manifest it was
 made from, the machine (backend, threads, device) it was measured on where that matters, and the sha256
@@ -29,6 +30,7 @@ from specrt.bundle.artifacts.base import (EXPORTED, Artifact, Stamp, load, read,
 from specrt.bundle.artifacts.engines import HARDWARE_COMPATIBILITY, EngineSet, TrtEngineSet, environment
 from specrt.bundle.artifacts.inplace import InPlaceGraph, InPlaceGraphs
 from specrt.bundle.artifacts.latency import HOST_FALLBACK, HOST_KINDS, LatencyProfile, nondecreasing
+from specrt.bundle.artifacts.ngram import NgramPrior
 from specrt.bundle.artifacts.plan import CurvePoint, Plan, PlanChoice, VariantPlan
 from specrt.bundle.artifacts.ppd import PathHit, PpdTree, PromptTokens
 from specrt.bundle.artifacts.quant import QuantSet, QuantVariant
@@ -36,12 +38,13 @@ from specrt.bundle.machine import Machine
 from specrt.errors import SpecrtError
 
 __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
-           "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
+           "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree", "NgramPrior",
            "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
            "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save",
            "status", "variant_quant", "variant_words"]
 
-ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs)
+ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs,
+             NgramPrior)
 ENGINE_SETS = {"static": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by
 
 

@@ -26,6 +26,12 @@ continuation is estimated at that hit rate, the others at the rest of the mass i
 counts (+ 1 for a continuation not seen yet). The hit rate depends strongly on the context length (far
 lower after one token than after four, on the demo pair's HumanEval decoding), whatever the counts say,
 so counts alone (count / total) mis-rank drafts.
+
+A prior (NgramTable, beyond the paper): the most frequent continuation of each context in a corpus of the target's
+own text (the bundle's ngram-prior.json, `specrt ngram prior`), shared read-only by every sequence. A query takes the
+longest context that either the sequence's own memory or the prior knows, the sequence's own at equal length: what the
+text itself repeats first, what the target habitually writes where the text has not (yet) said it. A corpus n-gram
+datastore is REST's idea (He et al., 2023), here the target's own continuations rather than a human corpus.
 """
 
 from __future__ import annotations
@@ -38,11 +44,46 @@ from specrt.runtime.drafters.base import Drafter
 from specrt.runtime.tree import DraftTree
 
 
-class NgramMemory:
-    def __init__(self, max_n: int):
+class NgramTable:
+    """A read-only n-gram prior: per context length c = 1 .. N - 1, context -> its most frequent next token in the
+    sequences it was made from (ties to the smaller id), and per length the leave-one-out rate at which that token was
+    the next one (an occurrence predicted from the other occurrences of its context)."""
+
+    def __init__(self, max_n: int, sequences):
         if max_n < 2:
             raise ValueError(f"n-gram order must be >= 2, got {max_n}")
         self.max_n = max_n
+        self.tables: list[dict[tuple[int, ...], int]] = []
+        self.hits: list[float] = []
+        for c in range(1, max_n):
+            rows = [np.lib.stride_tricks.sliding_window_view(np.asarray(s, dtype=np.int64), c + 1)
+                    for s in sequences if len(s) > c]
+            grams = np.concatenate(rows) if rows else np.zeros((0, c + 1), dtype=np.int64)
+            pairs, counts = np.unique(grams, axis=0, return_counts=True)  # sorted by context, then next token
+            _, start, per_context = np.unique(pairs[:, :c], axis=0, return_index=True, return_counts=True)
+            if not len(start):
+                self.tables.append({})
+                self.hits.append(0.0)
+                continue
+            of = np.repeat(np.arange(len(start)), per_context)  # each pair's context
+            top = counts == np.maximum.reduceat(counts, start)[of]
+            best_at = np.flatnonzero(top)[np.unique(of[top], return_index=True)[1]]  # the first (smallest id) top
+            totals = np.add.reduceat(counts, start)
+            self.tables.append(dict(zip(map(tuple, pairs[best_at, :c].tolist()), pairs[best_at, c].tolist())))
+            seen_twice = totals >= 2  # leave-one-out: an occurrence whose context occurs elsewhere too is a try
+            self.hits.append(float((counts[best_at] - 1)[seen_twice].sum() / max(1, totals[seen_twice].sum())))
+
+    def next_token(self, context: tuple[int, ...]) -> int | None:
+        return self.tables[len(context) - 1].get(context)
+
+
+class NgramMemory:
+    def __init__(self, max_n: int, prior: NgramTable | None = None, prior_min_prob: float = 0.0):
+        if max_n < 2:
+            raise ValueError(f"n-gram order must be >= 2, got {max_n}")
+        self.max_n = max_n
+        self.prior = prior if prior is not None and prior.max_n >= max_n else None
+        self.prior_min_prob = prior_min_prob  # no draft from the prior alone whose path estimate is lower
         # per context length c = n - 1 (index c - 1): context tuple -> [best_token, best_count, {token: count}, total]
         self._tables: list[dict[tuple[int, ...], list]] = [{} for _ in range(max_n - 1)]
         self._tail: list[int] = []  # the last max_n - 1 tokens seen
@@ -77,32 +118,43 @@ class NgramMemory:
             if len(tail) > self.max_n - 1:
                 del tail[0]
 
+    def _longest(self, context) -> tuple[int, list | None, int | None]:
+        """(c, own entry or None, the prior's token or None) of the longest suffix of `context` that this memory
+        or its prior knows, this memory's first at equal length; (0, None, None) where neither knows any."""
+        for c in range(min(len(context), self.max_n - 1), 0, -1):
+            key = tuple(int(t) for t in context[-c:])
+            entry = self._tables[c - 1].get(key)
+            if entry is not None:
+                return c, entry, None
+            if self.prior is not None and (tok := self.prior.next_token(key)) is not None:
+                return c, None, tok
+        return 0, None, None
+
     def query(self, context) -> int | None:
         """Most frequent next token after the longest matching suffix of `context` (None: no match)."""
-        for c in range(min(len(context), self.max_n - 1), 0, -1):
-            entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
-            if entry is not None:
-                return entry[0]
-        return None
+        _, entry, tok = self._longest(context)
+        return entry[0] if entry is not None else tok
 
     def hit_rate(self, context_len: int) -> float:
         """How often the most frequent token after a matching context of this length came next."""
         return self._hits[context_len - 1] / self._tries[context_len - 1]
 
     def continuations(self, context, limit: int) -> list[tuple[int, float]]:
+        return self._continuations(context, limit)[0]
+
+    def _continuations(self, context, limit: int) -> tuple[list[tuple[int, float]], bool]:
         """Up to `limit` (token, estimated probability) pairs after the longest matching suffix of `context`,
         most frequent first (the query's answer first): the level's hit rate for the most frequent token;
         the rest of the mass, (1 - hit rate) * count / (total + 1), for the others (+ 1: one not seen yet)."""
-        for c in range(min(len(context), self.max_n - 1), 0, -1):
-            entry = self._tables[c - 1].get(tuple(int(t) for t in context[-c:]))
-            if entry is not None:
-                counts = entry[2]
-                best = entry[0]
-                hit = self.hit_rate(c)
-                rest = (1 - hit) / (entry[3] + 1)
-                others = heapq.nlargest(limit - 1, (t for t in counts if t != best), key=counts.__getitem__)
-                return [(best, hit)] + [(t, counts[t] * rest) for t in others]
-        return []
+        c, entry, tok = self._longest(context)
+        if entry is None:  # the prior keeps one continuation, at its leave-one-out hit rate
+            return ([] if tok is None else [(tok, self.prior.hits[c - 1])]), True
+        counts = entry[2]
+        best = entry[0]
+        hit = self.hit_rate(c)
+        rest = (1 - hit) / (entry[3] + 1)
+        others = heapq.nlargest(limit - 1, (t for t in counts if t != best), key=counts.__getitem__)
+        return [(best, hit)] + [(t, counts[t] * rest) for t in others], False
 
     def draft_tree(self, context, num_nodes: int, branches: int,
                    min_prob: float = 0.0) -> tuple[list[int], list[int], list[float]]:
@@ -119,8 +171,9 @@ class NgramMemory:
 
         def push(node: int, ctx: list[int], prob: float) -> None:
             nonlocal order
-            for tok, rel in self.continuations(ctx, branches):
-                if prob * rel >= min_prob:
+            found, prior = self._continuations(ctx, branches)
+            for tok, rel in found:
+                if prob * rel >= (max(min_prob, self.prior_min_prob) if prior else min_prob):
                     heapq.heappush(heap, (-prob * rel, order, node, tok))
                     order += 1
 
@@ -136,12 +189,18 @@ class NgramMemory:
         return tokens, parents, probs
 
     def draft(self, context, num_tokens: int) -> list[int]:
-        """Up to num_tokens tokens, each the query on context + tokens drafted so far."""
+        """Up to num_tokens tokens, each the query on context + tokens drafted so far; a token from the prior alone
+        ends the chain where the chain's path estimate (the product of the hit rates) would fall below
+        prior_min_prob."""
         ctx = [int(t) for t in context[-(self.max_n - 1):]]
         out: list[int] = []
+        prob = 1.0
         for _ in range(num_tokens):
-            tok = self.query(ctx)
-            if tok is None:
+            c, entry, tok = self._longest(ctx)
+            prob *= self.hit_rate(c) if entry is not None else self.prior.hits[c - 1] if tok is not None else 0.0
+            if entry is not None:
+                tok = entry[0]
+            elif tok is None or prob < self.prior_min_prob:
                 break
             out.append(tok)
             ctx.append(tok)
@@ -171,7 +230,7 @@ class NgramDrafter(Drafter):
     (best_prefix's base)."""
 
     def __init__(self, max_n: int = 5, num_draft_tokens: int = 7, branches: int = 1, min_prob: float = 0.0,
-                 step_costs=None):
+                 step_costs=None, prior: NgramTable | None = None, prior_min_prob: float = 0.0):
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         if branches < 1:
@@ -182,16 +241,18 @@ class NgramDrafter(Drafter):
         self.branches = branches
         self.min_prob = min_prob
         self.step_costs = step_costs  # ms of a round verifying 0, 1, ... drafted tokens, or None
+        self.prior = prior  # every sequence's memory falls back on it (module docstring), or None
+        self.prior_min_prob = prior_min_prob
         self.ahead: list[tuple[DraftTree, float, float]] | None = None  # set each round by a MergedDrafter (above)
         self.memories: list[NgramMemory] = []
         self._seen: list[int] = []  # tokens of each sequence already in its memory
 
     def _start(self, seqs) -> None:
-        self.memories = [NgramMemory(self.max_n) for _ in seqs]
+        self.memories = [NgramMemory(self.max_n, self.prior, self.prior_min_prob) for _ in seqs]
         self._seen = [0] * len(seqs)
 
     def _admit(self, new) -> None:
-        self.memories += [NgramMemory(self.max_n) for _ in new]
+        self.memories += [NgramMemory(self.max_n, self.prior, self.prior_min_prob) for _ in new]
         self._seen += [0] * len(new)
 
     def _propose(self, seqs, params, rng) -> list[DraftTree]:

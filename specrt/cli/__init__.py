@@ -12,6 +12,7 @@
     specrt quantize                    8-bit variants of the step graphs (ONNX Runtime) -> quant.json
     specrt inplace                     step graphs that write their K/V into the cache in place -> inplace.json
     specrt ppd train                   PPD's prompt tokens, their target graph and sparse trees -> ppd.json
+    specrt ngram prior                 the target's own text, the n-gram drafters' prior -> ngram-prior.json
     specrt inspect                     which of a bundle's artifacts are valid here, and why not
     specrt triton                      a Triton Inference Server model repository for a bundle
     specrt serve                       the bundle behind a real Triton Inference Server (HTTP, gRPC, metrics)
@@ -185,16 +186,18 @@ def cmd_triton(args) -> None:
           f"--model-repository {Path(cfg.out).resolve()}` (its Python backend needs specrt installed in its environment)")
 
 
-def cmd_gpu_session(args) -> None:
-    from specrt.cli.gpu_session import SessionConfig, run_session
+def _runs(module: str, config: str, run: str):
+    """A command that fills `module`'s `config` from the flags and calls its `run` with it."""
+    def cmd(args) -> None:
+        m = importlib.import_module(module)
+        getattr(m, run)(config_from(getattr(m, config), args))
+    return cmd
 
-    run_session(config_from(SessionConfig, args))
 
-
-def cmd_serve(args) -> None:
-    from specrt.serving.serve import ServeConfig, serve
-
-    serve(config_from(ServeConfig, args))
+cmd_gpu_session = _runs("specrt.cli.gpu_session", "SessionConfig", "run_session")
+cmd_serve = _runs("specrt.serving.serve", "ServeConfig", "serve")
+cmd_demo = _runs("specrt.bench.demo", "DemoConfig", "run_demo")
+cmd_report = _runs("specrt.bench.reporting", "ReportConfig", "run_report")
 
 
 def cmd_generate(args) -> None:
@@ -217,12 +220,6 @@ def cmd_generate(args) -> None:
     s = out.stats
     print(f"\n[{len(out.token_ids)} tokens, {s.target_calls} target calls, "
           f"{len(out.token_ids) / max(1, s.rounds):.2f} tokens per decode step, {s.seconds.total:.3f} s]", file=sys.stderr)
-
-
-def cmd_demo(args) -> None:
-    from specrt.bench.demo import DemoConfig, run_demo
-
-    run_demo(config_from(DemoConfig, args))
 
 
 def cmd_calibrate(args) -> None:
@@ -312,10 +309,11 @@ def cmd_ppd(args) -> None:
     print(describe(tokens))
 
 
-def cmd_report(args) -> None:
-    from specrt.bench.reporting import ReportConfig, run_report
+def cmd_ngram(args) -> None:
+    from specrt.calibration.ngram_prior import NgramPriorConfig, build_prior, describe
 
-    run_report(config_from(ReportConfig, args))
+    cfg = config_from(NgramPriorConfig, args)
+    print(describe(cfg.bundle, build_prior(cfg)))
 
 
 def build_parser() -> ArgumentParser:
@@ -405,13 +403,18 @@ def build_parser() -> ArgumentParser:
         add_config(p, config)
         p.set_defaults(func=func)
 
+    from specrt.calibration.ngram_prior import NgramPriorConfig
     from specrt.engines.ppd import PpdConfig
 
-    ppd = sub.add_parser("ppd", help="PPD: prompt tokens that make the target guess further tokens itself")
-    psub = ppd.add_subparsers(dest="ppd_cmd", required=True)
-    add_config(psub.add_parser("train", help="train the prompt tokens (only their embeddings) by distillation from the "
-                                             "target; write their graph and sparse trees -> ppd.json"), PpdConfig)
-    ppd.set_defaults(func=cmd_ppd)
+    for verb, help_text, sub_verb, sub_help, config, func in (
+            ("ppd", "PPD: prompt tokens that make the target guess further tokens itself", "train",
+             "train the prompt tokens (only their embeddings) by distillation from the target; write their graph and "
+             "sparse trees -> ppd.json", PpdConfig, cmd_ppd),
+            ("ngram", "the n-gram drafters' prior", "prior", "the target's own text, whose n-grams the n-gram methods "
+             "fall back on where the decoded text has none yet -> ngram-prior.json", NgramPriorConfig, cmd_ngram)):
+        p = sub.add_parser(verb, help=help_text)
+        add_config(p.add_subparsers(dest=f"{verb}_cmd", required=True).add_parser(sub_verb, help=sub_help), config)
+        p.set_defaults(func=func)
 
     ins = sub.add_parser("inspect", help="a bundle's files and artifacts: valid here, or why not")
     add_config(ins, BundleOptions)
