@@ -6,8 +6,8 @@ import os
 import pytest
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import (Acceptance, EngineSet, InPlaceGraphs, LatencyProfile, Plan, PromptTokens, QuantSet,
-                                     TrtEngineSet)
+from specrt.bundle.artifacts import (Acceptance, EngineSet, InPlaceGraphs, LatencyProfile, NgramPrior, Plan, PromptTokens,
+                                     QuantSet, TrtEngineSet)
 from specrt.files import replace_dir, write_atomic
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError
@@ -124,11 +124,13 @@ def test_status_lists_every_artifact(bundle):
     assert status["acceptance.json"] == "ok" and status["latency.json"].startswith("no latency.json")
     assert "specrt calibrate" in status["plan.json"] and "specrt tune" in status["plan.json"]
     assert set(status) == {cls.FILE for cls in (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet,
-                                                PromptTokens, InPlaceGraphs)} | {"plans/exported.json"}
+                                                PromptTokens, InPlaceGraphs, NgramPrior)} | {"plans/exported.json"}
     assert status["plans/exported.json"].startswith("no plans/exported.json") and "specrt tune" in status[
         "plans/exported.json"]
     assert status["inplace.json"].startswith("no inplace.json") and "specrt inplace" in status["inplace.json"]
     assert status["ppd.json"].startswith("no ppd.json") and "specrt ppd train" in status["ppd.json"]
+    assert status["ngram-prior.json"].startswith("no ngram-prior.json") and "specrt ngram prior" in status[
+        "ngram-prior.json"]
     assert status["engines.json"].startswith("no engines.json") and "specrt build" in status["engines.json"]
 
 
