@@ -42,7 +42,7 @@ CALLS = ("1", "2", "compiled", "tuned", "real", "batch", "ppd", "quant", "export
 # call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
 REAL_TOY = ("--hidden", "768", "--intermediate", "1536", "--layers", "30", "--heads", "12")
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
-                   "plans", "ppd.json", "quant")
+                   "plans", "ppd.json", "ngram-prior.json", "quant")
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
 
 
@@ -63,6 +63,8 @@ class SessionConfig(Config):
     real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "call real: SmolLM2-135M-Instruct's "
                                                                                   "GGUF file (carried: docs/gpu.md)")
     real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried")
+    real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
+                                                                   "bundle's ngram-prior.npz), carried; none: no prior")
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,9 @@ def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> l
     distilled draft, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
     out, d = cfg.out, cfg.device
     bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
+    prior = cfg.real_prior.is_file()
     e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
-           "--methods", "autoregressive,sd,anpd,dynamic-ngram", "--baselines", "hf")
+           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + "dynamic-ngram", "--baselines", "hf")
     # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
     compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
     return [Stage("real", ("models", "real", "smollm2-135m", "--gguf", str(cfg.real_gguf), "--out", str(out / "real")),
@@ -208,6 +211,8 @@ def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> l
             Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", str(cfg.real_draft),
                                   "--out", bundle, "--dtype", dtype, "--no-onnx"),
                   makes="bundle-real/manifest.json", needs=("inflate-real",), estimate_s=90),
+            *[Stage("prior-real", ("ngram", "prior", "--bundle", bundle, "--corpus", str(cfg.real_prior)),
+                    makes="bundle-real/ngram-prior.json", needs=("export-real",), estimate_s=5)] * prior,
             # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)
             Stage("build-real", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "512",
                                  "--token-profiles", "1,8,16,64", *compiled), makes="bundle-real/engines.json",

@@ -146,10 +146,15 @@ def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_car
 
     monkeypatch.setattr(gs, "gpu_tag", lambda device: "h200")  # no GPU here to name
     cfg = SessionConfig(call="real", out=tmp_path, device="cuda", real_gguf=tmp_path / "s.gguf",
-                        real_draft=tmp_path / "d")
+                        real_draft=tmp_path / "d", real_prior=tmp_path / "p.npz")
     real = {s.name: s for s in stages(cfg)}
     assert list(real) == ["real", "inflate-real", "export-real", "build-real", "kernels-real", "e2e-real",
-                          "e2e-real-chat"]
+                          "e2e-real-chat"]  # no prior carried
+    assert "autoregressive,sd,anpd,dynamic-ngram" in real["e2e-real"].argv
+    (tmp_path / "p.npz").write_bytes(b"")
+    real = {s.name: s for s in stages(cfg)}
+    assert list(real)[3] == "prior-real" and real["prior-real"].argv[-2:] == ("--corpus", str(tmp_path / "p.npz"))
+    assert "autoregressive,sd,anpd,anpd-noprior,dynamic-ngram" in real["e2e-real"].argv
     assert real["real"].argv[-4:] == ("--gguf", str(tmp_path / "s.gguf"), "--out", str(tmp_path / "real"))
     assert ("--preset", "7b") == real["inflate-real"].argv[-4:-2]  # fitted to SmolLM2's heads by inflate
     assert str(tmp_path / "d") in real["export-real"].argv and "default" in real["build-real"].argv

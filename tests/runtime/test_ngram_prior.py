@@ -94,3 +94,22 @@ def test_a_changed_prior_is_refused_and_a_bundle_without_one_drafts_from_the_tex
         Pipeline.load(b, threads=2).evidence.ngram_table(5)
     record = json.loads((b / NgramPrior.FILE).read_text())
     assert record["source"]["sequences"] == {"code": 3, "prose": 3, "source": 4}
+
+
+def test_a_prior_is_made_from_another_bundles_sequences_and_a_bad_corpus_is_refused(demo_bundle, tmp_path):
+    from specrt.calibration.ngram_prior import NgramPriorConfig, build_prior
+    from specrt.errors import SpecrtError
+
+    b, prior = _with_prior(demo_bundle, tmp_path)
+    other = tmp_path / "other"
+    shutil.copytree(demo_bundle, other)
+    again = build_prior(NgramPriorConfig(bundle=other, corpus=b / prior.data), progress=False)
+    assert (again.num_tokens, again.num_sequences, again.data_sha256) == (prior.num_tokens, prior.num_sequences,
+                                                                          prior.data_sha256)
+    assert again.source["corpus"] == prior.data
+    np.savez(tmp_path / "bad.npz", ids=np.arange(10), offsets=np.array([0, 4, 3, 10]))
+    with pytest.raises(SpecrtError, match="do not split"):
+        build_prior(NgramPriorConfig(bundle=other, corpus=tmp_path / "bad.npz"), progress=False)
+    np.savez(tmp_path / "big.npz", ids=np.array([10 ** 6]), offsets=np.array([0, 1]))
+    with pytest.raises(SpecrtError, match="beyond the bundle's vocabulary"):
+        build_prior(NgramPriorConfig(bundle=other, corpus=tmp_path / "big.npz"), progress=False)
