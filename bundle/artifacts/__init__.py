@@ -38,8 +38,8 @@ from specrt.bundle.machine import Machine
 from specrt.errors import SpecrtError
 
 __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
-           "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree", "NgramPrior",
-           "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
+           "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
+           "NgramPrior", "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
            "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save",
            "status", "variant_quant", "variant_words"]
 

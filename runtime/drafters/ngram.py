@@ -140,12 +140,13 @@ class NgramMemory:
         return self._hits[context_len - 1] / self._tries[context_len - 1]
 
     def continuations(self, context, limit: int) -> list[tuple[int, float]]:
-        return self._continuations(context, limit)[0]
-
-    def _continuations(self, context, limit: int) -> tuple[list[tuple[int, float]], bool]:
         """Up to `limit` (token, estimated probability) pairs after the longest matching suffix of `context`,
         most frequent first (the query's answer first): the level's hit rate for the most frequent token;
         the rest of the mass, (1 - hit rate) * count / (total + 1), for the others (+ 1: one not seen yet)."""
+        return self._continuations(context, limit)[0]
+
+    def _continuations(self, context, limit: int) -> tuple[list[tuple[int, float]], bool]:
+        """(continuations(), whether they are the prior's)."""
         c, entry, tok = self._longest(context)
         if entry is None:  # the prior keeps one continuation, at its leave-one-out hit rate
             return ([] if tok is None else [(tok, self.prior.hits[c - 1])]), True
