@@ -65,11 +65,7 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
                                   f"{backend!r} does not pack them (leave packed_rows at True)")
     bundle = Path(bundle)
     manifest = load_manifest(bundle, verify=verify)
-    if quant == "plan":  # the variant `specrt tune --variants` picked
-        plan, why = artifacts.read(bundle, Plan)
-        if plan is None:
-            raise BundleError(f"quant='plan' needs the bundle's plan: {why}")
-        quant = plan.quant
+    quant = resolve_quant(bundle, quant)
     _check_quant(backend, quant)
     engines = _engines(bundle, backend, quant, device, kv_update)
     if engines is not None:  # the engines say what runs: their variant and device, and (trt) KV update
@@ -93,6 +89,17 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
         graphs["target"] = prompt_tokens.inplace_graph if kv_update == "inplace" else prompt_tokens.graph
     return ResolvedBundle(bundle, manifest, tokenizer, backend, resolve_threads(threads), resolve_device(backend, device),
                           quant, kv_update, packed_rows, engines, graphs, prompt_tokens, refused, embeddings)
+
+
+def resolve_quant(bundle: Path, quant: str | None) -> str | None:
+    """`quant` as given, or for "plan" the variant of the step graphs the bundle's plan.json picked (`specrt tune
+    --variants`); refused where there is no usable plan."""
+    if quant != "plan":
+        return quant
+    plan, why = artifacts.read(bundle, Plan)
+    if plan is None:
+        raise BundleError(f"quant='plan' needs the bundle's plan: {why}")
+    return plan.quant
 
 
 def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, kv_update: str):

@@ -285,14 +285,13 @@ def cmd_inspect(args) -> None:
     from specrt.bundle import artifacts
     from specrt.bundle.machine import Machine, resolve_threads
     from specrt.bundle.manifest import BundleOptions, load_manifest
-    from specrt.runtime.backends import resolve_device
-
-    from specrt.runtime.backends import BackendOptions
+    from specrt.runtime.backends import BackendOptions, resolve_device
+    from specrt.runtime.loader import resolve_quant
 
     manifest = load_manifest(args.bundle, config_from(BundleOptions, args).verify_mode)
     o = config_from(BackendOptions, args)
-    machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device), o.quant,
-                           o.kv_update, o.packed_rows)
+    machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device),
+                           resolve_quant(args.bundle, o.quant), o.kv_update, o.packed_rows)
     sizes = ", ".join(f"{role} {m.num_params / 1e6:.2f}M params" for role, m in manifest.models.items())
     print(f"{args.bundle}: specrt bundle made {manifest.created} ({sizes}); files match their hashes")
     print(f"here: {machine.describe()}")

@@ -158,6 +158,16 @@ def test_a_manifest_of_the_wrong_shape_is_one_line_naming_the_field(bundle, cont
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+def test_inspect_quant_plan_checks_the_variant_the_plan_picked_and_without_a_plan_says_so(bundle, capsys):
+    """`inspect --quant plan` looked for quant/plan/*.json, a directory that never exists; it resolves the variant as
+    Pipeline.load does."""
+    from specrt.cli import main
+
+    assert main(["inspect", "--bundle", str(bundle), "--quant", "plan"]) == 2
+    err = capsys.readouterr().err
+    assert "quant='plan' needs the bundle's plan" in err and "specrt calibrate" in err
+
+
 def test_verify_full_on_the_cli_catches_an_edit_that_kept_the_files_identity(bundle, capsys):
     """An in-place edit that keeps a file's size and modification time passes the recorded hashes, by design;
     `--verify full` (on every verb that reads a bundle) hashes every file again and refuses it."""
