@@ -150,7 +150,7 @@ class NgramOptions(Method):
                                                "nodes")
     ngram_prior: bool = option(True, "fall back on the bundle's n-gram prior (`specrt ngram prior`: the target's own "
                                      "text) where the text itself has not shown a context yet; no effect without one")
-    # a drafted row costs ~6% of a one-token step on a 2-core CPU: drafts of the prior alone that are less likely
+    # a drafted row costs ~7% of a one-token step on a 2-core CPU: drafts of the prior alone that are less likely
     # cost more rows than they return (bench/results e2e-smollm2-135m-*-prior)
     ngram_prior_min_prob: float = option(0.2, "no draft from the prior alone whose estimated path probability is "
                                               "lower", ge=0, le=1)
