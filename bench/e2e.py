@@ -264,7 +264,7 @@ def run_weight_bytes(pipe, role: str = "target") -> int:
     variant's, an in-graph one's, where one runs); a PyTorch step, its module's tensors (quantized as the backend
     loaded them); else its parameters at the export's dtype."""
     backend = getattr(pipe, role)
-    if backend.name == "ort":
+    if getattr(backend, "onnx_path", None) is not None:
         from specrt.engines.quantize import graph_bytes
 
         return graph_bytes(backend.onnx_path)

@@ -88,7 +88,8 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     from specrt.runtime.loader import resolve
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    r = resolve(cfg.bundle, "ort", cfg.threads, None, cfg.verify_mode, cfg.quant, cfg.kv_update)
+    r = resolve(cfg.bundle, backend="ort", threads=cfg.threads, verify=cfg.verify_mode, quant=cfg.quant,
+                kv_update=cfg.kv_update)
     entry = r.manifest.models["target"]
     graph = Path(cfg.bundle) / (r.graphs.get("target") or entry.onnx)
     settings = [(p, k, h) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages]

@@ -33,6 +33,7 @@ from specrt.config import option
 from specrt.contract import TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
 from specrt.plotting import pyplot, save_figure
+from specrt.runtime.backends import KINDS, backend_kind
 
 FLOAT = "exported"  # the row of the pair as exported (float weights)
 REFERENCE_DTYPES = ("bfloat16", "float16")
@@ -43,7 +44,8 @@ class QuantBenchConfig(BenchConfig):
     num_prompts: int = option(5, "first N HumanEval prompts (speed)", ge=1)
     backend: str = option("ort", "ort = `specrt quantize`'s step graphs on ONNX Runtime; torch = the PyTorch step's "
                                  "8-bit projections, eager; static = the same in the bundle's engines (`specrt build "
-                                 "--quant S` for each scheme, and once without)", choices=("ort", "torch", "static"))
+                                 "--quant S` for each scheme, and once without)",
+                          choices=tuple(n for n, k in KINDS.items() if k.engines is None or k.engines.PER_VARIANT))
     device: str | None = option(None, "torch and static: the device (default: CUDA where present; static: the engines')")
     schemes: tuple[str, ...] | None = option(None, "variants to measure (default: ort: int8-weights, int4-weights, "
                                                    "dynamic-int8, static-int8, each made by `specrt quantize "
@@ -57,7 +59,8 @@ class QuantBenchConfig(BenchConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        torch_schemes = self.backend != "ort"
+        kind = backend_kind(self.backend)
+        torch_schemes = kind.quant == "projections"
         if self.schemes is None:
             object.__setattr__(self, "schemes", TORCH_QUANT_SCHEMES if torch_schemes else
                                ("int8-weights", "int4-weights", "dynamic-int8", "static-int8"))
@@ -67,8 +70,8 @@ class QuantBenchConfig(BenchConfig):
                                       + ("the PyTorch step's 8-bit projections (" + ", ".join(TORCH_QUANT_SCHEMES) + ")"
                                          if torch_schemes else "`specrt quantize`'s variants (int8-weights, "
                                          "int4-weights, dynamic-int8, static-int8, int8-qdq)"))
-        if self.backend == "ort" and self.device not in (None, "cpu"):
-            raise InvalidRequestError(f"--device {self.device}: the ort backend runs on the CPU")
+        if kind.host_cores and self.device not in (None, "cpu"):
+            raise InvalidRequestError(f"--device {self.device}: the {self.backend} backend runs on the CPU")
 
 
 def _quality(pipe, reference: dict | None, prompts: list[list[int]], cfg: QuantBenchConfig) -> dict:
@@ -136,7 +139,7 @@ def _load(cfg: QuantBenchConfig, scheme: str | None):
 
 def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: str) -> tuple[int, float]:
     """(bytes of the model's weights as this variant runs them, seconds its quantization took)."""
-    if cfg.backend != "ort":  # the PyTorch step, quantized when the backend loaded
+    if backend_kind(cfg.backend).quant == "projections":  # the PyTorch step, quantized when the backend loaded
         quant = getattr(pipe, role).quant
         return run_weight_bytes(pipe, role), quant.seconds if quant else 0.0
     v = variants.get(variant, {}).get(role)
@@ -146,14 +149,15 @@ def _weights(cfg: QuantBenchConfig, pipe, variants: dict, variant: str, role: st
 def _quantized_draft(cfg: QuantBenchConfig, pipe, variants: dict, scheme: str):
     """The draft backend of variant `scheme`, or None where the variant has no draft."""
     from specrt.bundle import artifacts
-    from specrt.bundle.artifacts import EngineSet
     from specrt.runtime.backends import ModelSource, load_backend
 
     entry, device = pipe.draft.entry, pipe.machine.device
-    if cfg.backend == "ort":
+    kind = backend_kind(cfg.backend)
+    if kind.step_graphs:
         v = variants.get(scheme, {}).get("draft")
-        return None if v is None else load_backend("ort", cfg.bundle, ModelSource(entry, cfg.threads, device, graph=v.file))
-    engines = artifacts.load(cfg.bundle, EngineSet, quant=scheme) if cfg.backend == "static" else None
+        return None if v is None else load_backend(cfg.backend, cfg.bundle,
+                                                   ModelSource(entry, cfg.threads, device, graph=v.file))
+    engines = artifacts.load(cfg.bundle, kind.engines, quant=scheme) if kind.engines else None
     return load_backend(cfg.backend, cfg.bundle, ModelSource(entry, cfg.threads, device, engines, quant=scheme))
 
 
@@ -165,7 +169,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
     from specrt.checkpoints.corpus import validation_prompts
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
-    variants = artifacts.load(cfg.bundle, QuantSet).variants if cfg.backend == "ort" else {}
+    variants = artifacts.load(cfg.bundle, QuantSet).variants if backend_kind(cfg.backend).step_graphs else {}
     pipes = {FLOAT: _load(cfg, None)}
     for s in cfg.schemes:
         pipes[s] = _load(cfg, s)
@@ -243,8 +247,8 @@ def markdown(data: dict) -> str:
     c = data["config"]
     methods = c["methods"]
     backend = c.get("backend", "ort")  # results before the torch backends were measured: ort
-    where = {"ort": f"ONNX Runtime, {c['threads']} threads", "torch": f"PyTorch eager on {data.get('device')}",
-             "static": f"static engines on {data.get('device')}"}[backend]
+    kind = backend_kind(backend)
+    where = f"{kind.title}, {c['threads']} threads" if kind.host_cores else f"{kind.title} on {data.get('device')}"
     energy = any(m.get("joules_per_token") for r in data["rows"] for m in r["methods"].values())
     lines = [f"### quant `{data['label']}`: {c['num_prompts']} HumanEval prompts, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {where}, median of {c['runs']} runs; quality on "

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from specrt.bundle.artifacts import EngineSet
+from specrt.bundle.artifacts import EngineSet, TrtEngineSet
 from specrt.engines.config import BuildConfig
+from specrt.runtime.backends import backend_kind
 
 
 def build(cfg: BuildConfig, progress: bool = True) -> EngineSet:
     """Build, check and record the engines of both models of cfg.bundle; returns the artifact written."""
-    if cfg.backend == "trt":
+    if backend_kind(cfg.backend).engines is TrtEngineSet:
         from specrt.engines.trt import build_trt
 
         return build_trt(cfg, progress)

@@ -16,9 +16,8 @@ from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.contract import KV_UPDATES, TORCH_COMPILE_MODES, TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
-from specrt.runtime.backends import ThreadOptions
-
-ENGINE_BACKENDS = ("static", "trt")
+from specrt.runtime.backends import ThreadOptions, backend_kind
+from specrt.runtime.backends.kinds import ENGINE_BACKENDS, kinds_that
 
 
 @dataclass(frozen=True)
@@ -77,24 +76,33 @@ class BuildConfig(BundleOptions, ThreadOptions):
         if self.spans and self.spans[-1] >= self.capacity:
             raise InvalidRequestError(f"spans must lie below the capacity ({self.capacity}), which is the last span, "
                                       f"got {self.spans!r}")
-        if self.spans and self.backend == "trt":
-            raise InvalidRequestError("--spans sets the static engines' attention spans; TensorRT's profiles range "
-                                      "over the cache size already (--backend trt takes no --spans)")
-        if self.kv_update == "inplace" and self.backend != "trt":
-            raise InvalidRequestError("--kv-update inplace builds TensorRT engines (--backend trt); the ort backend runs "
-                                      "the in-graph step graphs without a build (`specrt inplace`, then --kv-update inplace)")
-        if self.backend == "static" and self.quant not in (None, *TORCH_QUANT_SCHEMES):
-            raise InvalidRequestError(f"--quant {self.quant}: the static engines quantize their projections with "
-                                      f"{' or '.join(TORCH_QUANT_SCHEMES)} (`specrt quantize`'s variants run on the ort "
-                                      "backend, or in TensorRT plans with --backend trt)")
-        if self.backend == "trt" and self.compile is not None:
-            raise InvalidRequestError("--compile compiles the static engines' layers with torch.compile; TensorRT "
-                                      "compiles its plans itself (--backend trt takes no --compile)")
-        if self.backend == "trt" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
-                                                                  or self.kv_update == "inplace"):
-            raise InvalidRequestError("--quant with --backend trt builds TensorRT plans from a quantized variant's Q/DQ "
-                                      "graphs (`specrt quantize`; --kv-update runtime); the ort backend runs the "
-                                      "variants without a build")
+        kind = backend_kind(self.backend)
+        if self.spans and not kind.attention_spans:
+            raise InvalidRequestError(f"--spans sets the attention spans of the {kinds_that(lambda k: k.attention_spans)} "
+                                      f"engines; the {self.backend} engines' profiles range over the cache size already "
+                                      f"(--backend {self.backend} takes no --spans)")
+        if self.kv_update != "runtime" and not kind.kv_update_built:
+            raise InvalidRequestError(f"--kv-update {self.kv_update} builds "
+                                      f"{kinds_that(lambda k: k.kv_update_built, title=True)} engines (--backend "
+                                      f"{kinds_that(lambda k: k.kv_update_built)}); the "
+                                      f"{kinds_that(lambda k: k.step_graphs and not k.engines)} backend runs the "
+                                      "in-graph step graphs without a build (`specrt inplace`, then --kv-update inplace)")
+        if kind.quant == "projections" and self.quant not in (None, *TORCH_QUANT_SCHEMES):
+            raise InvalidRequestError(f"--quant {self.quant}: the {self.backend} engines quantize their projections with "
+                                      f"{' or '.join(TORCH_QUANT_SCHEMES)} (`specrt quantize`'s variants run on the "
+                                      f"{kinds_that(lambda k: k.step_graphs)} backend, or in "
+                                      f"{kinds_that(lambda k: k.engines is not None and k.quant == 'graphs', title=True)}"
+                                      " engines with --backend "
+                                      f"{kinds_that(lambda k: k.engines is not None and k.quant == 'graphs')})")
+        if self.compile is not None and not kind.compiles_layers:
+            raise InvalidRequestError(f"--compile compiles the {kinds_that(lambda k: k.compiles_layers)} engines' "
+                                      f"layers with torch.compile; the {self.backend} builder compiles its engines itself "
+                                      f"(--backend {self.backend} takes no --compile)")
+        if kind.quant == "graphs" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
+                                                                   or self.kv_update == "inplace"):
+            raise InvalidRequestError(f"--quant with --backend {self.backend} builds {kind.title} engines from a quantized "
+                                      "variant's Q/DQ graphs (`specrt quantize`; --kv-update runtime); the "
+                                      f"{kinds_that(lambda k: k.step_graphs)} backend runs the variants without a build")
         if self.kv_update == "inplace" and self.token_profiles[-1] > self.capacity:
             raise InvalidRequestError(f"the largest token profile ({self.token_profiles[-1]}) exceeds the capacity "
                                       f"({self.capacity}): an in-graph step writes all its rows into the cache")
@@ -104,6 +112,6 @@ class BuildConfig(BundleOptions, ThreadOptions):
         the capacity; TensorRT: the capacity alone)."""
         if self.spans is not None:
             return (*self.spans, self.capacity)
-        if self.backend == "trt":
+        if not backend_kind(self.backend).attention_spans:
             return (self.capacity,)
         return (*(s for s in (512 << i for i in range(32)) if s < self.capacity), self.capacity)

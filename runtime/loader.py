@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import ENGINE_SETS, InPlaceGraphs, Plan, PromptTokens, QuantSet, variant_words
+from specrt.bundle.artifacts import InPlaceGraphs, Plan, PromptTokens, QuantSet, variant_words
 from specrt.bundle.machine import Machine, resolve_threads
 from specrt.bundle.manifest import Manifest, load_manifest, verify_files
-from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
+from specrt.contract import TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
-from specrt.runtime.backends import Backend, ModelSource, load_backend, resolve_device
+from specrt.runtime.backends import Backend, BackendKind, ModelSource, backend_kind, load_backend, resolve_device
+from specrt.runtime.backends.kinds import kinds_that
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ResolvedBundle:
         return load_backend(self.backend, self.bundle, source)
 
 
-def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None, device: str | None = None,
+def resolve(bundle: str | Path, *, backend: str = "ort", threads: int | None = None, device: str | None = None,
             verify: bool | str = True, quant: str | None = None, kv_update: str = "runtime",
             packed_rows: bool = True) -> ResolvedBundle:
     """Pipeline.load's arguments (see there) resolved against the bundle, before any model loads."""
@@ -56,36 +57,36 @@ def resolve(bundle: str | Path, backend: str = "ort", threads: int | None = None
 
     if threads is not None and (not isinstance(threads, numbers.Integral) or isinstance(threads, bool) or threads < 1):
         raise InvalidRequestError(f"threads must be an integer >= 1 (or None for every core), got {threads!r}")
-    if kv_update not in KV_UPDATES:
-        raise InvalidRequestError(f"kv_update must be one of {', '.join(KV_UPDATES)}, got {kv_update!r}")
+    kind = backend_kind(backend)
     if not isinstance(packed_rows, bool):
         raise InvalidRequestError(f"packed_rows must be True or False, got {packed_rows!r}")
-    if not packed_rows and backend != "ort":
-        raise InvalidRequestError(f"packed_rows=False turns off the ort backend's packed token rows; backend "
-                                  f"{backend!r} does not pack them (leave packed_rows at True)")
+    if not packed_rows and not kind.packs_rows:
+        raise InvalidRequestError(f"packed_rows=False turns off the {kinds_that(lambda k: k.packs_rows, ' and ')} "
+                                  f"backend's packed token rows; backend {backend!r} does not pack them (leave "
+                                  "packed_rows at True)")
+    kind.check_kv_update(kv_update)
     bundle = Path(bundle)
     manifest = load_manifest(bundle, verify=verify)
     quant = resolve_quant(bundle, quant)
-    _check_quant(backend, quant)
-    engines = _engines(bundle, backend, quant, device, kv_update)
-    if engines is not None:  # the engines say what runs: their variant and device, and (trt) KV update
+    kind.check_quant(quant)
+    engines = _engines(bundle, kind, quant, device, kv_update)
+    if engines is not None:  # the engines say what runs: their variant and device, and the KV update they were built for
         quant, device = engines.quant, device or engines.device
-        kv_update = engines.kv_update if backend == "trt" else kv_update
+        kv_update = engines.kv_update if kind.kv_update_built else kv_update
     tok_file = bundle / manifest.tokenizer / "tokenizer.json"
     try:
         tokenizer = Tokenizer.from_file(str(tok_file))
     except Exception as e:  # the tokenizers library raises its own exception type
         raise BundleError(f"cannot read tokenizer {tok_file}: {e}") from None
-    if kv_update == "inplace" and backend == "trt":
-        graphs = {}  # the plans hold the graphs they were built from
-        prompt_tokens, refused, embeddings = None, "the TensorRT plans hold no prompt tokens", None
+    if not kind.step_graphs:  # the module (quantized as it loads) or the engines, which hold what they were built from
+        graphs = {}
     elif kv_update == "inplace":
-        graphs = _in_place_graphs(bundle, backend, quant, verify)
-        prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify, graphs["target"])
+        graphs = _in_place_graphs(bundle, quant, verify)
     else:
-        graphs = _quantized_graphs(bundle, backend, quant)
-        prompt_tokens, refused, embeddings = _prompt_tokens(bundle, backend, quant, verify)
-    if prompt_tokens is not None and backend == "ort":  # the target graph plus the prompt tokens' embedding rows
+        graphs = _quantized_graphs(bundle, quant)
+    prompt_tokens, refused, embeddings = _prompt_tokens(bundle, kind, quant, verify, graphs.get("target")
+                                                        if kv_update == "inplace" else None)
+    if prompt_tokens is not None and kind.prompt_tokens == "graph":  # the target graph with the prompt tokens' rows
         graphs["target"] = prompt_tokens.inplace_graph if kv_update == "inplace" else prompt_tokens.graph
     return ResolvedBundle(bundle, manifest, tokenizer, backend, resolve_threads(threads), resolve_device(backend, device),
                           quant, kv_update, packed_rows, engines, graphs, prompt_tokens, refused, embeddings)
@@ -102,13 +103,13 @@ def resolve_quant(bundle: Path, quant: str | None) -> str | None:
     return plan.quant
 
 
-def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, kv_update: str):
+def _engines(bundle: Path, backend: BackendKind, quant: str | None, device: str | None, kv_update: str):
     """The engine backends' EngineSet / TrtEngineSet, refused where it was built from another variant, for another
-    device, or (trt) without the in-graph KV update asked for; None for the other backends."""
-    if backend not in ENGINE_SETS:
+    device, or without the in-graph KV update asked for; None for the backends that build nothing."""
+    kind = backend.engines
+    if kind is None:
         return None
-    kind = ENGINE_SETS[backend]
-    # graphs: each scheme's engines apart (quant/S/engines.json); trt: one set of plans, built from a variant
+    # static: each scheme's engines apart (quant/S/engines.json); trt: one set of plans, built from a variant
     engines = artifacts.load(bundle, kind, quant=quant)
     if quant is not None and quant != engines.quant:
         raise InvalidRequestError(f"{bundle / engines.FILE} was built from {variant_words(engines.quant)}: "
@@ -116,17 +117,20 @@ def _engines(bundle: Path, backend: str, quant: str | None, device: str | None, 
     if device is not None and str(device).split(":")[0] != engines.device.split(":")[0]:
         raise InvalidRequestError(f"{bundle / kind.FILE} was built for {engines.device}, not {device}: load "
                                   f"with that device or re-run `{kind.command(bundle)} --device {device}`")
-    if backend == "trt" and kv_update == "inplace" and engines.kv_update != "inplace":
+    if backend.kv_update_built and kv_update == "inplace" and engines.kv_update != "inplace":
         raise InvalidRequestError(f"{bundle / engines.FILE} was built from the exported step graphs: rebuild "
                                   f"with `{engines.command(bundle)} --kv-update inplace` to run the in-graph update")
     return engines
 
 
-def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool | str, inplace: str | None = None):
+def _prompt_tokens(bundle: Path, backend: BackendKind, quant: str | None, verify: bool | str, inplace: str | None = None):
     """(PromptTokens or None, why not, prompt embeddings for the torch backends or None). A bundle without
     usable prompt tokens loads as ever: only method "ppd" needs them, and says why they are missing. `inplace`: the
     in-graph target graph loaded (kv_update "inplace"), whose twin with the prompt tokens must be there and made from
     it."""
+    if backend.prompt_tokens is None:
+        return None, (f"{backend.no_prompt_tokens}: run PPD with backend "
+                      f"{kinds_that(lambda k: k.prompt_tokens is not None)}"), None
     if not (bundle / PromptTokens.FILE).is_file():
         return None, f"{bundle} has no PPD prompt tokens: run `specrt ppd train --bundle {bundle}`", None
     try:
@@ -137,9 +141,7 @@ def _prompt_tokens(bundle: Path, backend: str, quant: str | None, verify: bool |
     if quant is not None and quant not in TORCH_QUANT_SCHEMES:  # the torch schemes keep the embedding table
         return None, (f"PPD's prompt tokens are rows of the exported target graph, not of the {quant} variant: load "
                       "without quant"), None
-    if backend == "trt":
-        return None, "the TensorRT plans hold no prompt tokens: run PPD with backend ort, torch or static", None
-    if backend == "ort":
+    if backend.prompt_tokens == "graph":
         graph, sha = (tokens.inplace_graph, tokens.inplace_graph_sha256) if inplace else (tokens.graph, tokens.graph_sha256)
         if tokens.graph is None:
             return None, f"{bundle} has no ONNX graph with the prompt tokens (a --no-onnx export): use backend torch", None
@@ -160,11 +162,8 @@ def _sha_of(bundle: Path, graph: str) -> str | None:
     return next((g.sha256 for g in artifacts.load(bundle, InPlaceGraphs).graphs.values() if g.file == graph), None)
 
 
-def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool | str) -> dict[str, str]:
+def _in_place_graphs(bundle: Path, quant: str | None, verify: bool | str) -> dict[str, str]:
     """role -> the in-graph step graph (relative to the bundle; `specrt inplace`), checked against inplace.json."""
-    if backend != "ort":
-        raise InvalidRequestError(f"the in-graph KV update (kv_update='inplace') runs on the ort backend (and trt, "
-                                  f"built with --kv-update inplace), not {backend!r}")
     graphs = artifacts.load(bundle, InPlaceGraphs).graphs
     missing = [role for role in ("target", "draft") if role not in graphs]
     if missing:
@@ -182,23 +181,8 @@ def _in_place_graphs(bundle: Path, backend: str, quant: str | None, verify: bool
     return files
 
 
-def _check_quant(backend: str, quant: str | None) -> None:
-    """Refuse a quantization scheme the backend does not run, in one line: the torch backends quantize their
-    projections when they load (model/quant.py); the ort backend runs `specrt quantize`'s step graphs."""
-    if quant is None or backend == "trt":
-        return
-    if backend in ("torch", "static") and quant not in TORCH_QUANT_SCHEMES:
-        raise InvalidRequestError(f"quant={quant!r}: the {backend} backend quantizes its projections with "
-                                  f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
-                                  "graphs run on the ort backend")
-    if backend == "ort" and quant in TORCH_QUANT_SCHEMES:
-        raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend torch, or static engines built with "
-                                  f"--quant {quant}); the ort backend runs `specrt quantize`'s variants")
-
-
-def _quantized_graphs(bundle: Path, backend: str, quant: str | None) -> dict[str, str]:
-    """role -> the quantized step graph (relative to the bundle) of variant `quant` (ort); {} without one, on trt,
-    whose plans were built from it, and on the torch backends, whose projections are quantized when they load."""
-    if quant is None or backend != "ort":
+def _quantized_graphs(bundle: Path, quant: str | None) -> dict[str, str]:
+    """role -> the quantized step graph (relative to the bundle) of variant `quant`; {} without one."""
+    if quant is None:
         return {}
     return artifacts.load(bundle, QuantSet).graphs(bundle, quant)

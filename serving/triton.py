@@ -36,7 +36,7 @@ from specrt.files import UMASK, replace_dir, write_atomic
 from specrt.bundle.manifest import VERIFY_FLAGS, BundleOptions, ModelEntry, load_manifest, manifest_sha256
 from specrt.config import field_types, option, unwrap_optional
 from specrt.errors import SpecrtError
-from specrt.runtime.backends import BackendOptions
+from specrt.runtime.backends import BackendOptions, backend_kind
 
 MARKER = "specrt-triton.json"  # a file at the repository's top level (Triton looks only at directories there)
 DECODE_MODEL = "specrt"
@@ -173,7 +173,8 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
     shutil.copyfile(src, repo / DECODE_MODEL / "1" / "model.py")
     params = {"bundle": str(bundle.resolve()), **load_parameters(cfg), "method": cfg.method,
               "max_batch": str(cfg.max_batch), "stream_interval_ms": f"{cfg.stream_interval_ms:g}"}
-    if cfg.instances > 1 and cfg.backend == "ort":  # instances on host cores share them: --threads split between them
+    host = backend_kind(cfg.backend).host_cores
+    if cfg.instances > 1 and host:  # instances on host cores share them: --threads split between them
         from specrt.bundle.machine import resolve_threads
 
         params["threads"] = str(max(1, resolve_threads(cfg.threads) // cfg.instances))
@@ -187,8 +188,8 @@ def _decode_model(repo: Path, bundle: Path, cfg: TritonConfig) -> str:
                    {"name": "FINISH_REASON", "data_type": "=TYPE_STRING", "dims": [1]},
                    {"name": "PROMPT_TOKENS", "data_type": "=TYPE_INT64", "dims": [1]},
                    {"name": "TARGET_STEPS", "data_type": "=TYPE_INT64", "dims": [1]}],
-        # the ort backend runs on host cores; the others place themselves on the device they are given
-        "instance_group": [{"kind": "=KIND_CPU" if cfg.backend == "ort" else "=KIND_MODEL", "count": cfg.instances}],
+        # a host backend runs on host cores; the others place themselves on the device they are given
+        "instance_group": [{"kind": "=KIND_CPU" if host else "=KIND_MODEL", "count": cfg.instances}],
         "parameters": [{"key": k, "value": {"string_value": v}} for k, v in params.items() if v],
     }
     write_atomic(repo / DECODE_MODEL / "config.pbtxt", pbtxt(config))
@@ -210,8 +211,8 @@ def write_repository(cfg: TritonConfig) -> dict:
     entries = [manifest.models[role] for role in contract.ROLES]
     if not all(e.onnx for e in entries):
         raise SpecrtError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): re-export it with them")
-    if cfg.backend == "ort":  # what the model will load, refused here rather than in the server's log (the device
-        # backends run where Triton runs, which need not be this machine: they are checked as the model loads)
+    if backend_kind(cfg.backend).host_cores:  # what the model will load, refused here rather than in the server's log
+        # (the device backends run where Triton runs, which need not be this machine: they are checked as it loads)
         from specrt.runtime.loader import resolve
 
         resolve(bundle, **cfg.pipeline_options())

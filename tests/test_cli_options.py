@@ -3,6 +3,8 @@
 from dataclasses import fields
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
 from specrt.cli import build_parser, method_option_fields
@@ -105,8 +107,8 @@ def test_a_list_flag_with_choices_takes_each_item_from_them(capsys):
 @pytest.mark.parametrize("verb", ["generate", "inspect"])
 def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
     """Both verbs once built their options by hand and dropped --kv-update after parsing it."""
-    import specrt.bundle.machine as machine
     import specrt.bundle.manifest as manifest
+    import specrt.runtime.loader as loader
     from specrt.runtime.pipeline import Pipeline
 
     seen = {}
@@ -118,14 +120,9 @@ def test_every_backend_flag_reaches_generate_and_inspect(verb, monkeypatch):
         seen.update(kw)
         raise Seen
 
-    def here(backend, threads, device="cpu", quant=None, kv_update="runtime", packed_rows=True):
-        seen.update(backend=backend, threads=threads, device=device, quant=quant, kv_update=kv_update,
-                    packed_rows=packed_rows)
-        raise Seen
-
     monkeypatch.setattr(Pipeline, "load", staticmethod(load))
-    monkeypatch.setattr(machine.Machine, "here", staticmethod(here))
-    monkeypatch.setattr(manifest, "load_manifest", lambda bundle, verify=True: {})
+    monkeypatch.setattr(loader, "resolve", load)  # inspect resolves the bundle as Pipeline.load does
+    monkeypatch.setattr(manifest, "load_manifest", lambda bundle, verify=True: SimpleNamespace(models={}, created=""))
     flags = "--bundle b --backend ort --threads 3 --quant int8-weights --kv-update inplace --no-packed-rows"
     args = parse([verb], flags + (" --prompt x" if verb == "generate" else ""))
     with pytest.raises(Seen):

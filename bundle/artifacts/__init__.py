@@ -37,7 +37,7 @@ from specrt.bundle.artifacts.quant import QuantSet, QuantVariant
 from specrt.bundle.machine import Machine
 from specrt.errors import SpecrtError
 
-__all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
+__all__ = ["ARTIFACTS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
            "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
            "NgramPrior", "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
            "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save",
@@ -45,7 +45,6 @@ __all__ = ["ARTIFACTS", "ENGINE_SETS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HO
 
 ARTIFACTS = (Acceptance, LatencyProfile, Plan, EngineSet, TrtEngineSet, QuantSet, PromptTokens, InPlaceGraphs,
              NgramPrior)
-ENGINE_SETS = {"static": EngineSet, "trt": TrtEngineSet}  # backend -> the artifact its engines are described by
 
 
 def status(bundle: Path, machine: Machine | None = None) -> list[tuple[str, str]]:

@@ -51,6 +51,26 @@ class EngineSet(Artifact):
         device = f" --device {machine.device}" if machine and machine.device != "cpu" else ""
         return f"specrt build --bundle {bundle}{device}"
 
+    def table(self) -> str:
+        return (f"token profiles {', '.join(map(str, self.token_profiles))}; batch buckets "
+                f"{', '.join(map(str, self.batch_buckets))}; capacity {self.capacity}; {self.slots} slot(s)")
+
+    def describe(self) -> str:
+        """What `specrt build` made, a line for the set and one per model."""
+        what = "CUDA graphs" if self.cuda_graphs else "static steps, no CUDA graphs on the CPU"
+        what += f"; decoder layers torch.compile'd ({self.compile})" if self.compile else ""
+        spans = f"; attention spans {', '.join(map(str, self.spans))}" if len(self.spans) > 1 else ""
+        lines = [f"{len(self.token_profiles) * len(self.batch_buckets) * len(self.spans)} shapes per model and slot "
+                 f"({what}) on {self.device_name or self.device}: {self.table()}{spans}"]
+        lines += [f"{role}: built and checked in {self.build_seconds[role]:.1f} s; {self.weight_bytes[role] / 2**20:.1f} "
+                  f"MiB of weights{' (' + self.quant + ')' if self.quant else ''}; static vs eager step: max |logit err| "
+                  f"{self.parity[role]:.2e}" for role in self.build_seconds]
+        return "\n".join(lines)
+
+    def load_flags(self) -> str:
+        """The Pipeline.load flags that run these engines."""
+        return f"--backend {self.kind}" + (f" --quant {self.quant}" if self.quant and self.PER_VARIANT else "")
+
     def for_tokens(self, num_tokens: int) -> int:
         """The profile (its largest token count) a step of num_tokens new tokens per sequence runs at."""
         for t in self.token_profiles:
@@ -149,6 +169,14 @@ class TrtEngineSet(EngineSet):
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
         device = f" --device {machine.device}" if machine and machine.device != "cpu" else ""
         return f"specrt build --bundle {bundle} --backend trt{device}"
+
+    def describe(self) -> str:
+        lines = [f"TensorRT {self.versions['tensorrt']} plans on {self.device_name or self.device}, "
+                 f"{len(self.token_profiles) * self.slots} optimization profiles per model: {self.table()}"]
+        lines += [f"{role}: {self.plans[role]} ({self.plan_bytes[role] / 2**20:.1f} MiB) built and checked in "
+                  f"{self.build_seconds[role]:.1f} s; TensorRT vs eager step: max |logit err| {self.parity[role]:.2e}"
+                  for role in self.build_seconds]
+        return "\n".join(lines)
 
     def profile_index(self, num_tokens: int, slot: int = 0) -> int:
         """The optimization profile a step of num_tokens new tokens per sequence runs at, in slot `slot`."""

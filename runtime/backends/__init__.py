@@ -14,12 +14,12 @@ from pathlib import Path
 from specrt.bundle.manifest import ModelEntry
 from specrt.config import Config, option
 from specrt.contract import KV_UPDATES
-from specrt.errors import BundleError, InvalidRequestError
+from specrt.errors import InvalidRequestError
 from specrt.runtime.backends.base import Backend, Runner
+from specrt.runtime.backends.kinds import BACKENDS, KINDS, BackendKind, backend_kind, kinds_that
 
-BACKENDS = ("ort", "torch", "static", "trt")
-
-__all__ = ["BACKENDS", "Backend", "BackendOptions", "Runner", "ThreadOptions", "load_backend", "resolve_device"]
+__all__ = ["BACKENDS", "Backend", "BackendKind", "BackendOptions", "Runner", "ThreadOptions", "backend_kind",
+           "load_backend", "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,7 @@ class ThreadOptions(Config):
 class BackendOptions(ThreadOptions):
     """Which backend runs the step graphs, where: Pipeline.load's arguments, shared by every verb that runs one."""
 
-    backend: str = option("ort", "ort = ONNX Runtime (CPU); torch = PyTorch, eager (CUDA where present); static = the "
-                                 "bundle's static-shape engines (`specrt build`; CUDA graphs on CUDA); trt = its TensorRT "
-                                 "engines (`specrt build --backend trt`)", choices=BACKENDS)
+    backend: str = option("ort", "; ".join(f"{k.name} = {k.help}" for k in KINDS.values()), choices=BACKENDS)
     device: str | None = option(None, "torch device, e.g. cuda:0 (default: CUDA where present, else cpu)")
     quant: str | None = option(None, "run a quantized variant of the step graphs (`specrt quantize`; ort backend): "
                                      "int8-weights, int4-weights, dynamic-int8 or static-int8; torch backend: 8-bit "
@@ -57,14 +55,14 @@ class BackendOptions(ThreadOptions):
 
 def resolve_device(backend: str, device: str | None) -> str:
     """"cpu" or "cuda:N" for this backend, refusing what cannot run here with one clear line."""
-    if backend not in BACKENDS:
-        raise InvalidRequestError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    kind = backend_kind(backend)
     if device is not None and not isinstance(device, str):
         raise InvalidRequestError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
-    if backend == "ort":
+    if kind.devices == ("cpu",):
         if device not in (None, "cpu"):
-            raise InvalidRequestError(f"device {device!r}: the ort backend runs on the CPU here "
-                                      "(use backend 'torch' for a CUDA device)")
+            raise InvalidRequestError(f"device {device!r}: the {backend} backend runs on the CPU here (use backend "
+                                      f"{kinds_that(lambda k: 'cuda' in k.devices)} for a "
+                                      "CUDA device)")
         return "cpu"
     import torch
 
@@ -75,9 +73,10 @@ def resolve_device(backend: str, device: str | None) -> str:
     except (RuntimeError, ValueError):
         raise InvalidRequestError(f"device {device!r} is not a device PyTorch knows (e.g. 'cpu', 'cuda', 'cuda:1')") from None
     if dev.type == "cpu":
-        if backend == "trt":
-            raise InvalidRequestError("TensorRT engines run on a CUDA device, not the CPU (the ONNX step graphs run on "
-                                      "the CPU with --backend ort)")
+        if "cpu" not in kind.devices:
+            raise InvalidRequestError(f"{kind.title} runs on a CUDA device, not the CPU (the ONNX step graphs "
+                                      f"run on the CPU with --backend "
+                                      f"{kinds_that(lambda k: k.host_cores)})")
         return "cpu"
     if dev.type != "cuda":
         raise InvalidRequestError(f"device {device!r}: specrt runs on 'cpu' or 'cuda' devices")
@@ -112,30 +111,4 @@ class ModelSource:
 
 def load_backend(kind: str, bundle: Path, source: ModelSource) -> Backend:
     """A backend of kind `kind` for one model of `bundle`, made from `source`."""
-    s, entry = source, source.entry
-    if kind == "static":
-        from specrt.runtime.backends.static import StaticTorchBackend
-
-        return StaticTorchBackend(entry, bundle / entry.hf_dir, device=s.device, threads=s.threads, engines=s.engines,
-                                  prompt_embeddings=s.prompt_embeddings)
-    if kind == "trt":
-        from specrt.runtime.backends.trt import TrtBackend
-
-        return TrtBackend(entry, bundle, device=s.device, engines=s.engines)
-    if kind == "ort":
-        from specrt.runtime.backends.ort import OrtBackend
-
-        if not entry.onnx:
-            raise BundleError(f"{bundle} has no ONNX step graphs (exported with --no-onnx): load it with backend "
-                              "torch or static, or re-export it with the graphs")
-        if entry.dtype == "bfloat16":
-            raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
-                              "bfloat16 kernels): load it with backend torch, static or trt, or export in float32")
-        return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update,
-                          pack_rows=s.packed_rows)
-    if kind == "torch":
-        from specrt.runtime.backends.pytorch import TorchBackend
-
-        return TorchBackend(entry, bundle / entry.hf_dir, device=s.device, threads=s.threads,
-                            prompt_embeddings=s.prompt_embeddings, quant=s.quant)
-    raise InvalidRequestError(f"unknown backend {kind!r} (choose from {', '.join(BACKENDS)})")
+    return backend_kind(kind).loads(bundle, source)

@@ -122,26 +122,8 @@ def cmd_build(args) -> None:
 
     cfg = config_from(BuildConfig, args)
     e = build(cfg)
-    table = (f"token profiles {', '.join(map(str, e.token_profiles))}; batch buckets "
-             f"{', '.join(map(str, e.batch_buckets))}; capacity {e.capacity}; {e.slots} slot(s)")
-    if e.kind == "trt":
-        print(f"TensorRT {e.versions['tensorrt']} plans on {e.device_name or e.device}, "
-              f"{len(e.token_profiles) * e.slots} optimization profiles per model: {table}")
-        for role in e.build_seconds:
-            print(f"{role}: {e.plans[role]} ({e.plan_bytes[role] / 2**20:.1f} MiB) built and checked in "
-                  f"{e.build_seconds[role]:.1f} s; TensorRT vs eager step: max |logit err| {e.parity[role]:.2e}")
-    else:
-        what = "CUDA graphs" if e.cuda_graphs else "static steps, no CUDA graphs on the CPU"
-        what += f"; decoder layers torch.compile'd ({e.compile})" if e.compile else ""
-        spans = f"; attention spans {', '.join(map(str, e.spans))}" if len(e.spans) > 1 else ""
-        print(f"{len(e.token_profiles) * len(e.batch_buckets) * len(e.spans)} shapes per model and slot ({what}) on "
-              f"{e.device_name or e.device}: {table}{spans}")
-        for role in e.build_seconds:
-            print(f"{role}: built and checked in {e.build_seconds[role]:.1f} s; {e.weight_bytes[role] / 2**20:.1f} MiB "
-                  f"of weights{' (' + e.quant + ')' if e.quant else ''}; static vs eager step: max |logit err| "
-                  f"{e.parity[role]:.2e}")
-    flag = f" --quant {e.quant}" if e.quant and e.kind == "static" else ""
-    print(f"wrote {cfg.bundle}/{e.file(e.quant)} (load it with --backend {e.kind}{flag})")
+    print(e.describe())
+    print(f"wrote {cfg.bundle}/{e.file(e.quant)} (load it with {e.load_flags()})")
 
 
 def cmd_quantize(args) -> None:
@@ -283,22 +265,27 @@ def cmd_tune(args) -> None:
 
 def cmd_inspect(args) -> None:
     from specrt.bundle import artifacts
-    from specrt.bundle.machine import Machine, resolve_threads
     from specrt.bundle.manifest import BundleOptions, load_manifest
-    from specrt.runtime.backends import BackendOptions, resolve_device
-    from specrt.runtime.loader import resolve_quant
+    from specrt.runtime.backends import BackendOptions
+    from specrt.runtime.loader import resolve
 
-    manifest = load_manifest(args.bundle, config_from(BundleOptions, args).verify_mode)
+    verify = config_from(BundleOptions, args).verify_mode
+    manifest = load_manifest(args.bundle, verify)
     o = config_from(BackendOptions, args)
-    machine = Machine.here(o.backend, resolve_threads(o.threads), resolve_device(o.backend, o.device),
-                           resolve_quant(args.bundle, o.quant), o.kv_update, o.packed_rows)
     sizes = ", ".join(f"{role} {m.num_params / 1e6:.2f}M params" for role, m in manifest.models.items())
     print(f"{args.bundle}: specrt bundle made {manifest.created} ({sizes}); files match their hashes")
-    print(f"here: {machine.describe()}")
+    machine = refused = None
+    try:  # what Pipeline.load would run here, engines and plan read as it reads them
+        machine = resolve(args.bundle, **{**o.pipeline_options(), "verify": verify}).machine
+        print(f"here: {machine.describe()}")
+    except SpecrtError as e:
+        refused = e  # the artifacts are still listed; the refusal is the verb's error
     status = artifacts.status(args.bundle, machine)
     width = max(len(name) for name, _ in status)
     for name, state in status:
         print(f"  {name:<{width}} {state}")
+    if refused is not None:
+        raise refused
 
 
 def cmd_ppd(args) -> None:

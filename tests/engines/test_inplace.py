@@ -168,7 +168,7 @@ def test_the_in_graph_update_is_refused_where_it_cannot_run(inplace_bundle, demo
 
     with pytest.raises(BundleError, match="no inplace.json in .*: run `specrt inplace --bundle "):
         Pipeline.load(demo_bundle, kv_update="inplace")
-    with pytest.raises(InvalidRequestError, match="runs on the ort backend \\(and trt, built with --kv-update inplace\\), not 'torch'"):
+    with pytest.raises(InvalidRequestError, match="kv_update='inplace' runs on the backends ort and trt \\(its engines built with --kv-update inplace\\), not 'torch'"):
         Pipeline.load(inplace_bundle, backend="torch", device="cpu", kv_update="inplace")
     with pytest.raises(InvalidRequestError, match="kv_update must be one of runtime, inplace"):
         Pipeline.load(inplace_bundle, kv_update="both")

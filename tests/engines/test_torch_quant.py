@@ -115,7 +115,7 @@ def test_quantized_projections_are_refused_where_they_cannot_run(quant_engines):
         Pipeline.load(quant_engines, backend="static", quant="static-int8")  # before looking for its engines
     with pytest.raises(InvalidRequestError, match="--quant int8-weights: the static engines quantize their projections"):
         BuildConfig(bundle=quant_engines, quant="int8-weights")
-    with pytest.raises(InvalidRequestError, match="--quant with --backend trt builds TensorRT plans from a quantized "
+    with pytest.raises(InvalidRequestError, match="--quant with --backend trt builds TensorRT engines from a quantized "
                                                   "variant's Q/DQ graphs"):
         BuildConfig(bundle=quant_engines, backend="trt", quant="fp8")
     with pytest.raises(InvalidRequestError, match="--schemes static-int8: the torch backend measures the PyTorch step"):

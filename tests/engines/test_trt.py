@@ -190,7 +190,7 @@ def test_quantized_plans_are_refused_for_schemes_tensorrt_does_not_import(trt, i
     with pytest.raises(SpecrtError, match="dynamic-int8 is MatMulInteger on activations quantized as the step runs"):
         build_plans(fake, BuildConfig(bundle=b, backend="trt", quant="dynamic-int8", **TABLE), "cpu", progress=False)
     with pytest.raises(InvalidRequestError, match="--quant int8-qdq: the static engines quantize their projections "
-                                                  "with int8-wo or fp8 .*or in TensorRT plans with --backend trt"):
+                                                  "with int8-wo or fp8 .*or in TensorRT engines with --backend trt"):
         BuildConfig(bundle=b, backend="static", quant="int8-qdq")
     from specrt.runtime.pipeline import Pipeline
 
@@ -384,7 +384,7 @@ def test_old_tensorrt_and_cpu_devices_are_refused(trt, demo_bundle):
     fake.reset("8.6.1")
     with pytest.raises(TensorRTUnavailableError, match="TensorRT 8.6.1 is older than 10.1"):
         import_tensorrt()
-    with pytest.raises(InvalidRequestError, match="TensorRT engines run on a CUDA device, not the CPU"):
+    with pytest.raises(InvalidRequestError, match="TensorRT runs on a CUDA device, not the CPU"):
         resolve_device("trt", "cpu")
 
 
