@@ -34,7 +34,7 @@ from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, Drafter, Dy
 from specrt.runtime.evidence import Evidence
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
-from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
+from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, Verifier, make_verifier
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best static tree replaces it once `specrt tune` has run.
@@ -68,7 +68,7 @@ class MethodContext:
 @dataclass(frozen=True)
 class Built:
     drafter: Drafter | None
-    verifier: object  # GreedyVerifier, RejectionVerifier or JointLikelihoodVerifier
+    verifier: Verifier
     slack: int  # context slots a round may use beyond the text (drafted nodes, scratch rows)
 
 

@@ -100,7 +100,8 @@ class Pipeline:
         latency profile and plan are then this setting's own (Machine.packed_rows)."""
         from specrt.runtime.loader import resolve
 
-        r = resolve(bundle, backend, threads, device, verify, quant, kv_update, packed_rows)
+        r = resolve(bundle, backend=backend, threads=threads, device=device, verify=verify, quant=quant,
+                    kv_update=kv_update, packed_rows=packed_rows)
         pipe = cls(r.bundle, r.manifest, r.tokenizer, r.load_model("target"), r.load_model("draft"), machine=r.machine)
         pipe.prompt_tokens, pipe.prompt_tokens_refused = r.prompt_tokens, r.prompt_tokens_refused
         return pipe
@@ -113,20 +114,21 @@ class Pipeline:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would raise a bare TypeError
                 raise InvalidRequestError(f"the prompt is not valid Unicode text: {e.reason} at character {e.start} "
-                                          f"({prompt[e.start:e.end]!r})") from None
+                                          f"({prompt[e.start:e.end]!r})", fields=("prompt",)) from None
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         elif _is_token_ids(prompt):
             ids = [int(t) for t in prompt]
             vocab = self.target.entry.vocab_size
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
-                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad}")
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad}", fields=("prompt",))
         else:
             bad = next((t for t in prompt if not _is_token_id(t)), None) if isinstance(prompt, (list, tuple)) else None
             what = f"a sequence holding {bad!r}" if bad is not None else type(prompt).__name__
-            raise InvalidRequestError(f"a prompt must be a string or a sequence of integer token ids, got {what}")
+            raise InvalidRequestError(f"a prompt must be a string or a sequence of integer token ids, got {what}",
+                                      fields=("prompt",))
         if not ids:
-            raise InvalidRequestError("empty prompt: give at least one token")
+            raise InvalidRequestError("empty prompt: give at least one token", fields=("prompt",))
         return ids
 
     def _prompts(self, prompts) -> tuple[list, bool]:
@@ -148,10 +150,10 @@ class Pipeline:
         """What a method's builder may use: the draft model, the cache bucket, the evidence, PPD's prompt tokens."""
         return MethodContext(self.draft, self.bucket, self.evidence, self.prompt_tokens, self.prompt_tokens_refused)
 
-    def _scheduler(self, method: str, options: dict, params: SamplingParams, batch_size: int,
-                   padded: bool = False) -> tuple[Scheduler, int]:
+    def scheduler(self, method: str, options: dict, params: SamplingParams, batch_size: int,
+                  padded: bool = False) -> tuple[Scheduler, int]:
         """(a scheduler with its own runners, drafter and verifier; the context slots a round may use beyond the
-        text) for one call or server."""
+        text) for one call or server: its caller closes it."""
         m: Method = make_method(method, options)
         built = m.build(self.method_context(), params, batch_size)
         try:
@@ -165,14 +167,16 @@ class Pipeline:
     def _prepare(self, method: str, options: dict, params: SamplingParams, decode: DecodeOptions, prompts: list,
                  per_prompt: list[int] | None = None):
         """(scheduler, sequences) for one call (its runners given back again if the prompts are refused)."""
-        scheduler, slack = self._scheduler(method, options, params, decode.batch_size, decode.padded)
+        scheduler, slack = self.scheduler(method, options, params, decode.batch_size, decode.padded)
         try:
-            return scheduler, self._sequences(prompts, per_prompt or [decode.max_new_tokens] * len(prompts), slack)
+            return scheduler, self.sequences(prompts, per_prompt or [decode.max_new_tokens] * len(prompts), slack)
         except BaseException:
             scheduler.close()
             raise
 
-    def _sequences(self, prompts, max_new_tokens: list[int], slack: int) -> list[SeqState]:
+    def sequences(self, prompts, max_new_tokens: list[int], slack: int) -> list[SeqState]:
+        """One SeqState per prompt, each checked (InvalidRequestError, its `fields` naming the inputs at fault) against
+        its limit and the context that `slack` draft slots leave."""
         seqs = []
         for i, (p, max_new_tokens) in enumerate(zip(prompts, max_new_tokens)):
             DecodeOptions(max_new_tokens)  # each limit checked as one
@@ -181,7 +185,8 @@ class Pipeline:
             if need > self.max_context:
                 raise InvalidRequestError(
                     f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} and {slack} draft slots "
-                    f"it needs {need} positions, more than the context of {self.max_context}")
+                    f"it needs {need} positions, more than the context of {self.max_context}",
+                    fields=("prompt", "max_new_tokens"))
             seqs.append(SeqState(i, ids, max_new_tokens, slack))
         return seqs
 
@@ -228,7 +233,7 @@ class Pipeline:
             scheduler.close()
             if bar is not None:
                 bar.close()
-        results = [self._result(s) for s in seqs]
+        results = [self.generation(s) for s in seqs]
         return results[0] if single else results
 
     def chat_prompt(self, messages) -> str:
@@ -274,19 +279,21 @@ class Pipeline:
             yield piece
 
     def server(self, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, **options) -> Server:
+               top_p: float = 1.0, seed: int = 0, sampling: SamplingParams | None = None, **options) -> Server:
         """A Server decoding requests submitted over time (`server.submit(prompt, max_new_tokens)`) in one
         continuously batched loop of up to `max_batch` sequences, on a thread of its own, with this method and
-        these sampling parameters (runtime/server.py). Close it (or use it as a context manager) to give its
-        runners back."""
+        these sampling parameters (`sampling`, or temperature, top_k and top_p) (runtime/server.py). Close it (or
+        use it as a context manager) to give its runners back."""
         from specrt.runtime.server import Server
 
         DecodeOptions(seed=seed, batch_size=max_batch)  # checked as generate checks them
-        return Server(self, method, max_batch, temperature, top_k, top_p, seed, **options)
+        params = SamplingParams(temperature, top_k, top_p) if sampling is None else sampling
+        return Server(self, method, max_batch, params, seed, options)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=True)
 
-    def _result(self, s: SeqState) -> Generation:
+    def generation(self, s: SeqState) -> Generation:
+        """What a finished sequence gives its caller."""
         ids = [int(t) for t in s.new_tokens]
         return Generation(self.decode(ids), ids, s.finish_reason, s.prompt_len, s.stats)

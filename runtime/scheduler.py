@@ -34,6 +34,7 @@ from specrt.runtime.sampling import SamplingParams, rng_of
 from specrt.runtime.stats import POSITION_BUCKET, Stats
 from specrt.runtime.step_inputs import admit, pack_step, prefill
 from specrt.runtime.tree import DraftTree
+from specrt.runtime.verify import Verifier
 
 
 class SeqState:
@@ -129,7 +130,7 @@ class Waiting:
 
 
 class Scheduler:
-    def __init__(self, target: Runner, drafter: Drafter | None, verifier, eos_id: int | None, bucket: int = 128,
+    def __init__(self, target: Runner, drafter: Drafter | None, verifier: Verifier, eos_id: int | None, bucket: int = 128,
                  padded: bool = False):
         self.target = target
         self.padded = padded

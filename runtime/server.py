@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from specrt.runtime.detokenize import TextStream
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.scheduler import SeqState, Waiting
+
+if TYPE_CHECKING:
+    from specrt.runtime.pipeline import Pipeline
 
 @dataclass(frozen=True)
 class Piece:
@@ -176,7 +180,7 @@ class Request:
         if self.future.done():
             return
         if error is None:
-            self.future.set_result(self._server.pipe._result(self._seq))
+            self.future.set_result(self._server.pipe.generation(self._seq))
         else:
             self.future.set_exception(error)
         with self._lock:
@@ -219,13 +223,12 @@ class ServerStats:
 
 
 class Server:
-    def __init__(self, pipe, method: str = "sd", max_batch: int = 8, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, **options):
+    def __init__(self, pipe: Pipeline, method: str, max_batch: int, params: SamplingParams, seed: int, options: dict):
         """Made by Pipeline.server, which checks max_batch and seed."""
         self.pipe = pipe
-        self.params = SamplingParams(temperature, top_k, top_p)
+        self.params = params
         self.max_batch = max_batch
-        self._scheduler, self._slack = pipe._scheduler(method, options, self.params, max_batch)
+        self._scheduler, self._slack = pipe.scheduler(method, options, self.params, max_batch)
         self._rng = np.random.default_rng(seed)
         self._waiting = _Queue(self)
         self._requests: dict[int, Request] = {}  # submitted, not yet finished (changed under _lock)
@@ -246,7 +249,7 @@ class Server:
         started = time.perf_counter()
         if seed is not None:
             DecodeOptions(seed=seed)  # checked as generate checks it
-        (seq,) = self.pipe._sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
+        (seq,) = self.pipe.sequences([prompt], [max_new_tokens], self._slack)  # raises for bad input
         seq.rng = None if seed is None else np.random.default_rng(seed)
         with self._lock:
             if self._closing:

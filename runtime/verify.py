@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +32,16 @@ class Verdict:
     path: list[int]  # accepted nodes, root to leaf
     bonus: int  # token emitted by the target after the path
     beyond: int = 0  # (MergedDrafter, to each drafter) accepted nodes past the end of `path` that lie in other trees
+
+
+class Verifier(Protocol):
+    """What every verifier does: from the target's logits over a DraftTree (row 0 the root, row i + 1 node i), the
+    accepted path and the bonus token (runtime/reference.py shows the greedy case in one loop)."""
+
+    head: str  # what it reads of the target's logits (Runner.step's head): "argmax" or whole "logits"
+
+    def verify(self, tree: DraftTree, logits: np.ndarray, params: SamplingParams,
+               rng: np.random.Generator) -> Verdict: ...
 
 
 class GreedyVerifier:

@@ -8,7 +8,7 @@ runners, and on engines their slots, go with it): at most `max_servers` kinds de
 refused until one finishes. Counts of the servers given back stay in the pool's stats.
 
     pool = ServerPool(pipe, max_batch=8, default_method="sd")
-    request = pool.submit("def f():", max_new_tokens=64, method="anpd", temperature=0.0, seed=None)
+    request = pool.submit(DecodeRequest.of("def f():", max_new_tokens=64, method="anpd", temperature=0.0))
     for piece in request.pieces(): ...
     pool.stats()            # {method: ServerStats summed over its servers, the given-back ones included}
     pool.close(cancel=True)
@@ -22,15 +22,13 @@ from dataclasses import fields
 
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.runtime.methods import METHODS
+from specrt.runtime.options import DecodeRequest
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.server import Request, Server, ServerStats
 
-class Refused(InvalidRequestError):
-    """A request the pool will not take; `inputs`: the keywords of submit it is about."""
 
-    def __init__(self, inputs: tuple[str, ...], message: str):
-        super().__init__(message)
-        self.inputs = inputs
+class Refused(InvalidRequestError):
+    """A request the pool will not take; `fields`: the DecodeRequest fields it is about (none: the pool's state)."""
 
 
 def _sum(stats: list[ServerStats]) -> ServerStats:
@@ -52,31 +50,25 @@ class ServerPool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def submit(self, prompt, max_new_tokens: int = 128, method: str | None = None, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> Request:
-        """Queue one request on its kind's server (made now if it has none); raises Refused, naming the inputs at fault,
+    def submit(self, request: DecodeRequest) -> Request:
+        """Queue one request on its kind's server (made now if it has none); raises Refused, naming the fields at fault,
         in this thread, before it reaches any batch."""
-        method = self.default_method if method is None else method
-        if not isinstance(method, str) or method not in METHODS:
-            raise Refused(("method",), f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-        try:
-            key = (method, SamplingParams(temperature, top_k, top_p))
-        except InvalidRequestError as e:
-            raise Refused(tuple(k for k in ("temperature", "top_k", "top_p") if k in str(e)), str(e)) from None
+        if not isinstance(request, DecodeRequest):
+            raise TypeError(f"ServerPool.submit takes a DecodeRequest, got {type(request).__name__}")
+        key = (request.method or self.default_method, request.sampling)
         with self._lock:
             if self._closed:
-                raise Refused((), "this pool is closed")
+                raise Refused("this pool is closed")
             server = self._servers.get(key)
             if server is None:
                 try:
                     server = self._open(key)
                 except SpecrtError as e:  # the method cannot run here (e.g. ppd without prompt tokens), or no room
-                    raise Refused(("method",), str(e)) from None
+                    raise Refused(str(e), fields=("method",)) from None
             try:
-                return server.submit(prompt, max_new_tokens, seed)
-            except InvalidRequestError as e:
-                inputs = [k for k in ("max_new_tokens", "seed") if f"{k}=" in str(e) or str(e).startswith(k)]
-                raise Refused(("prompt", *inputs) if "prompt" in str(e) or not inputs else tuple(inputs), str(e)) from None
+                return server.submit(request.prompt, request.max_new_tokens, request.seed)
+            except InvalidRequestError as e:  # the prompt, against the bundle (the other fields were checked)
+                raise Refused(str(e), fields=e.fields or ("prompt",)) from None
 
     def _open(self, key) -> Server:
         """A server for `key`, after giving back idle ones of other kinds (under _lock)."""
@@ -89,7 +81,7 @@ class ServerPool:
             raise InvalidRequestError(f"{len(self._servers)} kinds of request are decoding ({busy}): a request of "
                                       "another method or sampling parameters waits until one of them is done")
         method, params = key
-        server = self.pipe.server(method, self.max_batch, params.temperature, params.top_k, params.top_p)
+        server = self.pipe.server(method, self.max_batch, sampling=params)
         self._servers[key] = server
         return server
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# input -> (keyword of ServerPool.submit, Python type)
+# input -> (keyword of DecodeRequest.of, Python type)
 OPTIONAL = {"MAX_NEW_TOKENS": ("max_new_tokens", int), "METHOD": ("method", str), "TEMPERATURE": ("temperature", float),
             "TOP_K": ("top_k", int), "TOP_P": ("top_p", float), "SEED": ("seed", int), "STREAM": ("stream", bool)}
 NAMES = {"prompt": "PROMPT", **{key: name for name, (key, _) in OPTIONAL.items()}}  # keyword -> input
@@ -79,11 +79,10 @@ def _value(request, name: str):
     return value.item()
 
 
-def parse(request) -> tuple[str, dict]:
-    """(prompt, ServerPool.submit's keywords and "stream") of a request; raises BadInput naming the input."""
+def parse(request):
+    """(the DecodeRequest, whether to stream) of a request; raises BadInput naming the input."""
     from specrt.errors import InvalidRequestError
-    from specrt.runtime.options import DecodeOptions
-    from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.options import DecodeRequest
 
     prompt = _value(request, "PROMPT")
     if prompt is None:
@@ -97,15 +96,12 @@ def parse(request) -> tuple[str, dict]:
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise BadInput(f"{name} must be {kind.__name__}, got {value!r}")
-        try:  # each checked alone, so that its error is its own
-            if key in ("max_new_tokens", "seed"):
-                DecodeOptions(**{key: value})
-            elif key in ("temperature", "top_k", "top_p"):
-                SamplingParams(**{key: value})
-        except InvalidRequestError as e:
-            raise BadInput(f"{name}: {e}") from None
         kwargs[key] = value
-    return prompt, kwargs
+    stream = kwargs.pop("stream", False)
+    try:
+        return DecodeRequest.of(prompt, **kwargs), stream
+    except InvalidRequestError as e:
+        raise BadInput(f"{', '.join(NAMES[k] for k in e.fields)}: {e}") from None
 
 
 @dataclass
@@ -147,12 +143,11 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, kwargs = parse(request)
-                stream = kwargs.pop("stream", False)
+                decode, stream = parse(request)
                 try:
-                    handle = self.pool.submit(prompt, **kwargs)
+                    handle = self.pool.submit(decode)
                 except Refused as e:
-                    raise BadInput(f"{', '.join(NAMES[k] for k in e.inputs) or 'request'}: {e}") from None
+                    raise BadInput(f"{', '.join(NAMES[k] for k in e.fields) or 'request'}: {e}") from None
             except BadInput as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue

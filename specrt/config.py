@@ -22,7 +22,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dat
 from functools import cache
 from pathlib import Path
 
-from specrt.errors import InvalidRequestError
+from specrt.errors import InvalidRequestError, SpecrtError
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,11 @@ def check(obj, error=InvalidRequestError) -> None:
     """Validate (and normalise in place) every field of a frozen dataclass instance."""
     hints = field_types(type(obj))
     for f in fields(obj):
-        value = coerce(f.name, hints[f.name], getattr(obj, f.name), f.metadata, error)
+        try:
+            value = coerce(f.name, hints[f.name], getattr(obj, f.name), f.metadata, error)
+        except SpecrtError as e:
+            e.fields = (f.name,)  # the field it is about, as data
+            raise
         object.__setattr__(obj, f.name, value)
 
 

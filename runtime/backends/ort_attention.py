@@ -11,8 +11,8 @@ import functools
 
 import numpy as np
 
-from specrt.runtime.backends.ort_fusions import (PREFIX, _attr, _drop_unused_initializers, _Graph, _other,
-                                                 _replace_nodes)
+from specrt.runtime.backends.ort_fusions import (PREFIX, GraphIndex, drop_unused_initializers, node_attr,
+                                                 other_input, replace_nodes)
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
 
     from specrt import contract
 
-    g = _Graph(model, weights_dir)
+    g = GraphIndex(model, weights_dir)
     graph = model.graph
     inputs = {i.name: i for i in graph.input}
     shapes = {v.name: v for v in graph.value_info}
@@ -76,7 +76,7 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
         v_heads = g.made_by(scatter_v.input[1], "Transpose")  # v [B, T, Hkv, D] transposed to [B, Hkv, T, D]
         sources = [("q", q_rope[0] if rotary else None, node.input[0], [0, 2, 1, 3]),
                    ("k", k_rope[0] if rotary else None, scatter_k.input[1], [0, 2, 1, 3]),
-                   ("v", v_heads.input[0] if v_heads is not None and list(_attr(v_heads, "perm")) == [0, 2, 1, 3]
+                   ("v", v_heads.input[0] if v_heads is not None and list(node_attr(v_heads, "perm")) == [0, 2, 1, 3]
                     else None, scatter_v.input[1], [0, 2, 1, 3])]
         for what, heads_first, source, perm in sources:
             if heads_first is not None:  # [B, T, heads..., D] as the projection's [B, T, heads x D] viewed it
@@ -98,7 +98,7 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
             source, gather = packed
             if gather is not None:
                 made.append(helper.make_node("Gather", [source, gather.input[1]], [f"{name}/qkv"], name=f"{name}/qkv",
-                                             axis=_attr(gather, "axis", 0)))
+                                             axis=node_attr(gather, "axis", 0)))
                 source = made[-1].output[0]
             rows = [source, "", ""]
             qkv += 1
@@ -115,31 +115,31 @@ def fuse_grouped_attention(model, num_heads: int, max_positions: int, weights_di
             [*rows, scatter_k.input[0], scatter_v.input[0], p + "seqlens_k", p + "total", cos, sin,
              p + "positions" if rotary else "", biases[mask], "", "", "", "", "", p + "query_seqlens"],
             [out, scatter_k.output[0], scatter_v.output[0]], name=name, domain="com.microsoft",
-            num_heads=num_heads, kv_num_heads=kv_heads, scale=_attr(node, "scale"),
+            num_heads=num_heads, kv_num_heads=kv_heads, scale=node_attr(node, "scale"),
             do_rotary=int(bool(rotary))))
         replaced[id(node)] = made
         replaced.update({id(scatter_k): [], id(scatter_v): [], id(out_transpose): []})
         layers, rotated = layers + 1, rotated + bool(rotary)
     if layers:
-        _replace_nodes(graph, replaced)
+        replace_nodes(graph, replaced)
         made = {o for node in graph.node if node.op_type == "GroupQueryAttention" for o in node.output}
         kept = [v for v in graph.value_info if v.name not in made]  # the shapes the replaced nodes gave them
         del graph.value_info[:]
         graph.value_info.extend(kept)
         _drop_dead_nodes(graph)
-        _drop_unused_initializers(graph)
+        drop_unused_initializers(graph)
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return layers, rotated, qkv
 
 
-def _packed_qkv(g: _Graph, rows: list[str], heads: list[int], head_dim: int):
+def _packed_qkv(g: GraphIndex, rows: list[str], heads: list[int], head_dim: int):
     """(the tensor [.., (H + 2 Hkv) x D] that q, k and v (`rows`, [B, T, heads x D] each) are split from, in that
     order and only for this layer, the Gather of packed rows (packed_rows.py, axis 0) each of them is read through,
     or None) where they are; else None. GroupQueryAttention reads such a tensor as its packed query."""
     gathers = [g.made_by(r, "Gather") for r in rows]
     if all(gathers):
-        if len({(x.input[1], _attr(x, "axis")) for x in gathers}) != 1:
+        if len({(x.input[1], node_attr(x, "axis")) for x in gathers}) != 1:
             return None
         parts = [x.input[0] for x in gathers]
     elif any(gathers):
@@ -149,13 +149,13 @@ def _packed_qkv(g: _Graph, rows: list[str], heads: list[int], head_dim: int):
     split = g.made_by(parts[0], "Split")
     sizes = g.values.get(split.input[1]) if split is not None and len(split.input) == 2 else None
     if sizes is None or list(split.output) != parts or list(sizes) != [h * head_dim for h in heads] \
-            or _attr(split, "axis", 0) != -1 \
+            or node_attr(split, "axis", 0) != -1 \
             or any(len(g.consumers.get(t, [])) != 1 or t in g.outputs for t in [*parts, *rows]):
         return None
     return split.input[0], gathers[0]
 
 
-def _rotation(g: _Graph, reshaped):
+def _rotation(g: GraphIndex, reshaped):
     """(the [B, T, heads..., D] tensor a layer rotates, its cos, its sin) where `reshaped` (a Reshape or Squeeze
     node) reads `(x * cos + (x @ R) * sin)` of x = that tensor transposed heads-first, R rotate_half's matrix over
     the whole head (StepLayer's _rope), else None."""
@@ -173,10 +173,10 @@ def _rotation(g: _Graph, reshaped):
             continue
         x = matmul.input[0]
         transpose = g.made_by(x, "Transpose")
-        if x not in plain.input or transpose is None or list(_attr(transpose, "perm")) != [0, 2, 3, 1, 4] \
+        if x not in plain.input or transpose is None or list(node_attr(transpose, "perm")) != [0, 2, 3, 1, 4] \
                 or not _is_rotate_half(g.matrix(matmul.input[1])):
             return None
-        return transpose.input[0], _other(plain, x), _other(turned, matmul.output[0])
+        return transpose.input[0], other_input(plain, x), other_input(turned, matmul.output[0])
     return None
 
 
@@ -189,7 +189,7 @@ def _is_rotate_half(r) -> bool:
     return bool(np.array_equal(r, rotate_half_matrix(r.shape[0])))
 
 
-def _rotary_tables(g: _Graph, model, rotary, max_positions: int, prefix: str):
+def _rotary_tables(g: GraphIndex, model, rotary, max_positions: int, prefix: str):
     """(cos, sin) initializer names of GroupQueryAttention's tables [max_positions, D/2] for the rope inputs
     `rotary` (the names of the cos and sin tensors, [B, 1, 1, T, D] each), computed by running the graph's own nodes
     that make them from position_ids at positions 0 .. max_positions - 1; None where they read anything else, or
@@ -267,7 +267,7 @@ def _dim(value_info, axis: int) -> int:
     return value_info.type.tensor_type.shape.dim[axis].dim_value
 
 
-def _scattered_attention(g: _Graph, node, inputs):
+def _scattered_attention(g: GraphIndex, node, inputs):
     """(the K TensorScatter, the V one, the Transpose reading its output) of an in-graph layer's Attention node, else
     None."""
     from onnx import TensorProto
@@ -286,7 +286,7 @@ def _scattered_attention(g: _Graph, node, inputs):
     if set(attrs) - {"scale", "softmax_precision"} or "scale" not in attrs:
         return None
     after = g.only_use(node.output[0], "Transpose")
-    if after is None or list(_attr(after, "perm")) != [0, 2, 1, 3] or g.only_use(after.output[0], "Reshape") is None:
+    if after is None or list(node_attr(after, "perm")) != [0, 2, 1, 3] or g.only_use(after.output[0], "Reshape") is None:
         return None
     return (*scatters, after)
 

@@ -28,7 +28,7 @@ import numpy as np
 PREFIX = "ort_fusions/"
 
 
-class _Graph:
+class GraphIndex:
     """Producers and consumers of each tensor of a graph, and the constants it can read without external data."""
 
     def __init__(self, model, weights_dir=None):
@@ -73,13 +73,13 @@ class _Graph:
         return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
-def _other(node, name: str) -> str:
+def other_input(node, name: str) -> str:
     """The input of a two-input node that is not `name`."""
     a, b = node.input
     return b if a == name else a
 
 
-def _rms_norm(g: _Graph, reciprocal):
+def _rms_norm(g: GraphIndex, reciprocal):
     """(x, weight, epsilon, output, nodes) of the RMSNorm whose Reciprocal this is, else None."""
     sqrt = g.made_by(reciprocal.input[0], "Sqrt")
     add = sqrt and g.made_by(sqrt.input[0], "Add")
@@ -88,7 +88,7 @@ def _rms_norm(g: _Graph, reciprocal):
     mean = next((g.made_by(i, "ReduceMean") for i in add.input if g.made_by(i, "ReduceMean")), None)
     if mean is None:
         return None
-    eps = g.scalar(_other(add, mean.output[0]))
+    eps = g.scalar(other_input(add, mean.output[0]))
     pow_ = g.made_by(mean.input[0], "Pow")
     axes = g.values.get(mean.input[1]) if len(mean.input) > 1 else None
     keepdims = next((a.i for a in mean.attribute if a.name == "keepdims"), 1)
@@ -97,12 +97,12 @@ def _rms_norm(g: _Graph, reciprocal):
         return None
     x = pow_.input[0]
     scaled = g.only_use(reciprocal.output[0], "Mul")
-    if scaled is None or _other(scaled, reciprocal.output[0]) != x:
+    if scaled is None or other_input(scaled, reciprocal.output[0]) != x:
         return None
     weighted = g.only_use(scaled.output[0], "Mul")
     if weighted is None:
         return None
-    weight = _other(weighted, scaled.output[0])
+    weight = other_input(weighted, scaled.output[0])
     chain = [pow_, mean, add, sqrt, reciprocal, scaled]
     if weight not in g.static or any(g.only_use(n.output[0], after.op_type) is not after
                                      for n, after in zip(chain, chain[1:] + [weighted])):
@@ -115,7 +115,7 @@ def fuse_rms_norms(model) -> int:
     the number fused."""
     from onnx import TensorProto, helper
 
-    g = _Graph(model)
+    g = GraphIndex(model)
     inits = {t.name: t for t in model.graph.initializer}
     replaced, fused = {}, 0
     for node in model.graph.node:
@@ -129,8 +129,8 @@ def fuse_rms_norms(model) -> int:
         replaced.update({id(n): [] for n in nodes[1:]})
         fused += 1
     if fused:
-        _replace_nodes(model.graph, replaced)
-        _drop_unused_initializers(model.graph)  # the norms' own constants
+        replace_nodes(model.graph, replaced)
+        drop_unused_initializers(model.graph)  # the norms' own constants
     return fused
 
 
@@ -140,7 +140,7 @@ def fuse_skip_norms(model) -> int:
     with, in place; the number fused. ONNX Runtime's own fusion of it skips the packed [N, hidden] rows."""
     from onnx import helper
 
-    g = _Graph(model)
+    g = GraphIndex(model)
     replaced, fused = {}, 0
     for node in model.graph.node:
         if node.op_type != "SimplifiedLayerNormalization" or not node.name.startswith(PREFIX):
@@ -151,24 +151,24 @@ def fuse_skip_norms(model) -> int:
         replaced[id(add)] = [helper.make_node("SkipSimplifiedLayerNormalization", [*add.input, node.input[1]],
                                               [node.output[0], "", "", add.output[0]],
                                               name=PREFIX + "skip/" + node.output[0], domain="com.microsoft",
-                                              epsilon=_attr(node, "epsilon"))]
+                                              epsilon=node_attr(node, "epsilon"))]
         replaced[id(node)] = []
         fused += 1
     if fused:
-        _replace_nodes(model.graph, replaced)
+        replace_nodes(model.graph, replaced)
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return fused
 
 
-def _replace_nodes(graph, replaced: dict[int, list]) -> None:
+def replace_nodes(graph, replaced: dict[int, list]) -> None:
     """The graph's nodes with each one whose id is in `replaced` swapped for that list (empty: dropped), in order."""
     nodes = [m for n in graph.node for m in replaced.get(id(n), [n])]
     del graph.node[:]
     graph.node.extend(nodes)
 
 
-def _attr(node, name: str, default=None):
+def node_attr(node, name: str, default=None):
     from onnx import helper
 
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
@@ -209,7 +209,7 @@ def fuse_projections(model, weights_dir, inline: bool, pairs: bool = False) -> t
         for i in range(1, len(nodes[0].input)):
             inputs.append(f"{name}/{i}")
             arrays[inputs[-1]] = np.concatenate([_values(inits[n.input[i]], weights_dir) for n in nodes], axis=axis)
-        widths = [inits[n.input[1]].dims[1] if op == "MatMul" else _attr(n, "N") for n in nodes]
+        widths = [inits[n.input[1]].dims[1] if op == "MatMul" else node_attr(n, "N") for n in nodes]
         sizes = numpy_helper.from_array(np.array(widths, np.int64), name + "/sizes")
         model.graph.initializer.append(sizes)
         attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
@@ -231,7 +231,7 @@ def fuse_projections(model, weights_dir, inline: bool, pairs: bool = False) -> t
     if not arrays:
         return 0, {}
     graph = model.graph
-    _replace_nodes(graph, replaced)
+    replace_nodes(graph, replaced)
     for name, array in arrays.items():
         if inline:
             graph.initializer.append(numpy_helper.from_array(array, name))
@@ -241,7 +241,7 @@ def fuse_projections(model, weights_dir, inline: bool, pairs: bool = False) -> t
         for key, value in (("location", PREFIX.rstrip("/")), ("offset", "0"), ("length", str(array.nbytes))):
             t.external_data.add(key=key, value=value)
         graph.initializer.append(t)
-    _drop_unused_initializers(graph)
+    drop_unused_initializers(graph)
     return merged, {} if inline else arrays
 
 
@@ -251,7 +251,7 @@ def _bias(matmul, width: int, inits, consumers, outputs) -> tuple | None:
     users = consumers.get(matmul.output[0], [])
     if len(users) != 1 or users[0].op_type != "Add" or matmul.output[0] in outputs:
         return None
-    bias = _other(users[0], matmul.output[0])
+    bias = other_input(users[0], matmul.output[0])
     t = inits.get(bias)
     weight = inits[matmul.input[1]]
     return (users[0], bias) if t is not None and list(t.dims) == [width] and t.data_type == weight.data_type else None
@@ -289,7 +289,7 @@ def _values(tensor, weights_dir) -> np.ndarray:
     return data.reshape(tuple(tensor.dims))
 
 
-def _drop_unused_initializers(graph) -> None:
+def drop_unused_initializers(graph) -> None:
     """Initializers no node reads any more (ONNX Runtime warns of each, and would load it)."""
     used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     kept = [t for t in graph.initializer if t.name in used]

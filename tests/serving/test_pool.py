@@ -2,6 +2,7 @@
 
 import pytest
 
+from specrt.runtime.options import DecodeRequest as R
 from tests.fakes import PathBackend, fake_pipeline, noisy_copy, path_table
 from tests.runtime.test_server import VOCAB, prompts
 
@@ -20,9 +21,9 @@ def test_requests_of_one_kind_share_a_server_and_each_kind_gets_its_tokens(fake)
     ar = [fake.generate([p], method="autoregressive", max_new_tokens=10)[0].token_ids for p in ps]
     sampled = [fake.generate([p], method="sd", max_new_tokens=10, temperature=0.7, seed=3)[0].token_ids for p in ps]
     try:
-        greedy = [pool.submit(p, 10) for p in ps] + [pool.submit(p, 10, method="anpd") for p in ps]
+        greedy = [pool.submit(R.of(p, 10)) for p in ps] + [pool.submit(R.of(p, 10, method="anpd")) for p in ps]
         assert [r.result(30).token_ids for r in greedy] == ar + ar
-        assert [pool.submit(p, 10, temperature=0.7, seed=3).result(30).token_ids for p in ps] == sampled
+        assert [pool.submit(R.of(p, 10, temperature=0.7, seed=3)).result(30).token_ids for p in ps] == sampled
         stats = pool.stats()
         assert set(stats) == {"sd", "anpd"}
         assert stats["sd"].finished == 12 and stats["anpd"].finished == 6  # the idle servers given back: still counted
@@ -43,13 +44,16 @@ def test_requests_of_one_kind_share_a_server_and_each_kind_gets_its_tokens(fake)
     (dict(method="ppd"), ("method",), "has no PPD prompt tokens"),
 ])
 def test_a_refusal_names_the_inputs_it_is_about(fake, kwargs, inputs, match):
-    from specrt.serving.pool import Refused, ServerPool
+    """The request's own checks as it is made, then the pool's and the bundle's as it is submitted: each error names
+    its fields as data (SpecrtError.fields)."""
+    from specrt.errors import InvalidRequestError
+    from specrt.serving.pool import ServerPool
 
     pool = ServerPool(fake)
     try:
-        with pytest.raises(Refused, match=match) as e:
-            pool.submit(**{"prompt": [1, 2, 3], **kwargs})
-        assert e.value.inputs == inputs
+        with pytest.raises(InvalidRequestError, match=match) as e:
+            pool.submit(R.of(**{"prompt": [1, 2, 3], **kwargs}))
+        assert e.value.fields == inputs
     finally:
         pool.close()
 
@@ -59,13 +63,13 @@ def test_at_most_max_servers_kinds_decode_at_once(fake):
 
     pool = ServerPool(fake, max_batch=1, max_servers=1)
     try:
-        busy = [pool.submit([1, 2, 3], max_new_tokens=480) for _ in range(4)]  # one after another: ~0.5 s here
+        busy = [pool.submit(R.of([1, 2, 3], max_new_tokens=480)) for _ in range(4)]  # one after another: ~0.5 s here
         with pytest.raises(Refused, match="1 kinds of request are decoding") as e:
-            pool.submit([1, 2, 3], 5, method="anpd")
-        assert e.value.inputs == ("method",)
+            pool.submit(R.of([1, 2, 3], 5, method="anpd"))
+        assert e.value.fields == ("method",)
         for r in busy:
             r.cancel()
             r.result(30)
-        assert pool.submit([1, 2, 3], 5, method="anpd").result(30).finish_reason == "length"
+        assert pool.submit(R.of([1, 2, 3], 5, method="anpd")).result(30).finish_reason == "length"
     finally:
         pool.close(cancel=True)
