@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -38,10 +38,20 @@ from specrt.errors import InvalidRequestError
 from specrt.runtime.detokenize import TextStream
 from specrt.runtime.options import DecodeOptions
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.scheduler import SeqState, Waiting
+from specrt.runtime.scheduler import Scheduler, SeqState, Waiting
 
-if TYPE_CHECKING:
-    from specrt.runtime.pipeline import Pipeline
+
+class Decoder(Protocol):
+    """What a Server needs of the pipeline it serves (Pipeline is one): its public seam, nothing private."""
+
+    def scheduler(self, method: str, options: dict, params: SamplingParams, batch_size: int,
+                  padded: bool = False) -> tuple[Scheduler, int]: ...
+
+    def sequences(self, prompts, max_new_tokens: list[int], slack: int) -> list[SeqState]: ...
+
+    def generation(self, s: SeqState): ...
+
+    def decode(self, ids) -> str: ...
 
 @dataclass(frozen=True)
 class Piece:
@@ -223,7 +233,7 @@ class ServerStats:
 
 
 class Server:
-    def __init__(self, pipe: Pipeline, method: str, max_batch: int, params: SamplingParams, seed: int, options: dict):
+    def __init__(self, pipe: Decoder, method: str, max_batch: int, params: SamplingParams, seed: int, options: dict):
         """Made by Pipeline.server, which checks max_batch and seed."""
         self.pipe = pipe
         self.params = params
