@@ -3,7 +3,7 @@ in the same run: the merges of the projections that read one input, the packing 
 the weights are loaded into.
 
 Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" the default, "all" merging a float
-MLP's gate and up as well, "none"), with packed token rows (packed_rows.py, the default) and, with --packing
+MLP's gate and up as well, "none"), with packed token rows (graphs/packed_rows.py, the default) and, with --packing
 packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), and with
 --huge-pages on,off, with the weights left in the pages they were loaded into (huge_pages.py), loads the
 bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
@@ -58,7 +58,7 @@ class FusionsConfig(BenchConfig, PeerSources):
     quant: str | None = option(None, "a quantized variant of the step graphs (`specrt quantize`)")
     kv_update: str = option("runtime", "runtime: the exported step graphs; inplace: `specrt inplace`'s variants",
                             choices=("runtime", "inplace"))
-    packing: tuple[str, ...] = option(("packed",), "token rows packed (packed_rows.py, the default) or not "
+    packing: tuple[str, ...] = option(("packed",), "token rows packed (graphs/packed_rows.py, the default) or not "
                                                    "(--no-packed-rows), each with every projections setting",
                                       choices=PACKING)
     huge_pages: tuple[str, ...] = option(("on",), "the weights' memory backed by transparent huge pages (huge_pages.py, "

@@ -35,7 +35,7 @@ TMP_PREFIX = ".specrt-export-"
 EXPORTERS = ("auto", "dynamo", "torchscript")
 EXTERNAL_DATA = ("auto", "always", "never")
 # external_data="auto": weights above 64 MiB. A protobuf file holds at most 2 GiB, and loading a step graph packs its
-# token rows (runtime/backends/packed_rows.py): a graph whose weights lie beside it is parsed without them and
+# token rows (graphs/packed_rows.py): a graph whose weights lie beside it is parsed without them and
 # handed to ONNX Runtime, which reads them from the .data file; one that holds them is parsed and written out whole
 EXTERNAL_DATA_BYTES = 64 << 20
 

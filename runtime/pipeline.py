@@ -95,7 +95,7 @@ class Pipeline:
         (`specrt tune --variants`), None: the exported graphs; kv_update: "runtime" (the exported
         graphs return new K/V, the runtime writes the accepted rows) or "inplace" (`specrt inplace`'s variants write
         them into the cache in place; ort backend, and trt engines built with --kv-update inplace); packed_rows (ort
-        backend): a ragged batch's holes are left out of the step's token-wise work (packed_rows.py); False saves the
+        backend): a ragged batch's holes are left out of the step's token-wise work (graphs/packed_rows.py); False saves the
         packing's gathers where sequences are decoded one at a time (docs/batching.md), and its
         latency profile and plan are then this setting's own (Machine.packed_rows)."""
         from specrt.runtime.loader import resolve

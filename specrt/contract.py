@@ -24,7 +24,7 @@ the graph (ONNX TensorScatter + Attention, opset 24; TensorRT's IKVCacheUpdateLa
 
 A ragged step's shorter sequences fill their rows past their own with holes: token 0 at position
 HOLE_POSITION, seeing only itself. Nobody reads a hole's logits or commits its K/V, so a backend may leave holes
-out of its token-wise work (OrtBackend does: runtime/backends/packed_rows.py); computed, a hole is finite garbage.
+out of its token-wise work (OrtBackend does: graphs/packed_rows.py); computed, a hole is finite garbage.
 
 Cache slot s of a sequence holds the K/V of its position s (the runtime appends accepted rows in order from
 position 0): a family whose layers window their attention differently (Gemma 2) derives each layer's window in the
@@ -132,7 +132,7 @@ def in_graph_mask(attention_mask: np.ndarray, starts: np.ndarray, capacity: int,
 def rotate_half_matrix(dim: int) -> np.ndarray:
     """R [dim, dim] float32 with x @ R == cat(-x[..., dim/2:], x[..., :dim/2]): the rotary embedding's rotate-half as
     one MatMul, the constant every exported step graph multiplies q and k by (model/step.py), and what the ort
-    backend's load-time fusions recognise it by (runtime/backends/ort_fusions.py)."""
+    backend's load-time fusions recognise it by (graphs/ort_fusions.py)."""
     half = dim // 2
     r = np.zeros((dim, dim), np.float32)
     r[half:, :half] = -np.eye(half)

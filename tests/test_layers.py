@@ -1,6 +1,6 @@
 """Dependencies point one way (DESIGN.md, "Layers"), and no module imports itself back through others.
 
-    cli -> bench -> calibration -> runtime -> {model, bundle} -> {contract, errors, config, plotting}; bench -> serving
+    cli -> bench -> calibration -> runtime -> {model, bundle, graphs} -> {contract, errors, config, plotting}; bench -> serving
     export -> {model, bundle, graphs, checkpoints}; engines (builders) -> {runtime, graphs, model, bundle};
     serving -> {runtime, bundle}
 
@@ -31,7 +31,7 @@ BELOW = {
     "bundle": {"base"},
     "graphs": {"base"},
     "export": {"base", "model", "bundle", "graphs", "checkpoints"},
-    "runtime": {"base", "model", "bundle"},
+    "runtime": {"base", "model", "bundle", "graphs"},  # graphs: the ONNX passes a backend applies as it loads
     "engines": {"base", "model", "bundle", "graphs", "runtime", "checkpoints"},  # builders: check what they build by
     # running it; quantization calibrates on the held-out corpus
     "calibration": {"base", "model", "bundle", "runtime", "checkpoints"},

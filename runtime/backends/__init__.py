@@ -41,7 +41,7 @@ class BackendOptions(ThreadOptions):
                                        "rows; inplace = their in-graph variants (`specrt inplace`) write them into the "
                                        "cache in place (ort backend)", choices=KV_UPDATES)
     packed_rows: bool = option(True, "ort backend: leave a ragged batch's holes out of the step's token-wise work "
-                                     "(packed_rows.py); --no-packed-rows saves the packing's gathers where sequences "
+                                     "(graphs/packed_rows.py); --no-packed-rows saves the packing's gathers where sequences "
                                      "are decoded one at a time (docs/batching.md)")
 
     def pipeline_options(self) -> dict:
@@ -96,7 +96,7 @@ class ModelSource:
     relative to the bundle; `prompt_embeddings` (kinds "torch" and "static"): PPD's prompt tokens, [P, hidden];
     kv_update "inplace" (kind "ort"): `graph` is an in-graph variant (contract.py); `quant` (kind "torch"): 8-bit
     projections (contract.TORCH_QUANT_SCHEMES; kind "static" takes its engines' scheme); `packed_rows` (kind "ort"):
-    whether a ragged step's holes are left out (packed_rows.py)."""
+    whether a ragged step's holes are left out (graphs/packed_rows.py)."""
 
     entry: ModelEntry
     threads: int

@@ -83,7 +83,7 @@ class Backend(ABC):
     static_cache: bool = False
     admits_alone: bool = False
     # holes (contract.HOLE_POSITION) are left out of its token-wise work, so a ragged step costs about what its real
-    # rows do, not B x its widest sequence's (OrtBackend: packed_rows.py)
+    # rows do, not B x its widest sequence's (OrtBackend: graphs/packed_rows.py)
     packs_rows: bool = False
     # its step's logits are host arrays (ONNX Runtime's): the head is host work, timed as such, not as the model's;
     # a backend whose logits lie on a device (torch, engines) waits for its step in the head (the copy)

@@ -30,7 +30,7 @@ class BackendKind:
     kv_update_built: bool = False  # the engines fix the KV update when they are built (--kv-update at build time)
     prompt_tokens: str | None = None  # how PPD's prompt tokens reach it: "graph" | "embeddings" | None: why not
     no_prompt_tokens: str = ""  # why it holds none, where prompt_tokens is None
-    packs_rows: bool = False  # leaves a ragged step's holes out of the token-wise work (packed_rows.py)
+    packs_rows: bool = False  # leaves a ragged step's holes out of the token-wise work (graphs/packed_rows.py)
     compiles_layers: bool = False  # its build may torch.compile the decoder layers (--compile)
     attention_spans: bool = False  # its build makes engines per attention span (--spans)
 

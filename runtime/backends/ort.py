@@ -8,11 +8,11 @@ Memory stays flat over any mix of prompt lengths (`specrt bench soak`): the runt
 shape (prefill goes in chunks, step_inputs.PREFILL_CHUNK), so the arena stops growing once it has seen
 the largest one; the memory-pattern planner, which keeps an allocation plan per input shape, is off.
 
-Every step graph is loaded with packed token rows (packed_rows.py, applied in memory as the session is made): a
+Every step graph is loaded with packed token rows (graphs/packed_rows.py, applied in memory as the session is made): a
 ragged step's holes are left out of its projections and MLPs (unless pack_rows=False, for a deployment that decodes
 one sequence at a time and so has no holes); with its float32 RMSNorms (and the residual adds before them) fused
 into ONNX Runtime's own norm kernels; and with the projections that read one input (q, k, v; a weight-only
-variant's gate and up) merged into one MatMul each (ort_fusions.py).
+variant's gate and up) merged into one MatMul each (graphs/ort_fusions.py).
 
 The memory the session loaded the weights into is then backed by transparent huge pages where the kernel allows
 (huge_pages.py): a memory-bound step streams them all, with 512x fewer TLB misses.
@@ -23,7 +23,7 @@ lengths[b] + j), binds write_indices = the lengths, and binds each present_key/p
 same memory as its past input, so ONNX Runtime's TensorScatter writes the new K/V into the runtime's cache in
 place. The step returns CacheRows: the runtime then commits the accepted rows where they already are. Where this
 ONNX Runtime has it (1.32), each layer's TensorScatter and Attention nodes run as one GroupQueryAttention kernel
-(ort_attention.fuse_grouped_attention), which writes in place the same way and reads only the slots up to each
+(graphs/ort_attention.py: fuse_grouped_attention), which writes in place the same way and reads only the slots up to each
 sequence's end.
 """
 
@@ -152,7 +152,7 @@ class OrtBackend(Backend):
             self._merged = None
 
     def _packed(self, onnx_path: Path, opts, scratch: Path, grouped: bool = False):
-        """The step graph with packed token rows (packed_rows.py), its norms fused into ONNX Runtime's kernels and
+        """The step graph with packed token rows (graphs/packed_rows.py), its norms fused into ONNX Runtime's kernels and
         its projections merged (ort_fusions.py), for ONNX Runtime to load: where its weights are external data, the
         graph serialized (the merged weights given to the session in memory, the others read from beside the
         original file); else written to `scratch` with its weights as external data (serializing hundreds of MB
@@ -161,9 +161,9 @@ class OrtBackend(Backend):
         import onnx
         import onnxruntime as ort
 
-        from specrt.runtime.backends.ort_attention import fuse_grouped_attention, grouped_attention_available
-        from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
-        from specrt.runtime.backends.packed_rows import pack_rows
+        from specrt.graphs.ort_attention import fuse_grouped_attention, grouped_attention_available
+        from specrt.graphs.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
+        from specrt.graphs.packed_rows import pack_rows
 
         try:
             model = onnx.load(str(onnx_path), load_external_data=False)

@@ -74,7 +74,7 @@ def test_a_step_writes_its_new_kv_into_the_runtime_cache_where_the_sequences_end
 
     layers = inplace_pipe.target.entry.num_layers
     # ONNX Runtime runs each layer's TensorScatter and Attention nodes as one GroupQueryAttention kernel, which
-    # rotates q and k itself and reads them packed, as the merged projection's rows (runtime/backends/ort_fusions.py)
+    # rotates q and k itself and reads them packed, as the merged projection's rows (graphs/ort_fusions.py)
     assert inplace_pipe.target.grouped_attention == inplace_pipe.target.kernel_rotary == layers
     assert inplace_pipe.target.packed_qkv == layers
     plain, graph = pipelines["ort"].target.runner(), inplace_pipe.target.runner()
@@ -140,7 +140,7 @@ def test_without_packed_rows_a_ragged_in_graph_batch_writes_its_holes_where_nobo
 def test_a_rewrite_onnx_runtime_refuses_leaves_the_graph_as_exported(inplace_bundle, pipelines, monkeypatch):
     """Where ONNX Runtime will not load the layers rewritten into GroupQueryAttention, the backend says why and loads
     the in-graph graph as it was exported, which decodes the same tokens."""
-    import specrt.runtime.backends.ort_attention as attention
+    import specrt.graphs.ort_attention as attention
     from specrt.runtime.pipeline import Pipeline
 
     rewrite = attention.fuse_grouped_attention

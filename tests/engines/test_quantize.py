@@ -66,7 +66,7 @@ def test_merged_weight_only_projections_compute_what_the_variant_does(quant_bund
     import onnxruntime as ort
 
     from specrt.graphs.parity import PARITY_TOL
-    from specrt.runtime.backends.ort_fusions import fuse_projections
+    from specrt.graphs.ort_fusions import fuse_projections
 
     m = json.loads((quant_bundle / "manifest.json").read_text())["models"]["target"]
     model = onnx.load(str(quant_bundle / f"quant/{scheme}/target.onnx"))
@@ -108,7 +108,7 @@ def test_dynamic_int8_quantizes_each_row_by_its_own_range(opset):
     an input two MatMuls share is quantized once; a row of zeros stays zeros (no NaN)."""
     import onnxruntime as ort
 
-    from specrt.engines.quantize import quantize_rows
+    from specrt.graphs.quantize import quantize_rows
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 24)).astype(np.float32)

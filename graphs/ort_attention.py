@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from specrt.runtime.backends.ort_fusions import (PREFIX, GraphIndex, drop_unused_initializers, node_attr,
+from specrt.graphs.ort_fusions import (PREFIX, GraphIndex, drop_unused_initializers, node_attr,
                                                  other_input, replace_nodes)
 
 

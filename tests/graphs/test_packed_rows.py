@@ -1,4 +1,4 @@
-"""Packed token rows (runtime/backends/packed_rows.py): a ragged step's holes left out of the token-wise ops, every
+"""Packed token rows (graphs/packed_rows.py): a ragged step's holes left out of the token-wise ops, every
 other row computed as the step graph computes it."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from specrt import contract
 from specrt.bundle.manifest import load_manifest
 from specrt.runtime.backends.ort import OrtBackend
-from specrt.runtime.backends.packed_rows import PREFIX, pack_rows
+from specrt.graphs.packed_rows import PREFIX, pack_rows
 from specrt.runtime.kv_cache import KVCache
 from specrt.runtime.step_inputs import pack_step
 

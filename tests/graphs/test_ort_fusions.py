@@ -1,4 +1,4 @@
-"""Load-time fusions (runtime/backends/ort_fusions.py): the fused step graph computes what the exported one does,
+"""Load-time fusions (graphs/ort_fusions.py): the fused step graph computes what the exported one does,
 with its RMSNorms as SimplifiedLayerNormalization, the residual adds before them as SkipSimplifiedLayerNormalization,
 and the projections that read one input merged into one MatMul."""
 
@@ -12,8 +12,8 @@ import pytest
 from specrt import contract
 from specrt.bundle.manifest import load_manifest
 from specrt.graphs.parity import PARITY_TOL
-from specrt.runtime.backends.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
-from specrt.runtime.backends.packed_rows import pack_rows
+from specrt.graphs.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
+from specrt.graphs.packed_rows import pack_rows
 
 
 def _session(model) -> ort.InferenceSession:
