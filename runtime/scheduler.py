@@ -31,10 +31,10 @@ import numpy as np
 from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams, rng_of
-from specrt.runtime.stats import POSITION_BUCKET, Stats
+from specrt.runtime.stats import RoundTimes, Stats
 from specrt.runtime.step_inputs import admit, pack_step, prefill
 from specrt.runtime.tree import DraftTree
-from specrt.runtime.verify import Verifier
+from specrt.runtime.verify import Verdict, Verifier
 
 
 class SeqState:
@@ -172,8 +172,7 @@ class Scheduler:
             self.drafter.start(live)
         self._prefilled(live, steps, t0)
         # what of the target's logits crosses to the host each round: what the verifier reads (each row's argmax for
-        # greedy verification: on a GPU the logits stay there); a drafter that reads them takes them where they lie
-        reads = self.drafter is not None and self.drafter.reads_target_logits
+        # greedy verification: on a GPU the logits stay there)
         head = self.verifier.head
         while live:
             t_round = time.perf_counter()
@@ -182,59 +181,15 @@ class Scheduler:
                     s.stats.padded += int(n)
             # each sequence draws from its own generator where it has one: its tokens then do not depend on the batch
             rngs = rng if all(s.rng is None for s in live) else [rng if s.rng is None else s.rng for s in live]
-            if self.drafter is not None:
-                trees = self.drafter.propose(live, params, rngs)
-                t_draft, draft_calls = self.drafter.seconds, self.drafter.num_calls
-                t_draft_model = self.drafter.backend_seconds
-            else:
-                trees, t_draft, draft_calls, t_draft_model = [DraftTree.empty()] * len(live), 0.0, 0, 0.0
-            rows = [np.concatenate(([s.tokens[-1]], t.tokens)) for s, t in zip(live, trees)]
-            cache.reserve(int(max(cache.lengths + np.asarray([len(r) for r in rows]))))
-            start = cache.positions()
-            positions = [start[b] + t.depths() for b, t in enumerate(trees)]
-            blocks = [None if t.is_chain else t.mask() for t in trees]
-            ids, pos, mask = pack_step(cache, rows, positions, blocks)
-            t1 = time.perf_counter()
-            logits, new_kv = self.target.step(ids, pos, mask, cache, head)
-            t_target = time.perf_counter() - t1
-            verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng_of(rngs, b))
-                        for b, t in enumerate(trees)]
-            if all(t.is_chain for t in trees):  # accepted rows are a prefix: one slice copy each
-                cache.append(new_kv, [len(v.path) + 1 for v in verdicts])
-            else:
-                for b, v in enumerate(verdicts):
-                    cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
-            if self.drafter is not None:
-                if reads:
-                    self.drafter.target_logits(self.target.last_logits)
-                self.drafter.commit(live, verdicts)
-            appended, starts = [], [len(s.new_tokens) for s in live]
-            for s, t, v in zip(live, trees, verdicts):
-                out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
-                appended.append(out)
-                if s.cancelled and not s.finished:
-                    s.finished, s.finish_reason = True, "cancelled"
-                since = started if s.started is None else s.started
-                if out and len(out) == len(s.new_tokens):  # its first tokens
-                    s.stats.seconds.first = time.perf_counter() - since
-                if s.finished:
-                    s.stats.seconds.finished = time.perf_counter() - since
-            t_total = time.perf_counter() - t_round
+            trees, times = self._draft(live, params, rngs)
+            verdicts = self._verify(live, cache, trees, params, rngs, head, times)
+            positions = [len(s.new_tokens) for s in live]
+            appended = self._accept(live, trees, verdicts, started)
+            times.total = time.perf_counter() - t_round
             if on_round is not None:
                 on_round(len(live))
-            for s, t, v, start in zip(live, trees, verdicts, starts):
-                st = s.stats
-                st.target_calls += 1
-                st.drafted += len(t)
-                st.drafted_hist[len(t)] += 1
-                st.draft_calls += draft_calls
-                st.accepted_hist[len(v.path)] += 1
-                st.rounds_by_position[start // POSITION_BUCKET] += 1
-                st.accepted_by_position[start // POSITION_BUCKET] += len(v.path)
-                st.seconds.draft += t_draft
-                st.seconds.draft_model += t_draft_model
-                st.seconds.target += t_target
-                st.seconds.host += t_total - t_draft_model - t_target
+            for s, t, v, position in zip(live, trees, verdicts, positions):
+                s.stats.add_round(len(t), len(v.path), position, times)
             for s, out in zip(live, appended):
                 yield s, out
             keep = compaction([s.finished for s in live])
@@ -254,6 +209,57 @@ class Scheduler:
                 ran += new
         for s in ran:
             s.stats.seconds.total = time.perf_counter() - t_start
+
+    def _draft(self, live: list[SeqState], params: SamplingParams, rngs) -> tuple[list[DraftTree], RoundTimes]:
+        """Each live sequence's draft tree for this round, and what drafting cost."""
+        if self.drafter is None:
+            return [DraftTree.empty()] * len(live), RoundTimes()
+        trees = self.drafter.propose(live, params, rngs)
+        d = self.drafter
+        return trees, RoundTimes(draft=d.seconds, draft_model=d.backend_seconds, draft_calls=d.num_calls)
+
+    def _verify(self, live: list[SeqState], cache, trees: list[DraftTree], params: SamplingParams, rngs, head,
+                times: RoundTimes) -> list[Verdict]:
+        """One target step over every sequence's last token and tree (ragged, no padding), each tree verified, the
+        accepted rows' K/V committed to the cache (and the drafter told)."""
+        rows = [np.concatenate(([s.tokens[-1]], t.tokens)) for s, t in zip(live, trees)]
+        cache.reserve(int(max(cache.lengths + np.asarray([len(r) for r in rows]))))
+        start = cache.positions()
+        positions = [start[b] + t.depths() for b, t in enumerate(trees)]
+        blocks = [None if t.is_chain else t.mask() for t in trees]
+        ids, pos, mask = pack_step(cache, rows, positions, blocks)
+        t1 = time.perf_counter()
+        logits, new_kv = self.target.step(ids, pos, mask, cache, head)
+        times.target = time.perf_counter() - t1
+        verdicts = [self.verifier.verify(t, logits[b, : len(t) + 1], params, rng_of(rngs, b))
+                    for b, t in enumerate(trees)]
+        if all(t.is_chain for t in trees):  # accepted rows are a prefix: one slice copy each
+            cache.append(new_kv, [len(v.path) + 1 for v in verdicts])
+        else:
+            for b, v in enumerate(verdicts):
+                cache.append_rows(new_kv, b, [0] + [n + 1 for n in v.path])
+        if self.drafter is not None:
+            if self.drafter.reads_target_logits:  # a drafter that reads them takes them where they lie
+                self.drafter.target_logits(self.target.last_logits)
+            self.drafter.commit(live, verdicts)
+        return verdicts
+
+    def _accept(self, live: list[SeqState], trees: list[DraftTree], verdicts: list[Verdict],
+                started: float) -> list[list[int]]:
+        """Each sequence's accepted path and bonus token appended (up to its end token or limit); the tokens each
+        got, its first and finishing times noted."""
+        appended = []
+        for s, t, v in zip(live, trees, verdicts):
+            out = s.extend([int(x) for x in t.tokens[v.path]] + [v.bonus], self.eos_id)
+            appended.append(out)
+            if s.cancelled and not s.finished:
+                s.finished, s.finish_reason = True, "cancelled"
+            since = started if s.started is None else s.started
+            if out and len(out) == len(s.new_tokens):  # its first tokens
+                s.stats.seconds.first = time.perf_counter() - since
+            if s.finished:
+                s.stats.seconds.finished = time.perf_counter() - since
+        return appended
 
     def _prefilled(self, new: list[SeqState], steps: int, t0: float) -> None:
         """Count the prefill of sequences that joined the batch (target steps, draft steps, seconds)."""

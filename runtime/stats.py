@@ -28,6 +28,18 @@ class StageSeconds:
 
 
 @dataclass
+class RoundTimes:
+    """What one decode round of a batch cost, shared by its sequences (Scheduler.run): drafting seconds, of them the
+    draft model's, its draft steps, the target step's seconds, and the whole round's."""
+
+    draft: float = 0.0
+    draft_model: float = 0.0
+    draft_calls: int = 0
+    target: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
 class Stats:
     target_calls: int = 0  # target steps this sequence took part in (prefill included)
     draft_calls: int = 0  # draft model steps this sequence took part in (prefill included)
@@ -59,6 +71,21 @@ class Stats:
     @property
     def draft_hit_ratio(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    def add_round(self, drafted: int, accepted: int, position: int, times: RoundTimes) -> None:
+        """Count a decode round this sequence took part in: `drafted` tokens verified, `accepted` of them, starting
+        at output position `position`."""
+        self.target_calls += 1
+        self.drafted += drafted
+        self.drafted_hist[drafted] += 1
+        self.draft_calls += times.draft_calls
+        self.accepted_hist[accepted] += 1
+        self.rounds_by_position[position // POSITION_BUCKET] += 1
+        self.accepted_by_position[position // POSITION_BUCKET] += accepted
+        self.seconds.draft += times.draft
+        self.seconds.draft_model += times.draft_model
+        self.seconds.target += times.target
+        self.seconds.host += times.total - times.draft_model - times.target
 
     def as_dict(self) -> dict:
         return {"target_calls": self.target_calls, "draft_calls": self.draft_calls,
