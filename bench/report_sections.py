@@ -215,7 +215,9 @@ def plan_section(facts: dict, plots: dict) -> list[str]:
     lines += ["Every candidate the tuner weighed at each batch size: predicted tokens/s (acceptance x latency) by "
               "the number of drafted nodes; where a trees bench ran at that batch size, its measured decode tokens/s "
               "are drawn beside the predictions.", ""]
-    kinds = ("chain", "tree", "dynamic", "merged", "ngram", "ppd")
+    from specrt.runtime.speculation import SPECULATION
+
+    kinds = tuple(k.name for k in SPECULATION.values() if k.drafts)
     for b, points in sorted(plan["curves"].items(), key=lambda kv: int(kv[0])):
         series = []
         for kind, color in zip(kinds, svg.COLORS):

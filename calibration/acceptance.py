@@ -47,7 +47,6 @@ Deterministic for a seed: prompts are drawn by a seeded generator and decoding i
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -56,12 +55,14 @@ from pathlib import Path
 import numpy as np
 
 from specrt.bundle import artifacts
-from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp, TreeEstimate
+from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp
 from specrt.bundle.manifest import BundleOptions, sha256_file
 from specrt.checkpoints.corpus import read_prompts, validation_prompts
 from specrt.config import config_dict, option
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.cost import best_trees, chain_expectation, tree_expectation
+from specrt.runtime.speculation import speculation_kind
 from specrt.runtime.stats import POSITION_BUCKET
 
 HELD_OUT_PROMPT_TOKENS = 64  # held-out text prompts' length where --prompt-tokens does not say
@@ -156,44 +157,11 @@ def position_acceptance(acceptance: Acceptance, point: CurvePoint) -> tuple[floa
     """Expected drafted tokens accepted per round of a candidate by the bucket of output positions the round starts
     at (acceptance.position_bucket positions each; the last: every later one); () where the calibration has no such
     estimate (autoregressive accepts nothing; PPD's trees where the bundle had none)."""
-    if point.kind in ("tree", "chain"):
+    kind = speculation_kind(point.kind)
+    if kind.static:
         return tuple(tree_expectation(np.array(p), point.paths) for p in acceptance.depth_rank_by_position)
-    measured = {"dynamic": acceptance.dynamic, "merged": acceptance.merged, "ngram": acceptance.ngram,
-                "ppd": acceptance.ppd}.get(point.kind, ())
-    m = next((m for m in measured if (m.num_nodes, m.ngram_tokens) == (point.num_nodes, point.ngram_tokens)), None)
+    m = next((m for m in kind.measured_trees(acceptance) if (m.num_nodes, m.ngram_tokens) == (point.num_nodes, point.ngram_tokens)), None)
     return m.accepted_by_position if m is not None else ()
-
-
-def best_trees(p: np.ndarray, max_nodes: int) -> list[TreeEstimate]:
-    """Nested best trees of 1..max_nodes nodes under the product model, greedily by path probability
-    (each tree's paths in the order they were added)."""
-    depth, ranks = p.shape
-    heap = [(-p[0, r], (r,)) for r in range(ranks)]
-    heapq.heapify(heap)
-    paths, out, total = [], [], 0.0
-    while heap and len(paths) < max_nodes:
-        neg, path = heapq.heappop(heap)
-        prob = -neg
-        paths.append(path)
-        total += prob
-        out.append(TreeEstimate(len(paths), tuple(paths), total))
-        if len(path) < depth:
-            for r in range(ranks):
-                heapq.heappush(heap, (-(prob * p[len(path), r]), path + (r,)))
-    return out
-
-
-def tree_expectation(p: np.ndarray, paths) -> float:
-    """Expected accepted drafted tokens of a static tree (paths of child ranks) under the product model: the sum
-    over its nodes of the probability that the node's whole path is accepted."""
-    depth, ranks = p.shape
-    return float(sum(np.prod([p[d, r] if d < depth and r < ranks else 0.0 for d, r in enumerate(path)])
-                     for path in paths))
-
-
-def chain_expectation(p: np.ndarray, length: int) -> float:
-    """Expected accepted drafted tokens of a chain of rank-0 tokens of the given length."""
-    return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))
 
 
 def ratio_interval(numerators, denominators, level: float = 0.9, resamples: int = 2000,

@@ -35,11 +35,12 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (EXPORTED, Acceptance, CurvePoint, LatencyProfile, Plan, PlanChoice, PromptTokens,
                                     Stamp, VariantPlan, variant_quant)
-from specrt.calibration.acceptance import chain_expectation, position_acceptance
+from specrt.calibration.acceptance import position_acceptance
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
-from specrt.runtime.cost import point_cost_ms, ppd_round_cost_ms, rounds_needed, weighed_ppd_trees
+from specrt.runtime.cost import ppd_round_cost_ms, rounds_needed, weighed_ppd_trees
+from specrt.runtime.speculation import SPECULATION, point_cost_ms, speculation_kind
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,9 @@ class TuneConfig(BundleOptions):
 
 
 def candidates(acceptance: Acceptance) -> list[CurvePoint]:
-    """Every speculation the tuner weighs (costs still 0): static trees, chains, measured trees."""
-    p = np.array(acceptance.depth_rank)
-    out = [CurvePoint("tree", t.num_nodes, t.expected_accepted, 0.0, 0.0, 0.0, paths=t.paths) for t in acceptance.trees]
-    for g in range(1, p.shape[0] + 1):
-        out.append(CurvePoint("chain", g, chain_expectation(p, g), 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))
-    for kind, measured in (("dynamic", acceptance.dynamic), ("merged", acceptance.merged), ("ngram", acceptance.ngram)):
-        out += [CurvePoint(kind, m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=m.width, depth=m.depth,
-                           ngram_tokens=m.ngram_tokens, ngram_min_prob=m.ngram_min_prob) for m in measured]
-    return out
+    """Every speculation the tuner weighs from calibration (costs still 0), kind by kind (runtime/speculation.py):
+    static trees, chains, measured trees."""
+    return [c for kind in SPECULATION.values() if kind.candidates for c in kind.candidates(acceptance)]
 
 
 def workload_accepted(acceptance: Acceptance, point: CurvePoint, new_tokens: int | None) -> float:
@@ -95,8 +90,9 @@ def weigh(acceptance: Acceptance, latency: LatencyProfile, batch: int,
     measured them, else as their training-time table predicts). `new_tokens`: each candidate's acceptance over
     outputs of that length (workload_accepted; PPD's trees by the table keep their average, predicted without
     positions)."""
-    target_1, host_1 = latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
-    rows = [CurvePoint("autoregressive", 0, 0.0, batch * 1e3 / (target_1 + host_1), target_1, host_1)]
+    ar = CurvePoint("autoregressive", 0, 0.0, 0.0, 0.0, 0.0)
+    target_1, host_1 = point_cost_ms(acceptance, latency, batch, ar)
+    rows = [replace(ar, predicted_tokens_per_s=batch * 1e3 / (target_1 + host_1), target_ms=target_1, draft_ms=host_1)]
     for c in candidates(acceptance):
         try:
             target_ms, draft_ms = point_cost_ms(acceptance, latency, batch, c)
@@ -129,10 +125,6 @@ def usable_prompt_tokens(bundle, latency: LatencyProfile) -> PromptTokens | None
     return artifacts.load(bundle, PromptTokens)
 
 
-METHOD_OF_KIND = {"autoregressive": "autoregressive", "chain": "tree", "tree": "tree", "dynamic": "dynamic",
-                  "merged": "dynamic", "ngram": "anpd", "ppd": "ppd"}
-
-
 def evidence(bundle: Path, variant: str) -> tuple[Acceptance, LatencyProfile]:
     """A variant's acceptance.json and latency.json, refused where either was measured on another variant."""
     quant = variant_quant(variant)
@@ -160,8 +152,8 @@ def choose(cfg: TuneConfig, acceptance: Acceptance, latency: LatencyProfile, pro
         best = max(rows, key=lambda r: r.predicted_tokens_per_s)
         if best.predicted_tokens_per_s < (1 + cfg.min_gain) * rows[0].predicted_tokens_per_s:
             best = rows[0]  # too close to call: no speculation
-        best_static = max((r for r in rows if r.kind in ("tree", "chain")), key=lambda r: r.predicted_tokens_per_s)
-        choices[batch] = PlanChoice(METHOD_OF_KIND[best.kind], best, best_static,
+        best_static = max((r for r in rows if speculation_kind(r.kind).static), key=lambda r: r.predicted_tokens_per_s)
+        choices[batch] = PlanChoice(speculation_kind(best.kind).method, best, best_static,
                                     round(best.predicted_tokens_per_s / rows[0].predicted_tokens_per_s, 3))
         curves[batch] = tuple(rows)
     return choices, curves
@@ -207,16 +199,8 @@ def tune(cfg: TuneConfig) -> Plan:
 
 
 def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
-    """A candidate in words: "dynamic tree of 8 nodes + up to 7 n-gram drafts", "no speculation"."""
-    if kind == "autoregressive":
-        return "no speculation (drafting does not pay here)"
-    if kind == "ppd":
-        return f"PPD sparse tree of {num_nodes} rows (no draft model)"
-    if kind == "ngram":
-        return f"ANPD: up to {num_nodes} n-gram drafted tokens (no draft model)"
-    what = f"{'dynamic tree' if kind in ('dynamic', 'merged') else kind} of {num_nodes} node{'' if num_nodes == 1 else 's'}"
-    # a merged tree's n-gram drafts are those that pay each round (runtime.methods.Auto), up to the calibrated number
-    return what + (f" + up to {ngram_tokens} n-gram drafts that pay" if ngram_tokens else "")
+    """A candidate in words: "dynamic tree of 8 nodes + up to 7 n-gram drafts that pay", "no speculation"."""
+    return speculation_kind(kind).words(num_nodes, ngram_tokens)
 
 
 def describe_auto(plan: Plan, batch_size: int) -> str:

@@ -23,11 +23,12 @@ profiled contexts overpriced the short HumanEval requests of `specrt bench batch
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 import numpy as np
 
-from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, MeasuredTree
+from specrt.bundle.artifacts import LatencyProfile, MeasuredTree, TreeEstimate
 from specrt.runtime.drafters.ppd import DEFAULT_BUDGET
 from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.runtime.tree import TreeSpec
@@ -55,26 +56,14 @@ def round_cost_ms(latency: LatencyProfile, batch: int, spec: TreeSpec) -> tuple[
     return target, draft + latency.host(len(spec), batch=batch)
 
 
-def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint) -> tuple[float, float]:
-    """(target ms, draft + host ms) of one round of a tuner's candidate (not PPD's: ppd_round_cost_ms) at a batch size
-    (between profiled ones: interpolated)."""
-    if point.kind == "autoregressive":
-        return latency.step_ms("target", batch, 1), latency.host(0, batch=batch)
-    if point.kind == "ngram":
-        return ngram_round_cost_ms(latency, batch, next(m for m in acceptance.ngram if m.num_nodes == point.num_nodes))
-    if point.kind in ("dynamic", "merged"):
-        measured = {(m.num_nodes, m.ngram_tokens): m for m in acceptance.dynamic + acceptance.merged}
-        return measured_round_cost_ms(latency, batch, measured[(point.num_nodes, point.ngram_tokens)])
-    return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
-
-
-def ngram_round_costs(latency: LatencyProfile, num_draft_tokens: int, batch_size: int) -> list[float]:
+def ngram_round_costs(latency: LatencyProfile, num_draft_tokens: int, batch_size: int,
+                      host: tuple[str, ...]) -> list[float]:
     """Profiled ms of an ANPD round verifying 0..num_draft_tokens drafted tokens per sequence (ANPD's hardware-aware
     drafts): the target step of n + 1 tokens and ANPD's host work at n, at profiled_batch (a round's step costs
     what its widest sequence needs; each sequence is costed on that curve). Stops at the largest profiled step: a
     hardware-aware drafter verifies no more than that."""
     batch = profiled_batch(latency, batch_size)
-    return [latency.step_ms("target", batch, n + 1) + latency.host(n, "ngram", batch=batch)
+    return [latency.step_ms("target", batch, n + 1) + latency.host(n, host, batch=batch)
             for n in range(min(num_draft_tokens, largest_step(latency, batch) - 1) + 1)]
 
 
@@ -83,7 +72,7 @@ def ppd_round_cost_ms(latency: LatencyProfile, batch: float, tree, rows: float |
     step rows beyond the root (default: the tree's steady-state average) and PPD's host work at the tree's budget
     (where the bundle had no prompt tokens when profiled: a static draft tree's of that many rows); there is no draft model."""
     rows = tree.expected_rows if rows is None else rows
-    host = (latency.host(tree.budget, "ppd", batch) if "ppd" in latency.host_ms
+    host = (latency.host(tree.budget, ("ppd",), batch) if "ppd" in latency.host_ms
             else latency.host(rows, batch=batch))
     return latency.step_ms("target", batch, rows + 1), host
 
@@ -151,19 +140,21 @@ def target_step_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) ->
     return float(sum(q * latency.step_ms("target", batch, w + 1) for w, q in zip(widths, p) if q > 0))
 
 
-def ngram_round_cost_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree) -> tuple[float, float]:
+def ngram_round_cost_ms(latency: LatencyProfile, batch: float, tree: MeasuredTree,
+                        host: tuple[str, ...]) -> tuple[float, float]:
     """(target ms, host ms) of one ANPD round (measured n-gram drafts): the target step as wide as the batch's
     widest draft (target_step_ms), no draft model, and ANPD's own host work (n-gram lookups and updates, verification) at its
     draft length (LatencyProfile.host)."""
-    return target_step_ms(latency, batch, tree), latency.host(tree.num_nodes, "ngram", batch=batch)
+    return target_step_ms(latency, batch, tree), latency.host(tree.num_nodes, host, batch=batch)
 
 
-def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTree) -> tuple[float, float]:
+def measured_round_cost_ms(latency: LatencyProfile, batch: int, tree: MeasuredTree,
+                           host: tuple[str, ...]) -> tuple[float, float]:
     """(target ms, draft + host ms) of one round with a measured dynamic (or merged) tree."""
     target = target_step_ms(latency, batch, tree)
     draft = latency.step_ms("draft", batch, 1)  # the pending tokens, whose logits are the root's
     draft += max(0.0, tree.draft_calls_per_round - 1) * latency.step_ms("draft", batch, tree.width)
-    return target, draft + latency.host(tree.num_nodes, "merged" if tree.ngram_tokens else "dynamic", batch)
+    return target, draft + latency.host(tree.num_nodes, host, batch)
 
 
 def prefill_ms(latency: LatencyProfile, role: str, prompt_lens: list[int], running: int = 0) -> float:
@@ -235,3 +226,38 @@ def workload_ms(round_ms, rounds: Callable[[int], float], requests: list[tuple[i
             reached = max(reached, *(cached(i, left - step) for i, left in live.items()))
             live = {i: left - step for i, left in live.items() if left > step}
     return total
+
+
+# -- the product model: a static tree's expected accepted tokens from the depth-rank acceptance table p[depth, rank]
+# (calibration measures p; the tuner, `specrt profile`'s host-work trees and the batch bench read these) ----------
+
+def best_trees(p: np.ndarray, max_nodes: int) -> list[TreeEstimate]:
+    """Nested best trees of 1..max_nodes nodes under the product model, greedily by path probability
+    (each tree's paths in the order they were added)."""
+    depth, ranks = p.shape
+    heap = [(-p[0, r], (r,)) for r in range(ranks)]
+    heapq.heapify(heap)
+    paths, out, total = [], [], 0.0
+    while heap and len(paths) < max_nodes:
+        neg, path = heapq.heappop(heap)
+        prob = -neg
+        paths.append(path)
+        total += prob
+        out.append(TreeEstimate(len(paths), tuple(paths), total))
+        if len(path) < depth:
+            for r in range(ranks):
+                heapq.heappush(heap, (-(prob * p[len(path), r]), path + (r,)))
+    return out
+
+
+def tree_expectation(p: np.ndarray, paths) -> float:
+    """Expected accepted drafted tokens of a static tree (paths of child ranks) under the product model: the sum
+    over its nodes of the probability that the node's whole path is accepted."""
+    depth, ranks = p.shape
+    return float(sum(np.prod([p[d, r] if d < depth and r < ranks else 0.0 for d, r in enumerate(path)])
+                     for path in paths))
+
+
+def chain_expectation(p: np.ndarray, length: int) -> float:
+    """Expected accepted drafted tokens of a chain of rank-0 tokens of the given length."""
+    return float(sum(np.prod(p[:d, 0]) for d in range(1, length + 1)))

@@ -20,6 +20,7 @@ from specrt.bundle.machine import Machine
 from specrt.bundle.manifest import verify_files
 from specrt.errors import BundleError
 from specrt.runtime.cost import choose_ppd_tree, ngram_round_costs
+from specrt.runtime.speculation import SPECULATION
 from specrt.runtime.drafters.ngram import NgramTable
 
 
@@ -71,7 +72,7 @@ class Evidence:
 
     def ngram_round_costs(self, num_draft_tokens: int, batch_size: int) -> list[float]:
         """ANPD's hardware-aware round costs on this machine's latency profile (cost.ngram_round_costs)."""
-        return ngram_round_costs(self.latency(), num_draft_tokens, batch_size)
+        return ngram_round_costs(self.latency(), num_draft_tokens, batch_size, SPECULATION["ngram"].host)
 
     def ppd_tree(self, prompt_tokens, batch_size: int):
         """PPD's sparse tree for these prompt tokens on this machine: the one the latency profile predicts fastest at

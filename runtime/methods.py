@@ -16,8 +16,8 @@
 | ppd            | PromptTokenDrafter: the target's own | exact match / one-hot rejection, or       |
 |                | prompt-token guesses, sparse tree    | typical acceptance (not lossless)         |
 
-Each method is a frozen dataclass of its own options, their defaults, bounds and help declared once next
-to its builder, registered by name in METHODS. `make_method(name, options)` refuses, by name, an option
+Each method is a frozen dataclass of its own options (runtime/method_base.py: Method), their defaults, bounds and
+help declared once next to its builder, registered by name in METHODS. `make_method(name, options)` refuses, by name, an option
 the method does not take; the CLI derives its generation flags from these classes (specrt.cli).
 """
 
@@ -26,15 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from specrt.config import Config, option
+from specrt.config import option
 from specrt.errors import BundleError, InvalidRequestError
-from specrt.runtime.backends import Backend
-from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, Drafter, DynamicTreeDrafter, MergedDrafter,
-                                     NgramDrafter, PromptTokenDrafter)
-from specrt.runtime.evidence import Evidence
+from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, DynamicTreeDrafter, MergedDrafter, NgramDrafter,
+                                     PromptTokenDrafter)
+from specrt.runtime.method_base import METHODS, Built, Method, MethodContext, make_method, register
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
-from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, Verifier, make_verifier
+from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
+
+__all__ = ["METHODS", "Built", "Method", "MethodContext", "make_method"]
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best static tree replaces it once `specrt tune` has run.
@@ -42,97 +43,15 @@ DEFAULT_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), 
                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0))
 
 
-# The most tokens a round may feed a model beyond the text: a draft's nodes, its scratch rows and the root. A round's
-# masks grow with its square, so a request asking for a hundred thousand drafted tokens is refused here, at once, not
-# by a MemoryError minutes into building them
-MAX_ROUND_TOKENS = 1024
-
-
-@dataclass(frozen=True)
-class MethodContext:
-    """What a method builds its drafter from (Pipeline.method_context): not the Pipeline itself."""
-
-    draft: Backend  # the draft model: each build takes its own runner
-    bucket: int  # KV-cache growth, in slots
-    evidence: Evidence  # the bundle's plan, latency profile and acceptance on this machine
-    prompt_tokens: object  # PPD's PromptTokens where the target holds them, else None
-    prompt_tokens_refused: str  # why PPD cannot run where there are none
-
-    def draft_runner(self):
-        return self.draft.runner()
-
-    def ppd_tree(self, batch_size: int):
-        return self.evidence.ppd_tree(self.prompt_tokens, batch_size)
-
-
-@dataclass(frozen=True)
-class Built:
-    drafter: Drafter | None
-    verifier: Verifier
-    slack: int  # context slots a round may use beyond the text (drafted nodes, scratch rows)
-
-
-@dataclass(frozen=True)
-class Method(Config):
-    name: ClassVar[str]
-    summary: ClassVar[str]  # one line for help texts
-
-    def __post_init__(self):
-        super().__post_init__()
-        self._validate()
-        tokens = self.round_tokens()
-        if tokens is not None and tokens > MAX_ROUND_TOKENS:
-            given = [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) != f.default]
-            given = ", ".join(f"{k}={v}" if isinstance(v, (int, float)) else f"a {k} of {len(v)} nodes"
-                              for k, v in given if isinstance(v, (int, float, list, tuple, TreeSpec)))
-            raise InvalidRequestError(f"{self.name} with {given} feeds {tokens} tokens a round, more than the "
-                                      f"{MAX_ROUND_TOKENS} a round may hold")
-
-    def _validate(self) -> None:
-        """Checks across options (bounds of single options are declared with them)."""
-
-    def round_tokens(self) -> int | None:
-        """The context slots a round needs beyond the text (Built.slack), from the options alone; None where only the
-        bundle knows (a tuned tree)."""
-        return None
-
-    def build(self, ctx: MethodContext, params: SamplingParams, batch_size: int) -> Built:
-        raise NotImplementedError
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-
-METHODS: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    METHODS[cls.name] = cls
-    return cls
-
-
-def make_method(name: str, options: dict) -> Method:
-    """The method called `name` with these options, refusing unknown methods and options it does not take."""
-    if not isinstance(name, str) or name not in METHODS:
-        raise InvalidRequestError(f"unknown method {name!r} (choose from {', '.join(METHODS)})")
-    cls = METHODS[name]
-    taken = cls.option_names()
-    alien = [k for k in options if k not in taken]
-    if alien:
-        known = {f for m in METHODS.values() for f in m.option_names()}
-        unknown = [k for k in alien if k not in known]
-        what = (f"unknown method option(s) {', '.join(unknown)}" if unknown else
-                f"option(s) {', '.join(alien)} do not apply to method {name!r}")
-        raise InvalidRequestError(f"{what} ({name} takes: {', '.join(taken) or 'no options'})")
-    return cls(**options)
-
-
 @register
 @dataclass(frozen=True)
 class Autoregressive(Method):
     name: ClassVar[str] = "autoregressive"
     summary: ClassVar[str] = "no drafting: one target step per token (the reference)"
+
+    @classmethod
+    def from_point(cls, point):
+        return cls()
 
     def round_tokens(self):
         return 1
@@ -232,6 +151,10 @@ class Tree(MergeOptions):
     name: ClassVar[str] = "tree"
     summary: ClassVar[str] = "the draft model fills a static token tree verified in one target step"
 
+    @classmethod
+    def from_point(cls, point):
+        return cls(tree=point.paths)
+
     tree: object = option(None, "paths of child ranks, e.g. [[0], [1], [0, 0]] (default: the tuned plan's best "
                                 "static tree, else a built-in 16-node tree)", metavar="JSON")
 
@@ -267,6 +190,14 @@ class Dynamic(MergeOptions):
     name: ClassVar[str] = "dynamic"
     summary: ClassVar[str] = "the likeliest nodes of the draft's beam search form a new tree each round (EAGLE-2)"
 
+    @classmethod
+    def from_point(cls, point):
+        # merged n-gram drafts: per round those that pay on this machine's profile (which the plan was tuned on), up
+        # to the calibrated number; that choice replaces calibration's fixed floor on their path estimates
+        merge = ({"ngram_tokens": point.ngram_tokens, "ngram_hardware_aware": True, "ngram_min_prob": 0.0}
+                 if point.ngram_tokens else {})
+        return cls(num_draft_tokens=point.num_nodes, num_beams=point.width, tree_depth=point.depth, **merge)
+
     num_draft_tokens: int = option(8, "tree nodes verified per round", ge=1)
     num_beams: int | None = option(None, "nodes expanded per depth (default: max(4, nodes // 4))", ge=1)
     # a level is reached with the product of the rank-0 acceptances above it (acceptance.json), so deep levels rarely are
@@ -297,6 +228,10 @@ class Dynamic(MergeOptions):
 class Anpd(NgramOptions):
     name: ClassVar[str] = "anpd"
     summary: ClassVar[str] = "adaptive multi-level n-gram drafts of the prompt and output, no draft model (ANPD)"
+
+    @classmethod
+    def from_point(cls, point):
+        return cls(num_draft_tokens=point.num_nodes)
 
     num_draft_tokens: int = option(7, "K: n-gram drafted tokens (tree nodes) per round", ge=1)
     ngram_min_prob: float = option(0.0, "no n-gram draft whose estimated path probability is lower", ge=0, le=1)
@@ -343,6 +278,10 @@ class Ppd(MergeOptions):
     name: ClassVar[str] = "ppd"
     summary: ClassVar[str] = ("the target guesses for itself through trained prompt tokens (PPD, `specrt ppd train`), "
                               "verified as a sparse tree; no draft model")
+
+    @classmethod
+    def from_point(cls, point):
+        return cls(ppd_budget=point.num_nodes)
 
     ppd_budget: int | None = option(None, "step rows per round beyond the root, candidates + prompt tokens (default: "
                                           "the size that maximises predicted speed on this machine's latency profile, "
@@ -421,20 +360,7 @@ class Auto(Method):
     def resolve(self, ctx: MethodContext, batch_size: int) -> Method:
         """The plan's choice for this batch size, as a concrete method."""
         choice = ctx.evidence.plan().choice_for(batch_size)
-        best = choice.best
-        if choice.method == "dynamic":
-            # merged n-gram drafts: per round those that pay on this machine's profile (which the plan was tuned on),
-            # up to the calibrated number; that choice replaces calibration's fixed floor on their path estimates
-            merge = ({"ngram_tokens": best.ngram_tokens, "ngram_hardware_aware": True, "ngram_min_prob": 0.0}
-                     if best.ngram_tokens else {})
-            return Dynamic(num_draft_tokens=best.num_nodes, num_beams=best.width, tree_depth=best.depth, **merge)
-        if choice.method == "tree":
-            return Tree(tree=best.paths)
-        if choice.method == "ppd":
-            return Ppd(ppd_budget=best.num_nodes)
-        if choice.method == "anpd":
-            return Anpd(num_draft_tokens=best.num_nodes)
-        return Autoregressive()
+        return METHODS[choice.method].from_point(choice.best)
 
     def build(self, ctx, params, batch_size):
         """The plan's choice for batch_size; where the plan picked static trees at every tuned batch size up to it,

@@ -29,7 +29,7 @@ from specrt.bundle.artifacts.base import (EXPORTED, Artifact, Stamp, load, read,
                                           variant_words)
 from specrt.bundle.artifacts.engines import HARDWARE_COMPATIBILITY, EngineSet, TrtEngineSet, environment
 from specrt.bundle.artifacts.inplace import InPlaceGraph, InPlaceGraphs
-from specrt.bundle.artifacts.latency import HOST_FALLBACK, HOST_KINDS, LatencyProfile, nondecreasing
+from specrt.bundle.artifacts.latency import LatencyProfile, nondecreasing
 from specrt.bundle.artifacts.ngram import NgramPrior
 from specrt.bundle.artifacts.plan import CurvePoint, Plan, PlanChoice, VariantPlan
 from specrt.bundle.artifacts.ppd import PathHit, PpdTree, PromptTokens
@@ -37,7 +37,7 @@ from specrt.bundle.artifacts.quant import QuantSet, QuantVariant
 from specrt.bundle.machine import Machine
 from specrt.errors import SpecrtError
 
-__all__ = ["ARTIFACTS", "EXPORTED", "HARDWARE_COMPATIBILITY", "HOST_FALLBACK", "HOST_KINDS", "Acceptance",
+__all__ = ["ARTIFACTS", "EXPORTED", "HARDWARE_COMPATIBILITY", "Acceptance",
            "Artifact", "CurvePoint", "EngineSet", "InPlaceGraph", "InPlaceGraphs", "LatencyProfile", "MeasuredTree",
            "NgramPrior", "PathHit", "Plan", "PlanChoice", "PpdTree", "PromptTokens", "QuantSet", "QuantVariant", "Stamp",
            "TreeEstimate", "TrtEngineSet", "VariantPlan", "environment", "load", "nondecreasing", "read", "save",

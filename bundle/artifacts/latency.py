@@ -12,10 +12,6 @@ from specrt.bundle.artifacts.base import Artifact
 from specrt.errors import SpecrtError
 
 
-HOST_KINDS = ("tree", "dynamic", "merged", "ngram", "ppd")
-# a kind not in a profile (PPD where the bundle had no prompt tokens then; a kind whose every size was wider than the
-# target's largest step) is costed as the next simpler one's host work
-HOST_FALLBACK = {"merged": "dynamic", "dynamic": "tree", "ngram": "tree", "ppd": "tree"}
 
 
 def roofline_ms(weight_bytes: int, copy_bandwidth: float) -> float:
@@ -46,7 +42,7 @@ class LatencyProfile(Artifact):
 
     config: dict  # the ProfileConfig it was made with
     models: dict[str, dict[int, dict[int, dict[int, float]]]]  # role -> batch -> context -> new tokens -> ms
-    host_ms: dict[str, dict[int, float]]  # kind (HOST_KINDS) -> tree nodes -> host ms per round, batch 1
+    host_ms: dict[str, dict[int, float]]  # kind (runtime/speculation.py) -> tree nodes -> host ms per round, batch 1
     copy_bandwidth: float  # the device's measured copy bandwidth, bytes read + written per second
     # kind -> batch size (> 1) -> tree nodes -> host ms per round: host work grows with the batch ({}: batch 1 only)
     host_batch: dict[str, dict[int, dict[int, float]]]
@@ -150,13 +146,12 @@ class LatencyProfile(Artifact):
 
         return float(np.interp(rows, sizes, [per_token(b) for b in sizes])) * tokens
 
-    def host(self, num_nodes: float, kind: str = "tree", batch: float = 1) -> float:
+    def host(self, num_nodes: float, kinds: str | tuple[str, ...] = ("tree",), batch: float = 1) -> float:
         """Host ms per round for a tree of num_nodes (0 = autoregressive) at a batch size, linear between measured
         sizes (of their non-decreasing fit) and batch sizes (beyond the largest profiled batch, along the line
-        through the two largest); of this kind where profiled, else of the next simpler one (HOST_FALLBACK: "merged"
-        -> "dynamic" -> "tree", "ngram" and "ppd" -> "tree"), else 0."""
-        k = kind
-        while k is not None:
+        through the two largest); of the first of `kinds` profiled (a kind's own, then the simpler ones it is priced
+        as where the profile lacks it: SpeculationKind.host), else 0."""
+        for k in (kinds,) if isinstance(kinds, str) else kinds:
             table = self.host_ms.get(k)
             if table:
                 tables = {1: table, **self.host_batch.get(k, {})}
@@ -167,5 +162,4 @@ class LatencyProfile(Artifact):
                     slope = (ys[-1] - ys[-2]) / (sizes[-1] - sizes[-2])
                     return max(0.0, ys[-1] + slope * (batch - sizes[-1]))
                 return float(np.interp(batch, sizes, ys))
-            k = HOST_FALLBACK.get(k)
         return 0.0

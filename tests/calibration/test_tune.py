@@ -106,21 +106,27 @@ def test_auto_without_a_plan_says_what_to_run(pipelines):
 
 
 def test_host_work_term_interpolates_and_falls_back_to_simpler_kinds(tmp_path):
+    """A kind's host work where profiled, else that of the simpler kinds it is priced as (SpeculationKind.host)."""
+    from specrt.runtime.speculation import SPECULATION
+
+    def chain(kind):
+        return SPECULATION[kind].host
+
     (tmp_path / "manifest.json").write_text("{}")
     lat = write_latency(tmp_path, lambda n: 1.0)
     assert lat.host(8) == 0.0  # profiles without the measurement
     lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}})
     assert lat.host(0) == pytest.approx(0.02) and lat.host(20) == pytest.approx(0.45)
-    assert lat.host(8, "merged") == pytest.approx(0.3)  # not profiled: the static trees' term
+    assert lat.host(8, chain("merged")) == pytest.approx(0.3)  # not profiled: the static trees' term
     lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "dynamic": {2: 0.5, 32: 2.0}})
-    assert lat.host(8, "merged") == lat.host(8, "dynamic") == pytest.approx(0.8)
+    assert lat.host(8, chain("merged")) == lat.host(8, chain("dynamic")) == pytest.approx(0.8)
     lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "dynamic": {2: 0.5, 32: 2.0},
                                                           "merged": {2: 0.7, 32: 2.2}})
-    assert lat.host(8, "merged") == pytest.approx(1.0) and lat.host(8) == pytest.approx(0.3)
-    assert lat.host(8, "ngram") == pytest.approx(0.3)  # ANPD not profiled: the static trees' term, not dynamic's
+    assert lat.host(8, chain("merged")) == pytest.approx(1.0) and lat.host(8) == pytest.approx(0.3)
+    assert lat.host(8, chain("ngram")) == pytest.approx(0.3)  # ANPD not profiled: the static trees' term, not dynamic's
     assert artifacts.load(tmp_path, LatencyProfile) == lat
     lat = write_latency(tmp_path, lambda n: 1.0, host_ms={"tree": {0: 0.02, 8: 0.3, 32: 0.6}, "ngram": {2: 0.05, 10: 0.09}})
-    assert lat.host(6, "ngram") == pytest.approx(0.07) and lat.host(6) == pytest.approx(0.02 + 0.28 * 6 / 8)
+    assert lat.host(6, chain("ngram")) == pytest.approx(0.07) and lat.host(6) == pytest.approx(0.02 + 0.28 * 6 / 8)
 
 
 def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
@@ -129,6 +135,7 @@ def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
     from specrt.bundle.artifacts import Acceptance
     from specrt.calibration.tune import candidates, point_cost_ms
     from specrt.runtime.cost import ngram_round_costs
+    from specrt.runtime.speculation import SPECULATION
 
     b = write_bundle(tmp_path, [[0.5]] * 4, lambda n: 1.0 + 0.1 * n, lambda n: 0.5,
                      host_ms={"tree": {0: 0.1, 16: 1.7}, "ngram": {2: 0.2, 10: 0.3}},
@@ -137,7 +144,7 @@ def test_anpd_is_costed_with_its_own_host_work_not_a_draft_trees(tmp_path):
     point = next(c for c in candidates(acc) if c.kind == "ngram")
     target, host = point_cost_ms(acc, lat, 1, point)
     assert target == pytest.approx(1.0 + 0.1 * 5) and host == pytest.approx(0.2 + 0.1 * 3 / 8)
-    costs = ngram_round_costs(lat, 3, 1)
+    costs = ngram_round_costs(lat, 3, 1, SPECULATION["ngram"].host)
     assert costs == pytest.approx([1.1 + 0.2, 1.2 + 0.2, 1.3 + 0.2, 1.4 + 0.2125])
 
 

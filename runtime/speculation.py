@@ -1,0 +1,113 @@
+"""The kinds of speculation the tuner weighs and `auto` runs, each one registered object (DESIGN.md, "One home per
+idea"): its name (a CurvePoint's kind), the method that runs it (whose `from_point` makes it from a plan's choice),
+where calibration keeps its acceptance measured by decoding, the host work its rounds are priced by, what a round
+costs and how it reads in words. The tuner, the cost model, `auto` and the report ask a kind; none compares its
+name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile
+from specrt.errors import SpecrtError
+from specrt.runtime.cost import chain_expectation, measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
+from specrt.runtime.tree import TreeSpec
+
+
+@dataclass(frozen=True)
+class SpeculationKind:
+    name: str
+    method: str  # the method that runs it (runtime/methods.py: METHODS[method].from_point(point))
+    words: Callable[[int, int], str]  # (nodes, n-gram drafts merged in) -> the candidate in words, for plans and reports
+    # (acceptance, latency, batch, point) -> predicted (target ms, draft + host ms) of a round; None: weighed apart
+    # (PPD's trees, priced from the bundle's prompt tokens: tune.weigh)
+    cost: Callable[[Acceptance, LatencyProfile, float, CurvePoint], tuple[float, float]] | None
+    # acceptance -> the tuner's candidates of this kind, their costs still 0 (None: weighed apart, or the baseline)
+    candidates: Callable[[Acceptance], list[CurvePoint]] | None = None
+    host: tuple[str, ...] = ("tree",)  # the host-work profiles (LatencyProfile.host_ms) its rounds are priced by,
+    # the first one profiled
+    measured: str | None = None  # the Acceptance field of its trees measured by decoding; None: predicted from
+    # calibration's depth-rank table (static trees)
+    static: bool = False  # a static tree of the draft model (a plan may follow the live batch size with these)
+    drafts: bool = True  # it drafts (all but autoregressive decoding)
+
+    def measured_trees(self, acceptance: Acceptance) -> tuple:
+        return getattr(acceptance, self.measured) if self.measured else ()
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node{'' if n == 1 else 's'}"
+
+
+def _measured(round_cost):
+    """The cost of a candidate calibration measured by decoding: `round_cost` of its measured tree."""
+    def cost(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint):
+        kind = SPECULATION[point.kind]
+        tree = next(m for m in kind.measured_trees(acceptance)
+                    if (m.num_nodes, m.ngram_tokens) == (point.num_nodes, point.ngram_tokens))
+        return round_cost(latency, batch, tree, kind.host)
+    return cost
+
+
+def _dynamic_words(n: int, ngram_tokens: int) -> str:
+    # a merged tree's n-gram drafts are those that pay each round (Dynamic.from_point), up to the calibrated number
+    return f"dynamic tree of {_nodes(n)}" + (f" + up to {ngram_tokens} n-gram drafts that pay" if ngram_tokens else "")
+
+
+def _static_cost(acceptance, latency, batch, point):
+    return round_cost_ms(latency, batch, TreeSpec.from_paths(point.paths))
+
+
+def _trees(acceptance: Acceptance) -> list[CurvePoint]:
+    """Calibration's best static trees (the product model over its depth-rank table)."""
+    return [CurvePoint("tree", t.num_nodes, t.expected_accepted, 0.0, 0.0, 0.0, paths=t.paths) for t in acceptance.trees]
+
+
+def _chains(acceptance: Acceptance) -> list[CurvePoint]:
+    p = np.array(acceptance.depth_rank)
+    return [CurvePoint("chain", g, chain_expectation(p, g), 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1)))
+            for g in range(1, p.shape[0] + 1)]
+
+
+def _measured_points(name: str) -> Callable[[Acceptance], list[CurvePoint]]:
+    """The trees calibration measured by decoding with this kind."""
+    def points(acceptance: Acceptance) -> list[CurvePoint]:
+        return [CurvePoint(name, m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=m.width, depth=m.depth,
+                           ngram_tokens=m.ngram_tokens, ngram_min_prob=m.ngram_min_prob)
+                for m in SPECULATION[name].measured_trees(acceptance)]
+    return points
+
+
+SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
+    SpeculationKind("autoregressive", "autoregressive", lambda n, g: "no speculation (drafting does not pay here)",
+                    lambda a, latency, b, p: (latency.step_ms("target", b, 1), latency.host(0, batch=b)),
+                    drafts=False),
+    # the tuner weighs candidates in this order, the first of equally fast ones winning
+    SpeculationKind("tree", "tree", lambda n, g: f"tree of {_nodes(n)}", _static_cost, _trees, static=True),
+    SpeculationKind("chain", "tree", lambda n, g: f"chain of {_nodes(n)}", _static_cost, _chains, static=True),
+    SpeculationKind("dynamic", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
+                    _measured_points("dynamic"), ("dynamic", "tree"), "dynamic"),
+    SpeculationKind("merged", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
+                    _measured_points("merged"), ("merged", "dynamic", "tree"), "merged"),
+    SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
+                    _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"), "ngram"),
+    SpeculationKind("ppd", "ppd", lambda n, g: f"PPD sparse tree of {n} rows (no draft model)", None, None,
+                    ("ppd",), "ppd"),
+)}
+
+
+def speculation_kind(name: str) -> SpeculationKind:
+    try:
+        return SPECULATION[name]
+    except KeyError:
+        raise SpecrtError(f"unknown kind of speculation {name!r} (known: {', '.join(SPECULATION)}): a plan or "
+                          "profile from another specrt version; re-run `specrt tune`") from None
+
+
+def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float, point: CurvePoint) -> tuple[float, float]:
+    """(target ms, draft + host ms) of one round of a tuner's candidate (not PPD's: ppd_round_cost_ms) at a batch size
+    (between profiled ones: interpolated)."""
+    return speculation_kind(point.kind).cost(acceptance, latency, batch, point)
