@@ -27,7 +27,7 @@ from specrt.bench.quality import divergence, gap_shift, quantization_ties
 from specrt.bench.report import (BenchConfig, best_lossless, header, lossless_headline, paired_ratio, runs_rate,
                                  timed_runs, write_report)
 from specrt.bundle.machine import resolve_threads
-from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
+from specrt.runtime.speculation import MERGE_NGRAM_TOKENS
 from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions

@@ -75,7 +75,7 @@ def batch_prefill(outs, batch_size: int) -> float:
 
 
 def run_trees(cfg: TreesConfig) -> dict:
-    from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS
+    from specrt.runtime.speculation import MERGE_NGRAM_TOKENS
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))

@@ -62,11 +62,10 @@ from specrt.config import config_dict, option
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.cost import best_trees, chain_expectation, tree_expectation
-from specrt.runtime.speculation import speculation_kind
+from specrt.runtime.speculation import MERGE_NGRAM_TOKENS, speculation_kind
 from specrt.runtime.stats import POSITION_BUCKET
 
 HELD_OUT_PROMPT_TOKENS = 64  # held-out text prompts' length where --prompt-tokens does not say
-MERGE_NGRAM_TOKENS = 16  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
 
 
 @dataclass(frozen=True)

@@ -34,23 +34,17 @@ import numpy as np
 
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import LatencyProfile, Stamp, nondecreasing, variant_quant
-from specrt.calibration.acceptance import MERGE_NGRAM_TOKENS, best_trees
 from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.speculation import SPECULATION
 from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
 
 NUM_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 PREFILL_TOKENS = (16, 32, 64, 128, 256)
-HOST_TREE_SIZES = (0, 1, 4, 8, 16, 32, 63)
-HOST_DYNAMIC_SIZES = (2, 8, 16, 32)
-HOST_NGRAM_SIZES = (2, 5, 10, 20)
-HOST_PPD_BUDGETS = (2, 8, 32)  # PPD's step rows beyond the root (ppd_budget), where the bundle has prompt tokens
-HOST_BATCH_SIZES = {"tree": (0, 4, 16, 63), "dynamic": (8, 32), "merged": (8, 32), "ngram": (3, 10),
-                    "ppd": (4, 16)}  # at batch > 1
 
 
 @dataclass(frozen=True)
@@ -243,47 +237,27 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
 
 
 def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
-    """(kind, batch size, tree nodes) of every decode whose host work is profiled: kind "tree": static trees
-    of HOST_TREE_SIZES nodes (0: autoregressive); "dynamic": dynamic trees of HOST_DYNAMIC_SIZES nodes;
-    "merged": the same with MERGE_NGRAM_TOKENS n-gram drafts merged in (sizes count the draft model's nodes);
-    "ngram": ANPD drafting up to HOST_NGRAM_SIZES tokens (no draft model: a draft tree's bookkeeping would
-    overstate it several times); "ppd": PPD's sparse trees of HOST_PPD_BUDGETS rows, where the bundle has prompt
-    tokens (its guesses come from the target's own step: a draft tree's bookkeeping overstated it 1.5-4x on the
-    demo pair); above batch 1, the HOST_BATCH_SIZES of each kind; none wider than the target's largest step."""
+    """(kind, batch size, tree nodes) of every decode whose host work is profiled: each kind's own sizes
+    (SpeculationKind.host_profile; fewer above batch 1; PPD's only where the bundle's prompt tokens built those
+    trees), none wider than the target's largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
-    at_batch_1 = {"tree": HOST_TREE_SIZES, "dynamic": HOST_DYNAMIC_SIZES, "merged": HOST_DYNAMIC_SIZES,
-                  "ngram": HOST_NGRAM_SIZES, "ppd": HOST_PPD_BUDGETS}
     built = {t.budget for t in pipe.prompt_tokens.trees} if pipe.prompt_tokens is not None else set()
     out = []
     for b in batch_sizes:
-        for kind in HOST_BATCH_SIZES:
-            sizes = at_batch_1[kind] if b == 1 else HOST_BATCH_SIZES[kind]
-            if kind == "ppd":
-                sizes = [n for n in sizes if n in built]
-            extra = 1 + (MERGE_NGRAM_TOKENS if kind == "merged" else 0)
-            out += [(kind, b, n) for n in sizes if not largest or n + extra <= largest]
+        for kind in (k for k in SPECULATION.values() if k.host_profile):
+            h = kind.host_profile
+            sizes = [n for n in (h.sizes if b == 1 else h.batched_sizes) if not h.prompt_tokens or n in built]
+            out += [(kind.name, b, n) for n in sizes if not largest or n + 1 + h.extra_rows <= largest]
     return out
 
 
 def host_round_ms(pipe, kind: str, batch: int, num_nodes: int, new_tokens: int = 48) -> float:
     """Host milliseconds per decode round (outside any model call) of one generation of `batch` held-out
     prompts in one batch, `new_tokens` each (a third of that above batch 1), with a tree of this kind and size
-    (static trees from a fixed synthetic acceptance table: the shape calibration would build; "ngram": ANPD
-    drafting up to that many tokens; "ppd": PPD's sparse tree of that budget)."""
+    (HostProfile.decode)."""
     prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
     new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
-    if kind == "ngram":
-        kw = {"method": "anpd", "num_draft_tokens": num_nodes}
-    elif kind == "ppd":
-        kw = {"method": "ppd", "ppd_budget": num_nodes}
-    elif kind != "tree":
-        kw = {"method": "dynamic", "num_draft_tokens": num_nodes,
-              "ngram_tokens": MERGE_NGRAM_TOKENS if kind == "merged" else 0}
-    elif num_nodes == 0:
-        kw = {"method": "autoregressive"}
-    else:
-        table = np.array([[0.7, 0.15, 0.07, 0.03]] * 8)
-        kw = {"method": "tree", "tree": {t.num_nodes: t.paths for t in best_trees(table, num_nodes)}[num_nodes]}
+    kw = SPECULATION[kind].host_profile.decode(num_nodes)
     stats = pipe.generate(prompts, max_new_tokens=new_tokens, batch_size=batch, **kw)[0].stats
     return 1e3 * stats.seconds.host / max(1, stats.rounds)
 

@@ -13,8 +13,22 @@ import numpy as np
 
 from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile
 from specrt.errors import SpecrtError
-from specrt.runtime.cost import chain_expectation, measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
+from specrt.runtime.cost import best_trees, chain_expectation, measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
 from specrt.runtime.tree import TreeSpec
+
+MERGE_NGRAM_TOKENS = 16  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """How `specrt profile` measures a kind's host work per round (calibration/latency.py): the tree sizes at batch 1
+    and above it, and the generate keywords of a decode with a tree of that size."""
+
+    sizes: tuple[int, ...]
+    batched_sizes: tuple[int, ...]
+    decode: Callable[[int], dict]
+    extra_rows: int = 0  # rows a round's target step holds beyond the root and the nodes (merged n-gram drafts)
+    prompt_tokens: bool = False  # its sizes are PPD trees, measured where the bundle's prompt tokens built them
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,7 @@ class SpeculationKind:
     measured: str | None = None  # the Acceptance field of its trees measured by decoding; None: predicted from
     # calibration's depth-rank table (static trees)
     static: bool = False  # a static tree of the draft model (a plan may follow the live batch size with these)
+    host_profile: HostProfile | None = None  # how its host work is profiled, where its own is (else: see `host`)
     drafts: bool = True  # it drafts (all but autoregressive decoding)
 
     def measured_trees(self, acceptance: Acceptance) -> tuple:
@@ -55,6 +70,14 @@ def _measured(round_cost):
 def _dynamic_words(n: int, ngram_tokens: int) -> str:
     # a merged tree's n-gram drafts are those that pay each round (Dynamic.from_point), up to the calibrated number
     return f"dynamic tree of {_nodes(n)}" + (f" + up to {ngram_tokens} n-gram drafts that pay" if ngram_tokens else "")
+
+
+def _static_tree_decode(num_nodes: int) -> dict:
+    """A static tree of this size from a fixed synthetic acceptance table: the shape calibration would build (0:
+    autoregressive decoding)."""
+    if num_nodes == 0:
+        return {"method": "autoregressive"}
+    return {"method": "tree", "tree": best_trees(np.array([[0.7, 0.15, 0.07, 0.03]] * 8), num_nodes)[-1].paths}
 
 
 def _static_cost(acceptance, latency, batch, point):
@@ -86,16 +109,27 @@ SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
                     lambda a, latency, b, p: (latency.step_ms("target", b, 1), latency.host(0, batch=b)),
                     drafts=False),
     # the tuner weighs candidates in this order, the first of equally fast ones winning
-    SpeculationKind("tree", "tree", lambda n, g: f"tree of {_nodes(n)}", _static_cost, _trees, static=True),
+    SpeculationKind("tree", "tree", lambda n, g: f"tree of {_nodes(n)}", _static_cost, _trees, static=True,
+                    host_profile=HostProfile((0, 1, 4, 8, 16, 32, 63), (0, 4, 16, 63), _static_tree_decode)),
     SpeculationKind("chain", "tree", lambda n, g: f"chain of {_nodes(n)}", _static_cost, _chains, static=True),
     SpeculationKind("dynamic", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
-                    _measured_points("dynamic"), ("dynamic", "tree"), "dynamic"),
+                    _measured_points("dynamic"), ("dynamic", "tree"), "dynamic",
+                    host_profile=HostProfile((2, 8, 16, 32), (8, 32),
+                                             lambda n: {"method": "dynamic", "num_draft_tokens": n})),
     SpeculationKind("merged", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
-                    _measured_points("merged"), ("merged", "dynamic", "tree"), "merged"),
+                    _measured_points("merged"), ("merged", "dynamic", "tree"), "merged",
+                    host_profile=HostProfile((2, 8, 16, 32), (8, 32), lambda n: {
+                        "method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS},
+                        extra_rows=MERGE_NGRAM_TOKENS)),
     SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
-                    _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"), "ngram"),
+                    _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"), "ngram",
+                    # no draft model: a draft tree's bookkeeping would overstate ANPD's host work several times
+                    host_profile=HostProfile((2, 5, 10, 20), (3, 10), lambda n: {"method": "anpd", "num_draft_tokens": n})),
+    # its guesses come from the target's own step: a draft tree's bookkeeping overstated its host work 1.5-4x on the
+    # demo pair
     SpeculationKind("ppd", "ppd", lambda n, g: f"PPD sparse tree of {n} rows (no draft model)", None, None,
-                    ("ppd",), "ppd"),
+                    ("ppd",), "ppd", host_profile=HostProfile((2, 8, 32), (4, 16), lambda n: {
+                        "method": "ppd", "ppd_budget": n}, prompt_tokens=True)),
 )}
 
 

@@ -12,6 +12,7 @@ from specrt.bundle.artifacts import LatencyProfile
 from specrt.calibration import latency
 from specrt.calibration.latency import ProfileConfig, prefill_times, profile, step_times
 from specrt.runtime.kv_cache import KVCache
+from specrt.runtime.speculation import SPECULATION
 
 
 class Recorder:
@@ -90,7 +91,7 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     assert len(host_calls) == 4 * len(configs) and out.host_ms["tree"][0] == 3.0 and out.host_batch["dynamic"][2][8] == 3.0
     assert set(host_calls[:len(configs)]) == configs
     assert set(out.host_ms) == {"tree", "dynamic", "merged", "ngram"}  # ANPD's own, not a draft tree's
-    assert sorted(out.host_ms["ngram"]) == list(latency.HOST_NGRAM_SIZES) and sorted(out.host_batch["ngram"][2]) == [3, 10]
+    assert sorted(out.host_ms["ngram"]) == list(SPECULATION["ngram"].host_profile.sizes) and sorted(out.host_batch["ngram"][2]) == [3, 10]
     assert out.cache_bucket == 128  # what at_context prices a context by
     # prefill steps in the same passes: none above batch * tokens 64, none wider than the pipeline's chunk (256)
     assert sorted(prefills) == sorted([(r, bs, n, 1) for r in ("target", "draft") for bs, n in ((1, 16), (1, 64), (2, 16))] * 3)
@@ -134,8 +135,8 @@ def test_ppd_host_work_is_profiled_where_the_bundle_has_prompt_tokens_and_costs_
     monkeypatch.setattr(latency, "host_round_ms", fake_host_round_ms)
     out = profile(ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 4, 8, 16, 32),
                                 passes=1), progress=False)[None]
-    budgets = {t.budget for t in artifacts.load(b, PromptTokens).trees}  # (2, 4, 8, 16): those of HOST_PPD_BUDGETS
-    assert sorted(out.host_ms["ppd"]) == sorted(budgets & set(latency.HOST_PPD_BUDGETS)) == [2, 8]
+    budgets = {t.budget for t in artifacts.load(b, PromptTokens).trees}  # (2, 4, 8, 16): those of its host profile
+    assert sorted(out.host_ms["ppd"]) == sorted(budgets & set(SPECULATION["ppd"].host_profile.sizes)) == [2, 8]
     assert sorted(out.host_batch["ppd"][2]) == [4, 16]
     tree = artifacts.load(b, PromptTokens).tree(8)
     assert ppd_round_cost_ms(out, 1, tree)[1] == pytest.approx(0.08)  # its own kind, at its budget
