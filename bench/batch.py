@@ -171,9 +171,9 @@ def predictor(pipe, requests: list[tuple[int, int]]):
     positions) or (None, None, ()), why there are no predictions or None): the cost model over this workload (prompt
     tokens, new tokens per request) for the methods it has a calibration of."""
     from specrt.bundle.artifacts import CurvePoint
-    from specrt.calibration.acceptance import chain_expectation, position_acceptance, tree_expectation
-    from specrt.runtime.cost import joining_prefill_ms, rounds_needed, workload_ms
-    from specrt.calibration.tune import point_cost_ms
+    from specrt.calibration.acceptance import position_acceptance
+    from specrt.runtime.cost import chain_expectation, joining_prefill_ms, rounds_needed, tree_expectation, workload_ms
+    from specrt.runtime.speculation import point_cost_ms, speculation_kind
     from specrt.errors import BundleError
     from specrt.runtime.methods import DEFAULT_TREE, Anpd, Dynamic, Sd
 
@@ -202,15 +202,15 @@ def predictor(pipe, requests: list[tuple[int, int]]):
         if method == "anpd":
             m = next((m for m in acceptance.ngram if m.num_nodes == Anpd.num_draft_tokens), None)
             return m and CurvePoint("ngram", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0)
-        if method == "auto" and plan is not None and plan.choice_for(batch).best.kind != "ppd":
+        if method == "auto" and plan is not None and speculation_kind(plan.choice_for(batch).best.kind).cost:
             return plan.choice_for(batch).best
-        return None  # ppd, mtad: no prediction here
+        return None  # ppd (weighed apart), mtad: no prediction here
 
     def predict(method: str, batch: int, batching: str) -> tuple[float | None, float | None, tuple[float, ...]]:
         c = point(method, batch)
         if c is None:
             return None, None, ()
-        roles = ("target",) if c.kind in ("autoregressive", "ngram") else ("target", "draft")
+        roles = ("target", "draft") if speculation_kind(c.kind).draft_model else ("target",)
         by_position = position_acceptance(acceptance, c)
         rounds = lambda new: rounds_needed(new, c.expected_accepted, by_position, acceptance.position_bucket)  # noqa: E731
 

@@ -48,6 +48,7 @@ class SpeculationKind:
     static: bool = False  # a static tree of the draft model (a plan may follow the live batch size with these)
     host_profile: HostProfile | None = None  # how its host work is profiled, where its own is (else: see `host`)
     drafts: bool = True  # it drafts (all but autoregressive decoding)
+    draft_model: bool = True  # its rounds step the draft model (not ANPD's n-grams, nor PPD's prompt tokens)
 
     def measured_trees(self, acceptance: Acceptance) -> tuple:
         return getattr(acceptance, self.measured) if self.measured else ()
@@ -107,7 +108,7 @@ def _measured_points(name: str) -> Callable[[Acceptance], list[CurvePoint]]:
 SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
     SpeculationKind("autoregressive", "autoregressive", lambda n, g: "no speculation (drafting does not pay here)",
                     lambda a, latency, b, p: (latency.step_ms("target", b, 1), latency.host(0, batch=b)),
-                    drafts=False),
+                    drafts=False, draft_model=False),
     # the tuner weighs candidates in this order, the first of equally fast ones winning
     SpeculationKind("tree", "tree", lambda n, g: f"tree of {_nodes(n)}", _static_cost, _trees, static=True,
                     host_profile=HostProfile((0, 1, 4, 8, 16, 32, 63), (0, 4, 16, 63), _static_tree_decode)),
@@ -124,12 +125,13 @@ SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
     SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
                     _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"), "ngram",
                     # no draft model: a draft tree's bookkeeping would overstate ANPD's host work several times
-                    host_profile=HostProfile((2, 5, 10, 20), (3, 10), lambda n: {"method": "anpd", "num_draft_tokens": n})),
+                    host_profile=HostProfile((2, 5, 10, 20), (3, 10), lambda n: {"method": "anpd", "num_draft_tokens": n}),
+                    draft_model=False),
     # its guesses come from the target's own step: a draft tree's bookkeeping overstated its host work 1.5-4x on the
     # demo pair
     SpeculationKind("ppd", "ppd", lambda n, g: f"PPD sparse tree of {n} rows (no draft model)", None, None,
                     ("ppd",), "ppd", host_profile=HostProfile((2, 8, 32), (4, 16), lambda n: {
-                        "method": "ppd", "ppd_budget": n}, prompt_tokens=True)),
+                        "method": "ppd", "ppd_budget": n}, prompt_tokens=True), draft_model=False),
 )}
 
 

@@ -12,8 +12,6 @@ from specrt.bundle.artifacts import EngineSet, TrtEngineSet
 from specrt.contract import KV_UPDATES, TORCH_QUANT_SCHEMES
 from specrt.errors import BundleError, InvalidRequestError
 
-QUANT_SOURCES = ("graphs", "projections")  # `specrt quantize`'s variants of the step graphs | the module's projections
-
 
 @dataclass(frozen=True)
 class BackendKind:
@@ -24,7 +22,9 @@ class BackendKind:
     loads: Callable  # (bundle: Path, source: ModelSource) -> Backend
     step_graphs: bool = False  # runs the ONNX step graphs: a quantized variant, an in-graph variant and the target with
     # PPD's prompt tokens are graph files it swaps in as it loads
-    quant: str = "graphs"  # where its quantized weights come from (QUANT_SOURCES)
+    # where its quantized weights come from: "graphs" (`specrt quantize`'s variants of the step graphs) or
+    # "projections" (contract.TORCH_QUANT_SCHEMES, the module's projections quantized as it loads)
+    quant: str = "graphs"
     kv_updates: tuple[str, ...] = ("runtime",)  # the KV updates it runs (contract.KV_UPDATES)
     engines: type | None = None  # the artifact of its engines (`specrt build --backend NAME`), None: it builds nothing
     kv_update_built: bool = False  # the engines fix the KV update when they are built (--kv-update at build time)
