@@ -61,7 +61,7 @@ def resolve(bundle: str | Path, *, backend: str = "ort", threads: int | None = N
     if not isinstance(packed_rows, bool):
         raise InvalidRequestError(f"packed_rows must be True or False, got {packed_rows!r}")
     if not packed_rows and not kind.packs_rows:
-        raise InvalidRequestError(f"packed_rows=False turns off the {kinds_that(lambda k: k.packs_rows, ' and ')} "
+        raise InvalidRequestError(f"packed_rows=False turns off the {kinds_that(lambda k: k.packs_rows, 'and')} "
                                   f"backend's packed token rows; backend {backend!r} does not pack them (leave "
                                   "packed_rows at True)")
     kind.check_kv_update(kv_update)

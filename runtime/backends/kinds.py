@@ -46,7 +46,7 @@ class BackendKind:
         if self.quant == "projections" and quant not in TORCH_QUANT_SCHEMES:
             raise InvalidRequestError(f"quant={quant!r}: the {self.name} backend quantizes its projections with "
                                       f"{' or '.join(TORCH_QUANT_SCHEMES)}; `specrt quantize`'s variants of the step "
-                                      f"graphs run on the {kinds_that(lambda k: k.quant == 'graphs', ' and ')} backends")
+                                      f"graphs run on the {kinds_that(lambda k: k.quant == 'graphs', 'and')} backends")
         if self.quant == "graphs" and quant in TORCH_QUANT_SCHEMES:
             raise InvalidRequestError(f"quant={quant!r} quantizes the PyTorch step (backend "
                                       f"{kinds_that(lambda k: k.quant == 'projections')}); "
@@ -62,9 +62,10 @@ class BackendKind:
                                       f"not {self.name!r}")
 
 
-def kinds_that(can: Callable[[BackendKind], bool], sep: str = " or ", title: bool = False) -> str:
-    """The names (or titles) of the backends that `can`, for a message: "torch or static"."""
-    return sep.join(k.title if title else k.name for k in KINDS.values() if can(k))
+def kinds_that(can: Callable[[BackendKind], bool], last: str = "or", title: bool = False) -> str:
+    """The names (or titles) of the backends that `can`, for a message: "ort, torch or static"."""
+    names = [k.title if title else k.name for k in KINDS.values() if can(k)]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 def _ort(bundle: Path, s) -> object:
@@ -78,7 +79,7 @@ def _ort(bundle: Path, s) -> object:
     if entry.dtype == "bfloat16":
         raise BundleError(f"{bundle} holds bfloat16 step graphs, which ONNX Runtime cannot run on the CPU (it has no "
                           f"bfloat16 kernels): load it with backend "
-                          f"{kinds_that(lambda k: not k.step_graphs, ', ')}, or export in float32")
+                          f"{kinds_that(lambda k: not k.step_graphs)}, or export in float32")
     return OrtBackend(entry, bundle / (s.graph or entry.onnx), threads=s.threads, kv_update=s.kv_update,
                       pack_rows=s.packed_rows)
 
