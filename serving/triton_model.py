@@ -79,6 +79,11 @@ def _value(request, name: str):
     return value.item()
 
 
+def _inputs(error) -> str:
+    """The inputs an error is about (SpecrtError.fields), as the request names them."""
+    return ", ".join(NAMES.get(k, k) for k in error.fields) or "request"
+
+
 def parse(request):
     """(the DecodeRequest, whether to stream) of a request; raises BadInput naming the input."""
     from specrt.errors import InvalidRequestError
@@ -101,7 +106,7 @@ def parse(request):
     try:
         return DecodeRequest.of(prompt, **kwargs), stream
     except InvalidRequestError as e:
-        raise BadInput(f"{', '.join(NAMES[k] for k in e.fields)}: {e}") from None
+        raise BadInput(f"{_inputs(e)}: {e}") from None
 
 
 @dataclass
@@ -147,7 +152,7 @@ class TritonPythonModel:
                 try:
                     handle = self.pool.submit(decode)
                 except Refused as e:
-                    raise BadInput(f"{', '.join(NAMES[k] for k in e.fields) or 'request'}: {e}") from None
+                    raise BadInput(f"{_inputs(e)}: {e}") from None
             except BadInput as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
                 continue
