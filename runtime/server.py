@@ -53,6 +53,7 @@ class Decoder(Protocol):
 
     def decode(self, ids) -> str: ...
 
+
 @dataclass(frozen=True)
 class Piece:
     """A request's text and tokens since its last piece."""
