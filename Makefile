@@ -44,20 +44,24 @@ real: $(STAMP)
 	$(BIN)/specrt models real gemma3-270m
 
 # A real target's bundle (REAL=smollm2-135m | gemma3-270m): the checkpoint, a draft distilled from it on its own text
-# (`specrt models draft`, about 40 minutes on 2 cores, cached), the export, its in-graph graphs, calibration on the
-# draft's held-out mixed prompts, a batch-1 profile and plan, as bench-peers prepares the inflated pair
+# (`specrt models draft`, about 40 minutes on 2 cores, cached; or REAL_DRAFT=DIR, one a lent GPU distilled:
+# docs/gpu.md, call distill), the export, its in-graph graphs, the n-gram prior from the draft's text, calibration on
+# the draft's held-out mixed prompts, a batch-1 profile and plan, as bench-peers prepares the inflated pair
 REAL      ?= smollm2-135m
-REAL_OUT  := build/real-bundles/$(REAL)
+REAL_OUT  ?= build/real-bundles/$(REAL)
+REAL_DRAFT ?= build/drafts/$(REAL)
 real-bundle: $(STAMP)
 	$(BIN)/specrt models real $(REAL)
-	$(BIN)/specrt models draft --target build/real/$(REAL) --threads $(THREADS)
-	test -f $(REAL_OUT)/manifest.json || $(BIN)/specrt export --target build/real/$(REAL) --draft build/drafts/$(REAL) \
+	test -f $(REAL_DRAFT)/draft.json || $(BIN)/specrt models draft --target build/real/$(REAL) --out $(REAL_DRAFT) \
+		--threads $(THREADS)
+	test -f $(REAL_OUT)/manifest.json || $(BIN)/specrt export --target build/real/$(REAL) --draft $(REAL_DRAFT) \
 		--out $(REAL_OUT)
 	test -f $(REAL_OUT)/inplace.json || $(BIN)/specrt inplace --bundle $(REAL_OUT)
-	test -f $(REAL_OUT)/ngram-prior.json || $(BIN)/specrt ngram prior --bundle $(REAL_OUT) --target build/real/$(REAL) \
-		--threads $(THREADS)
+	test -f $(REAL_OUT)/ngram-prior.json || $(BIN)/specrt ngram prior --bundle $(REAL_OUT) \
+		$$(test -f $(REAL_DRAFT)/teacher-text.npz && echo --corpus $(REAL_DRAFT)/teacher-text.npz || \
+		   echo --target build/real/$(REAL)) --threads $(THREADS)
 	test -f $(REAL_OUT)/acceptance.json || $(BIN)/specrt calibrate --bundle $(REAL_OUT) --threads $(THREADS) \
-		--prompts build/drafts/$(REAL)/validation-prompts.jsonl
+		--prompts $(REAL_DRAFT)/validation-prompts.jsonl
 	test -f $(REAL_OUT)/latency.json || $(BIN)/specrt profile --bundle $(REAL_OUT) --kv-update inplace \
 		--no-packed-rows --threads $(THREADS) --batch-sizes 1 --contexts 512
 	$(BIN)/specrt tune --bundle $(REAL_OUT) --batch-sizes 1

@@ -17,7 +17,9 @@ useless draft (they agree with it on about a quarter of the tokens). So the draf
 
 The checkpoint is written whole or not at all, with `draft.json` (the record: shape, data, losses, agreement, time,
 and the key of what made it: the teacher corpora's keys and every setting; run again with the same inputs, it is
-kept) and `validation-prompts.jsonl` (the held-out prompts, for `specrt calibrate --prompts`).
+kept), `validation-prompts.jsonl` (the held-out prompts, for `specrt calibrate --prompts`) and `teacher-text.npz` (the
+training text, for `specrt ngram prior --corpus`). With `--device cuda` the target writes the text and the draft
+trains on a GPU (a lent one: `specrt gpu-session --call distill` brings the draft and its text back).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import numpy as np
 
 from specrt.checkpoints.prompt_mix import mixed_prompts
 from specrt.checkpoints.teacher import TeacherConfig, TeacherCorpus, build_corpus
-from specrt.config import Config, option
+from specrt.config import option
 from specrt.errors import SpecrtError
 
 RECORD = "draft.json"
 PROMPTS = "validation-prompts.jsonl"  # the held-out prompts, as `specrt calibrate --prompts` reads them
+TEXT = "teacher-text.npz"  # the training text's ids and offsets, as `specrt ngram prior --corpus` reads them
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,10 @@ class DraftConfig(TeacherConfig):
     warmup_steps: int = option(50, "linear warm-up steps", ge=0)
     val_prompts: int = option(96, "held-out prompts the agreement is measured on", ge=1)
     threads: int | None = option(None, "PyTorch's intra-op threads (default: PyTorch's own, every core)", ge=1)
+    device: str = option("cpu", "where the target writes its text and the draft trains: cpu, or cuda (a lent GPU: "
+                                "`specrt gpu-session --call distill`); recorded, not keyed")
+    save_dtype: str = option("float32", "the dtype the draft is saved in (float16: half the size, what a lent GPU's "
+                                        "call brings back)", choices=("float32", "float16"))
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -129,8 +136,10 @@ def _student_logp(draft, ids, mask, where):
     """The draft's log-softmax [P, V] at the predicted positions only (the output projection skips the rest)."""
     import torch
 
-    hidden = draft.model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state
-    picked = hidden[torch.from_numpy(where[:, 0]), torch.from_numpy(where[:, 1])]
+    on = draft.device
+    hidden = draft.model(input_ids=torch.from_numpy(ids).to(on),
+                         attention_mask=torch.from_numpy(mask).to(on)).last_hidden_state
+    picked = hidden[torch.from_numpy(where[:, 0]).to(on), torch.from_numpy(where[:, 1]).to(on)]
     return torch.log_softmax(draft.lm_head(picked).float(), dim=-1)
 
 
@@ -138,8 +147,8 @@ def distill_loss(logp, topk_ids, topk_logp):
     """Cross-entropy of the draft's log-probabilities [P, V] against the target's top-k distribution, renormalized."""
     import torch
 
-    teacher = torch.softmax(torch.from_numpy(topk_logp.astype(np.float32)), dim=-1)  # renormalized over the top k
-    return -(teacher * logp.gather(1, torch.from_numpy(topk_ids.astype(np.int64)))).sum(-1).mean()
+    teacher = torch.softmax(torch.from_numpy(topk_logp.astype(np.float32)).to(logp.device), dim=-1)  # over the top k
+    return -(teacher * logp.gather(1, torch.from_numpy(topk_ids.astype(np.int64)).to(logp.device))).sum(-1).mean()
 
 
 def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_len: int = 512) -> dict:
@@ -155,7 +164,7 @@ def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_
             ids, mask, where, rows = _batch(corpus, picks, seq_len, pad)
             logp = _student_logp(draft, ids, mask, where)
             loss += distill_loss(logp, corpus.topk_ids[rows], corpus.topk_logp[rows]).item() * len(rows)
-            same = logp.argmax(-1).numpy() == corpus.topk_ids[rows, 0]
+            same = logp.argmax(-1).cpu().numpy() == corpus.topk_ids[rows, 0]
             for b, hit in zip(where[:, 0], same):
                 hits.setdefault(corpus.kinds[picks[b]], []).append(int(hit))
     draft.train()
@@ -167,7 +176,7 @@ def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_
 def draft_key(cfg: DraftConfig, teacher_key: str) -> str:
     """What the draft's weights depend on: the training corpus's key and the settings (not the held-out set's)."""
     settings = {k: v for k, v in asdict(cfg).items()
-                if k not in ("out", "cache", "threads", "target", "tokenizer", "val_prompts")}
+                if k not in ("out", "cache", "threads", "device", "target", "tokenizer", "val_prompts")}
     return hashlib.sha256(json.dumps({"teacher": teacher_key, **settings}, sort_keys=True, default=str).encode()
                           ).hexdigest()[:16]
 
@@ -185,10 +194,14 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
         raise SpecrtError(f"target {cfg.target} is not a Hugging Face checkpoint directory (no config.json)")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    try:
+        torch.empty(0, device=cfg.device)
+    except (RuntimeError, AssertionError) as e:
+        raise SpecrtError(f"--device {cfg.device}: PyTorch {torch.__version__} cannot use it here ({e})") from None
     train, train_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
-                                       cfg.threads, progress)
+                                       cfg.threads, progress, cfg.device)
     val, val_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("validation"), cfg.cache, "validation",
-                                   cfg.threads, progress)
+                                   cfg.threads, progress, cfg.device)
     key = draft_key(cfg, train_record["key"])
     dest = cfg.dest
     made = json.loads((dest / RECORD).read_text()) if (dest / RECORD).is_file() else {}
@@ -196,15 +209,15 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
         return made
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir, local_files_only=True)
     target = AutoModelForCausalLM.from_pretrained(cfg.target, local_files_only=True, dtype=torch.float32)
-    draft = new_draft(target, cfg.hidden, cfg.layers, cfg.seed)
+    draft = new_draft(target, cfg.hidden, cfg.layers, cfg.seed).to(cfg.device)
     del target
     pad = draft.config.pad_token_id if draft.config.pad_token_id is not None else 0
     before = agreement(draft, val, pad)
     if made.get("key") == key:  # the same draft, another held-out set: measured again, not trained again
-        draft = AutoModelForCausalLM.from_pretrained(dest, local_files_only=True, dtype=torch.float32)
+        draft = AutoModelForCausalLM.from_pretrained(dest, local_files_only=True, dtype=torch.float32).to(cfg.device)
         record = {**made, "teacher": {**made["teacher"], "validation": val_record}, "before": before,
                   "after": agreement(draft, val, pad)}
-        _write(draft, tokenizer, record, cfg, dest)
+        _write(draft, tokenizer, record, cfg, dest, train)
         return record
     opt = adamw(draft, cfg.lr, weight_decay=0.01)
     rng = np.random.default_rng(cfg.seed)
@@ -226,19 +239,23 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
               "num_params": sum(p.numel() for p in draft.parameters()), "teacher": {"train": train_record,
                                                                                      "validation": val_record},
               "before": before, "after": after, "train_seconds": round(seconds, 1), "history": history,
-              "threads": torch.get_num_threads()}
-    _write(draft, tokenizer, record, cfg, dest)
+              "threads": torch.get_num_threads(), "device": str(draft.device)}
+    _write(draft, tokenizer, record, cfg, dest, train)
     return record
 
 
-def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path) -> None:
-    """The draft, its tokenizer, its record and its held-out prompts into `dest`, whole or not at all."""
+def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path, text: TeacherCorpus) -> None:
+    """The draft (in cfg.save_dtype), its tokenizer, its record, its held-out prompts and the text it learnt from
+    into `dest`, whole or not at all."""
+    import torch
+
     from specrt.files import replace_dir, write_json_atomic
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{record['key']}")
     shutil.rmtree(tmp, ignore_errors=True)
-    draft.save_pretrained(tmp, safe_serialization=True)
+    draft.to("cpu", getattr(torch, cfg.save_dtype)).save_pretrained(tmp, safe_serialization=True)
+    np.savez(tmp / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
     tokenizer.save_pretrained(tmp)
     held_out = mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed)  # what `after` was measured on
     (tmp / PROMPTS).write_text("".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in held_out))

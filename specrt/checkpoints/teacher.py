@@ -126,10 +126,12 @@ def _generate(model, tokenizer, prompts: list[list[int]], cfg: TeacherConfig, ba
             mask[r, width - len(prompts[i]):] = 1
         keep = _TopK(cfg.top_k)
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=cfg.new_tokens,
-                                 pad_token_id=pad, logits_processor=LogitsProcessorList([keep]))[:, width:]
+            gen = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                                 max_new_tokens=cfg.new_tokens, pad_token_id=pad,
+                                 logits_processor=LogitsProcessorList([keep]))[:, width:]
         top_ids = np.stack([s[0] for s in keep.steps], axis=1)  # [B, steps, k]
         top_logp = np.stack([s[1] for s in keep.steps], axis=1)
+        gen = gen.cpu()
         for r, i in enumerate(chunk):
             new = gen[r].tolist()
             n = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
@@ -148,8 +150,8 @@ def _source_windows(model, windows: list[list[int]], cfg: TeacherConfig, bar) ->
     for start in range(0, len(windows), cfg.gen_batch):
         batch = torch.tensor(windows[start:start + cfg.gen_batch], dtype=torch.long)
         with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=batch).logits.float(), dim=-1)
-        values, ids = logp.topk(cfg.top_k, dim=-1)
+            logp = torch.log_softmax(model(input_ids=batch.to(model.device)).logits.float(), dim=-1)
+        values, ids = (t.cpu() for t in logp.topk(cfg.top_k, dim=-1))
         for r in range(len(batch)):
             out.append((batch[r].numpy().astype(np.int32), 0, ids[r].to(torch.int32).numpy(),
                         values[r].to(torch.float16).numpy()))
@@ -158,9 +160,11 @@ def _source_windows(model, windows: list[list[int]], cfg: TeacherConfig, bar) ->
 
 
 def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: Path, split: str = "train",
-                 threads: int | None = None, progress: bool = True) -> tuple[TeacherCorpus, dict]:
+                 threads: int | None = None, progress: bool = True,
+                 device: str = "cpu") -> tuple[TeacherCorpus, dict]:
     """The teacher corpus of `split` (train or validation) for this target, from the cache where it is there;
-    returns it with its record."""
+    returns it with its record. The target runs on `device` (cpu, or cuda: a lent GPU writes the text in minutes);
+    the device is recorded, not keyed: it writes the same text up to the float32 rounding of its kernels."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -178,7 +182,7 @@ def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: P
         return TeacherCorpus.load(path), json.loads(path.with_suffix(".json").read_text())
     if threads is not None:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=torch.float32).to(device).eval()
     t0 = time.perf_counter()
     with tqdm(total=len(prompts) + len(windows), desc=f"teacher corpus ({split})", unit="seq",
               disable=not progress) as bar:
@@ -195,7 +199,7 @@ def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: P
     record = {"format": FORMAT, "key": key, "split": split, "target": str(target), "config": asdict(cfg),
               "sequences": {k: kinds.count(k) for k in sorted(set(kinds))}, "tokens": int(len(corpus.ids)),
               "predictions": int(len(corpus.topk_ids)), "seconds": round(time.perf_counter() - t0, 1),
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "device": str(model.device)}
     Path(cache).mkdir(parents=True, exist_ok=True)
     corpus.save(path, record)
     return corpus, record

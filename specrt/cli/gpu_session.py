@@ -2,7 +2,7 @@
 
     python -m specrt gpu-session --call 1 --pack $OUT      # engines, e2e against HF baselines, roofline, J/token, tests
     python -m specrt gpu-session --call 2 --pack $OUT      # calibrate, profile, tune, auto, HF static cache + compile
-    python -m specrt gpu-session --call compiled|tuned|real|batch|ppd|quant|export --pack $OUT   # later, each alone
+    python -m specrt gpu-session --call compiled|tuned|real|distill|batch|ppd|quant|export --pack $OUT   # each alone
 
 A call runs its stages in order, each a `python -m specrt ...` process of its own with its log in OUT/logs: a stage
 that fails is logged and the next one runs; one that needs a stage that did not end well is skipped, saying which. A
@@ -12,8 +12,9 @@ fresh machine the call starts by making them again (carry OUT/done and OUT/resul
 to be repeated). The call keeps to `--budget` seconds: a stage starts only with `--min-stage` seconds left and is
 stopped at the budget (logged, not stamped). After every stage, OUT/results, OUT/logs, OUT/done, the session record
 and the bundle's small artifacts (manifest, engines, latency, acceptance, plan) are copied to `--pack`: what was
-measured comes back even when a later stage fails or the call is cut off. Call 1 also runs the tests marked `gpu` in
-the background, beside the disk-bound inflate and export.
+measured comes back even when a later stage fails or the call is cut off; a stage that makes a directory to bring back
+(call distill's draft) packs it whole beside the archive, in parts a lent machine returns. Call 1 also runs the
+tests marked `gpu` in the background, beside the disk-bound inflate and export.
 
 `--device cpu --shape toy --quick` rehearses a call on the CPU at toy size (tests/cli/test_gpu_session.py runs call
 1 that way in CI); docs/gpu.md has the expected device-minutes of each call.
@@ -29,51 +30,16 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from specrt.checkpoints import DEMO_DIR
-from specrt.config import Config, option
+from specrt.cli.gpu_real import SHAPES, SessionConfig, Stage, distill_stages, real_stages, split_tar
 from specrt.errors import SpecrtError
 
-SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
-          "toy": ("--hidden", "384", "--intermediate", "1024", "--layers", "3", "--heads", "6")}
-CALLS = ("1", "2", "compiled", "tuned", "real", "batch", "ppd", "quant", "export")
-# call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
-REAL_TOY = ("--hidden", "768", "--intermediate", "1536", "--layers", "30", "--heads", "12")
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
                    "plans", "ppd.json", "ngram-prior.json", "quant")
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
-
-
-@dataclass(frozen=True)
-class SessionConfig(Config):
-    call: str = option("1", "which call: 1, 2, compiled, tuned, real, batch, ppd, quant or export", choices=CALLS)
-    out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
-    pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
-                                     "stage, or one .tar.gz of them (on a lent machine, which returns 8 files: "
-                                     "$OUT/gpu-<call>.tar.gz)")
-    device: str = option("cuda", "where the models run: cuda, or cpu for a rehearsal")
-    shape: str = option("7b", "the inflated target's shape: 7b, 1b, or toy (a rehearsal)", choices=tuple(SHAPES))
-    budget: float = option(540.0, "seconds this call may take, stages included (a lent machine's command may run "
-                                  "600)", gt=0)
-    min_stage: float = option(20.0, "a stage starts only with this many seconds of the budget left", ge=0)
-    quick: bool = option(False, "rehearsal sizes: 1 prompt, 16 new tokens, 1 timed run per bench")
-    tests: bool = option(True, "call 1: the tests marked gpu, in the background")
-    real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "call real: SmolLM2-135M-Instruct's "
-                                                                                  "GGUF file (carried: docs/gpu.md)")
-    real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried")
-    real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
-                                                                   "bundle's ngram-prior.npz), carried; none: no prior")
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    argv: tuple[str, ...]  # after `python -m specrt`; ("copy", SRC, DST): the bundle SRC hard-linked to DST
-    makes: str | None = None  # an artifact (relative to the session's directory): run wherever it is missing
-    needs: tuple[str, ...] = ()  # stages that must have ended well (now or in an earlier call)
-    estimate_s: int = 60  # device-seconds at the 7b shape, by arithmetic; an H200 took about half (docs/gpu.md)
 
 
 def stages(cfg: SessionConfig) -> list[Stage]:
@@ -149,6 +115,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                 "--baselines", "hf-compile"), needs=("build-tuned",), estimate_s=200)]
     if cfg.call == "real":
         return real_stages(cfg, kernels, sizes, tag)
+    if cfg.call == "distill":
+        return distill_stages(cfg)
     if cfg.call == "batch":  # engines of four batch buckets, in a hard-linked copy of the bundle: its own engines.json
         batch = str(out / "bundle-batch")
         return made[:2] + [
@@ -190,38 +158,6 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                                              str(DEMO_DIR / "draft"), "--tokenizer", str(DEMO_DIR / "tokenizer"),
                                              "--out", str(out / "onnx"), "--dtype", "float16"),
                              needs=("inflate",), estimate_s=480)]
-
-
-def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:
-    """Call real: SmolLM2-135M-Instruct from its GGUF, inflated to the shape (its function kept), exported with its
-    distilled draft, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
-    out, d = cfg.out, cfg.device
-    bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
-    prior = cfg.real_prior.is_file()
-    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
-           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + "dynamic-ngram", "--baselines", "hf")
-    # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
-    compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
-    return [Stage("real", ("models", "real", "smollm2-135m", "--gguf", str(cfg.real_gguf), "--out", str(out / "real")),
-                  makes="real/config.json", estimate_s=40),
-            Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), "--dtype", dtype, "--device", d,
-                                   *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]), "--out",
-                                   str(out / "real-target")), makes="real-target/config.json", needs=("real",),
-                  estimate_s=60),
-            Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", str(cfg.real_draft),
-                                  "--out", bundle, "--dtype", dtype, "--no-onnx"),
-                  makes="bundle-real/manifest.json", needs=("inflate-real",), estimate_s=90),
-            *[Stage("prior-real", ("ngram", "prior", "--bundle", bundle, "--corpus", str(cfg.real_prior)),
-                    makes="bundle-real/ngram-prior.json", needs=("export-real",), estimate_s=5)] * prior,
-            # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)
-            Stage("build-real", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "512",
-                                 "--token-profiles", "1,8,16,64", *compiled), makes="bundle-real/engines.json",
-                  needs=("export-real",), estimate_s=150),
-            Stage("kernels-real", (*kernels, "--bundle", bundle, "--label", label), needs=("build-real",),
-                  estimate_s=60),
-            Stage("e2e-real", (*e2e, "--label", label), needs=("build-real",), estimate_s=200),
-            Stage("e2e-real-chat", (*e2e, "--prompt-set", "chat", "--label", f"{label}-chat"), needs=("build-real",),
-                  estimate_s=200)]
 
 
 def gpu_tag(device: str) -> str:
@@ -299,6 +235,7 @@ class Session:
         if stage.makes is not None and (self.out / stage.makes).exists():
             entry["status"] = "made before"
             self.stamp(stage.name, 0.0)  # what needs it may run
+            self.bring(stage)
             return
         if stage.makes is None and self.ended_well(stage.name):
             entry["status"] = "done before"
@@ -325,9 +262,24 @@ class Session:
         if rc == 0:
             entry["status"] = "ok"
             self.stamp(stage.name, seconds)
+            self.bring(stage)
         else:
             entry["status"] = "cut at the budget" if rc is None else f"failed (exit status {rc})"
         self.log(f"{stage.name}: {entry['status']} in {seconds} s (log: logs/{stage.name}.log)")
+
+    def bring(self, stage: Stage) -> None:
+        """The directory the stage made, to --pack: copied, or beside the archive as <archive>-<name>.tar.partNN."""
+        src = self.out / stage.brings if stage.brings else None
+        if src is None or self.cfg.pack is None or not src.is_dir():
+            return
+        dest = Path(self.cfg.pack)
+        if dest.name.endswith((".tar.gz", ".tgz")):
+            stem = dest.name.removesuffix(".gz").removesuffix(".tar").removesuffix(".tgz")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            parts = split_tar(src, dest.with_name(f"{stem}-{src.name}.tar"))
+            self.log(f"{stage.name}: {stage.brings}/ packed beside the archive: {', '.join(p.name for p in parts)}")
+        else:
+            shutil.copytree(src, dest / stage.brings, dirs_exist_ok=True)
 
     def stamp(self, name: str, seconds: float) -> None:
         (self.out / "done" / f"{name}.json").write_text(json.dumps({

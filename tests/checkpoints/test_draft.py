@@ -98,3 +98,32 @@ def test_another_held_out_set_is_measured_again_not_trained_again(made, tmp_path
     assert again["key"] == record["key"] and again["history"] == record["history"]  # the same weights
     assert again["after"]["predictions"] < record["after"]["predictions"]  # measured on the other set
     assert len((tmp_path / "draft" / PROMPTS).read_text().splitlines()) == 4
+
+
+def test_the_draft_keeps_the_text_it_learnt_from_for_the_ngram_prior(made):
+    import numpy as np
+
+    from specrt.checkpoints import teacher
+    from specrt.checkpoints.draft import TEXT
+
+    cfg, record = made
+    corpus, train = teacher.build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
+                                         progress=False)
+    assert train["key"] == record["teacher"]["train"]["key"]
+    with np.load(cfg.dest / TEXT) as z:
+        assert (z["ids"] == corpus.ids).all() and (z["offsets"] == corpus.offsets).all()
+
+
+def test_a_half_precision_draft_is_another_artifact_and_still_drafts(made, tmp_path):
+    from dataclasses import replace
+
+    from safetensors import safe_open
+
+    from specrt.checkpoints.draft import make_draft
+
+    cfg, record = made
+    half = replace(cfg, out=tmp_path / "half", save_dtype="float16", steps=4)
+    got = make_draft(half, progress=False)
+    assert got["key"] != record["key"] and got["config"]["save_dtype"] == "float16" and got["device"] == "cpu"
+    with safe_open(str(tmp_path / "half" / "model.safetensors"), "pt") as f:
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}

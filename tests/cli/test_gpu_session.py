@@ -159,5 +159,60 @@ def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_car
     assert ("--preset", "7b") == real["inflate-real"].argv[-4:-2]  # fitted to SmolLM2's heads by inflate
     assert str(tmp_path / "d") in real["export-real"].argv and "default" in real["build-real"].argv
     assert ("--prompt-set", "chat") == real["e2e-real-chat"].argv[-4:-2]
+    distill = {s.name: s for s in stages(dataclasses.replace(cfg, call="distill"))}
+    assert list(distill) == ["real", "distill"] and distill["distill"].brings == "draft"
+    assert ("--device", "cuda") == distill["distill"].argv[4:6] and "6144" in distill["distill"].argv
     tuned = [s.name for s in stages(dataclasses.replace(cfg, call="tuned"))]
     assert tuned == ["inflate", "export", "copy-tuned", "build-tuned", "kernels-tuned", "e2e-tuned"]
+
+
+def test_a_directory_brought_back_is_split_in_parts_that_join_and_stale_parts_go(tmp_path):
+    import io
+    import tarfile
+
+    from specrt.cli.gpu_real import split_tar
+
+    src = tmp_path / "draft"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(bytes(range(256)) * 40)
+    (src / "draft.json").write_text('{"key": "k"}')
+    dest = tmp_path / "out" / "gpu-distill-draft.tar"
+    dest.parent.mkdir()
+    (dest.parent / "gpu-distill-draft.tar.part09").write_bytes(b"stale")
+    parts = split_tar(src, dest, part_bytes=4096)
+    assert [p.name for p in parts] == [f"gpu-distill-draft.tar.part{i:02d}" for i in range(len(parts))]
+    assert len(parts) > 2 and all(p.stat().st_size <= 4096 for p in parts)
+    assert sorted(p.name for p in dest.parent.iterdir()) == [p.name for p in parts]  # the stale part is gone
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        assert tar.extractfile("draft/weights.bin").read() == bytes(range(256)) * 40
+        assert tar.extractfile("draft/draft.json").read() == b'{"key": "k"}'
+
+
+def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_and_its_text(smollm2, tmp_path):
+    """Call distill at rehearsal sizes: the carried GGUF converted, a draft distilled on the device, and the draft
+    (float16) with the text it learnt from packed beside the archive in parts that join."""
+    import io
+    import tarfile
+
+    import numpy as np
+
+    from specrt.checkpoints.draft import RECORD, TEXT
+    from specrt.cli.gpu_session import run_session
+
+    gguf = smollm2.parent / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    cfg = SessionConfig(call="distill", out=tmp_path / "gpu", pack=tmp_path / "out" / "gpu-distill.tar.gz",
+                        device="cpu", quick=True, real_gguf=gguf, budget=900)
+    record = run_session(cfg)
+    assert [(s["stage"], s["status"]) for s in record["stages"]] == [("real", "ok"), ("distill", "ok")]
+    parts = sorted((tmp_path / "out").glob("gpu-distill-draft.tar.part*"))
+    assert parts and all(p.stat().st_size <= 15 << 20 for p in parts)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    draft = tmp_path / "back" / "draft"
+    made = json.loads((draft / RECORD).read_text())
+    assert made["device"] == "cpu" and made["config"]["save_dtype"] == "float16"
+    assert made["teacher"]["train"]["sequences"]["chat"] == 2  # 6 prompts, the kinds in turn
+    with np.load(draft / TEXT) as z:
+        assert len(z["offsets"]) == 6 + 2 + 1 and z["offsets"][-1] == len(z["ids"])  # 6 prompts, 2 source windows
+    with tarfile.open(tmp_path / "out" / "gpu-distill.tar.gz") as tar:
+        assert {"done/real.json", "done/distill.json", "logs/distill.log"} <= set(tar.getnames())

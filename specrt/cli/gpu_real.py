@@ -1,0 +1,133 @@
+"""What a gpu-session call is (its config, its stages), and the calls on the real target (SmolLM2-135M-Instruct,
+from its carried GGUF); specrt/cli/gpu_session.py runs them.
+
+    real     the target inflated to the shape (its function kept), exported with its distilled draft, compiled
+             engines, kernels, and e2e on code and chat prompts: a real model's acceptance on a GPU
+    distill  a draft distilled on the GPU (`specrt models draft --device cuda`): the target writes twelve times the
+             text a 2-core CPU writes in 40 minutes, the draft trains on it, and the draft (float16) and its text come
+             back beside the call's archive, split in parts a lent machine returns (docs/gpu.md says how to join them)
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrt.config import Config, option
+
+CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "batch", "ppd", "quant", "export")
+# call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
+REAL_TOY = ("--hidden", "768", "--intermediate", "1536", "--layers", "30", "--heads", "12")
+PART_BYTES = 15 << 20  # a directory brought back goes in parts of this size (a lent machine returns 16 MiB a file)
+SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
+          "toy": ("--hidden", "384", "--intermediate", "1024", "--layers", "3", "--heads", "6")}
+
+
+@dataclass(frozen=True)
+class SessionConfig(Config):
+    call: str = option("1", "which call: 1, 2, compiled, tuned, real, distill, batch, ppd, quant or export",
+                       choices=CALLS)
+    out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
+    pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
+                                     "stage, or one .tar.gz of them (on a lent machine, which returns 8 files: "
+                                     "$OUT/gpu-<call>.tar.gz)")
+    device: str = option("cuda", "where the models run: cuda, or cpu for a rehearsal")
+    shape: str = option("7b", "the inflated target's shape: 7b, 1b, or toy (a rehearsal)", choices=tuple(SHAPES))
+    budget: float = option(540.0, "seconds this call may take, stages included (a lent machine's command may run "
+                                  "600)", gt=0)
+    min_stage: float = option(20.0, "a stage starts only with this many seconds of the budget left", ge=0)
+    quick: bool = option(False, "rehearsal sizes: 1 prompt, 16 new tokens, 1 timed run per bench")
+    tests: bool = option(True, "call 1: the tests marked gpu, in the background")
+    real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "calls real and distill: "
+                                                                                  "SmolLM2-135M-Instruct's GGUF file "
+                                                                                  "(carried: docs/gpu.md)")
+    real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried, or "
+                                                         "OUT/draft after call distill on the same machine")
+    real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
+                                                                   "bundle's ngram-prior.npz), carried; none: no prior")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    argv: tuple[str, ...]  # after `python -m specrt`; ("copy", SRC, DST): the bundle SRC hard-linked to DST
+    makes: str | None = None  # an artifact (relative to the session's directory): run wherever it is missing
+    needs: tuple[str, ...] = ()  # stages that must have ended well (now or in an earlier call)
+    estimate_s: int = 60  # device-seconds at the 7b shape, by arithmetic; an H200 took about half (docs/gpu.md)
+    brings: str | None = None  # a directory (relative to the session's) packed whole once the stage has made it
+
+
+def real_checkpoint(cfg: SessionConfig) -> Stage:
+    """The real target's checkpoint, converted from the carried GGUF (checked against its pinned sha256)."""
+    return Stage("real", ("models", "real", "smollm2-135m", "--gguf", str(cfg.real_gguf), "--out",
+                          str(cfg.out / "real")), makes="real/config.json", estimate_s=40)
+
+
+def distill_stages(cfg: SessionConfig) -> list[Stage]:
+    """Call distill: the real target's checkpoint, then a draft distilled for it on the device."""
+    out = cfg.out
+    if cfg.quick:
+        sizes = ("--prompts", "6", "--new-tokens", "16", "--source-windows", "2", "--window", "64", "--gen-batch", "6",
+                 "--steps", "3", "--batch-size", "2", "--val-prompts", "3")
+    else:  # 6144 of the 10734 training prompts the mix has (the CPU default is 512), each continued 128 tokens
+        sizes = ("--prompts", "6144", "--gen-batch", "192", "--source-windows", "1024", "--steps", "4000",
+                 "--batch-size", "64", "--positions", "48", "--warmup-steps", "100")
+    return [real_checkpoint(cfg),
+            Stage("distill", ("models", "draft", "--target", str(out / "real"), "--device", cfg.device, "--out",
+                              str(out / "draft"), "--cache", str(out / "teacher"), "--save-dtype", "float16", *sizes),
+                  makes="draft/draft.json", needs=("real",), estimate_s=420, brings="draft")]
+
+
+def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:
+    """Call real: SmolLM2-135M-Instruct from its GGUF, inflated to the shape (its function kept), exported with its
+    distilled draft, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
+    out, d = cfg.out, cfg.device
+    bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
+    prior = cfg.real_prior.is_file()
+    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
+           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + "dynamic-ngram", "--baselines", "hf")
+    # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
+    compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
+    return [real_checkpoint(cfg),
+            Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), "--dtype", dtype, "--device", d,
+                                   *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]), "--out",
+                                   str(out / "real-target")), makes="real-target/config.json",
+                  needs=("real",), estimate_s=60),
+            Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", str(cfg.real_draft),
+                                  "--out", bundle, "--dtype", dtype, "--no-onnx"),
+                  makes="bundle-real/manifest.json", needs=("inflate-real",), estimate_s=90),
+            *[Stage("prior-real", ("ngram", "prior", "--bundle", bundle, "--corpus", str(cfg.real_prior)),
+                    makes="bundle-real/ngram-prior.json", needs=("export-real",), estimate_s=5)] * prior,
+            # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)
+            Stage("build-real", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "512",
+                                 "--token-profiles", "1,8,16,64", *compiled), makes="bundle-real/engines.json",
+                  needs=("export-real",), estimate_s=150),
+            Stage("kernels-real", (*kernels, "--bundle", bundle, "--label", label), needs=("build-real",),
+                  estimate_s=60),
+            Stage("e2e-real", (*e2e, "--label", label), needs=("build-real",), estimate_s=200),
+            Stage("e2e-real-chat", (*e2e, "--prompt-set", "chat", "--label", f"{label}-chat"), needs=("build-real",),
+                  estimate_s=200)]
+
+
+def split_tar(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> list[Path]:
+    """The directory `src` as one uncompressed tar (its name at the top), written as dest.part00, dest.part01, ... of
+    at most `part_bytes` each (`cat dest.part* | tar x` joins them); parts left from a larger earlier write are
+    removed. Returns the parts."""
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(src, arcname=src.name)
+    data = buf.getvalue()
+    parts = []
+    for i, start in enumerate(range(0, len(data), part_bytes)):
+        part = dest.with_name(f"{dest.name}.part{i:02d}")
+        tmp = part.with_name(part.name + ".tmp")
+        tmp.write_bytes(data[start:start + part_bytes])
+        tmp.replace(part)
+        parts.append(part)
+    for stale in dest.parent.glob(f"{dest.name}.part*"):
+        if stale not in parts:
+            stale.unlink()
+    return parts
