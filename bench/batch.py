@@ -196,11 +196,13 @@ def predictor(pipe, requests: list[tuple[int, int]]):
             return CurvePoint("tree", len(paths), tree_expectation(p, paths), 0.0, 0.0, 0.0, paths=paths)
         if method == "dynamic":
             width, depth = Dynamic().shape
-            m = next((m for m in acceptance.dynamic if (m.num_nodes, m.width, m.depth, m.ngram_tokens) ==
+            m = next((m for m in speculation_kind("dynamic").measured_trees(acceptance)
+                      if (m.num_nodes, m.width, m.depth, m.ngram_tokens) ==
                       (Dynamic.num_draft_tokens, width, depth, 0)), None)
             return m and CurvePoint("dynamic", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0, width=width, depth=depth)
         if method == "anpd":
-            m = next((m for m in acceptance.ngram if m.num_nodes == Anpd.num_draft_tokens), None)
+            m = next((m for m in speculation_kind("ngram").measured_trees(acceptance)
+                      if m.num_nodes == Anpd.num_draft_tokens), None)
             return m and CurvePoint("ngram", m.num_nodes, m.expected_accepted, 0.0, 0.0, 0.0)
         if method == "auto" and plan is not None and speculation_kind(plan.choice_for(batch).best.kind).cost:
             return plan.choice_for(batch).best

@@ -32,6 +32,7 @@ from specrt.calibration.acceptance import CalibrationConfig
 from specrt.calibration.latency import ProfileConfig
 from specrt.config import option, to_flags
 from specrt.errors import SpecrtError
+from specrt.runtime.speculation import SPECULATION
 
 FORMAT = 1
 
@@ -72,8 +73,8 @@ def by_position_series(acceptance: Acceptance) -> dict:
     g = Sd.num_draft_tokens
     series = {f"sd (chain of {g})": position_acceptance(acceptance, CurvePoint(
         "chain", g, 0.0, 0.0, 0.0, 0.0, paths=tuple((0,) * d for d in range(1, g + 1))))}
-    series.update({f"ANPD, K = {m.num_nodes}": m.accepted_by_position for m in acceptance.ngram})
-    series.update({f"dynamic {m.num_nodes} + {m.ngram_tokens} n-gram": m.accepted_by_position for m in acceptance.merged})
+    series.update({kind.words(m.num_nodes, m.ngram_tokens): m.accepted_by_position for kind in SPECULATION.values()
+                   if kind.calibration and kind.calibration.by_position for m in kind.measured_trees(acceptance)})
     return {"bucket": acceptance.position_bucket, "series": {k: list(v) for k, v in series.items() if v}}
 
 
@@ -122,13 +123,8 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
         "trees": [(t.num_nodes, t.expected_accepted) for t in acceptance.trees],
         "by_position": by_position_series(acceptance),
         # measured by decoding: (what, accepted drafted tokens per round, its 5-95% interval over the prompts or None)
-        "decoded": [(f"dynamic tree of {m.num_nodes} nodes", m.expected_accepted, m.accepted_interval)
-                    for m in acceptance.dynamic] +
-                   [(f"dynamic tree of {m.num_nodes} nodes + {m.ngram_tokens} n-gram drafts", m.expected_accepted,
-                     m.accepted_interval) for m in acceptance.merged] +
-                   [(f"ANPD, K = {m.num_nodes}", m.expected_accepted, m.accepted_interval) for m in acceptance.ngram] +
-                   [(f"PPD sparse tree of {m.num_nodes} rows", m.expected_accepted, m.accepted_interval)
-                    for m in acceptance.ppd],
+        "decoded": [(kind.words(m.num_nodes, m.ngram_tokens), m.expected_accepted, m.accepted_interval)
+                    for kind in SPECULATION.values() for m in kind.measured_trees(acceptance)],
         "num_prompts": acceptance.config.get("num_prompts"),
         "command": rebuild_command("specrt calibrate", CalibrationConfig, acceptance.config, bundle)}
     facts["plan"] = None if plan is None else {

@@ -62,7 +62,7 @@ from specrt.config import config_dict, option
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.cost import best_trees, chain_expectation, tree_expectation
-from specrt.runtime.speculation import MERGE_NGRAM_TOKENS, speculation_kind
+from specrt.runtime.speculation import SPECULATION, SpeculationKind, speculation_kind
 from specrt.runtime.stats import POSITION_BUCKET
 
 HELD_OUT_PROMPT_TOKENS = 64  # held-out text prompts' length where --prompt-tokens does not say
@@ -205,56 +205,30 @@ def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> 
             tuple(by_position), ratio_interval(*zip(*per_prompt)))
 
 
-def dynamic_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, temperature: float,
-                       progress: bool = True, ngram_tokens: int = 0) -> list[MeasuredTree]:
-    """Per dynamic tree size (with `ngram_tokens` n-gram drafts merged in): accepted drafted tokens, draft
-    calls and verified nodes per round, measured by decoding."""
+def measure_kind(pipe, prompts: list[list[int]], kind: SpeculationKind, sizes, new_tokens: int, temperature: float,
+                 progress: bool = True) -> list[MeasuredTree]:
+    """A kind of speculation measured by decoding at each size (its Calibration: the generate keywords of a size, and
+    the tree it names): accepted drafted tokens, draft calls and verified nodes per round, by output position, and
+    their spread over the prompts."""
     from tqdm import tqdm
 
-    from specrt.runtime.methods import Dynamic
-
     out = []
-    desc = "calibrate merged trees" if ngram_tokens else "calibrate dynamic trees"
-    with tqdm(total=len(sizes) * len(prompts), desc=desc, unit="prompt", disable=not progress) as bar:
+    with tqdm(total=len(sizes) * len(prompts), desc=f"calibrate {kind.name}", unit="prompt", disable=not progress) as bar:
         for n in sizes:
-            method = Dynamic(num_draft_tokens=n, draft_temperature=temperature, ngram_tokens=ngram_tokens)
-            measured = _measure(pipe, prompts, new_tokens, bar, method="dynamic", num_draft_tokens=n,
-                                draft_temperature=temperature, ngram_tokens=ngram_tokens)
-            width, depth = method.shape
-            *measured, by_position, interval = measured
-            out.append(MeasuredTree(n, width, depth, *measured, by_position, interval, ngram_tokens,
-                                    method.ngram_min_prob if ngram_tokens else None))
+            accepted, calls, nodes, hist, by_position, interval = _measure(pipe, prompts, new_tokens, bar,
+                                                                           **kind.calibration.decode(n, temperature))
+            out.append(MeasuredTree(num_nodes=n, expected_accepted=accepted, draft_calls_per_round=calls,
+                                    nodes_per_round=nodes, nodes_hist=hist, accepted_by_position=by_position,
+                                    accepted_interval=interval, **kind.calibration.tree(pipe, n)))
     return out
 
 
-def ngram_acceptance(pipe, prompts: list[list[int]], sizes, new_tokens: int, progress: bool = True) -> list[MeasuredTree]:
-    """Per ANPD draft length K (its other options at their defaults): accepted drafted tokens and verified nodes
-    per round, measured by decoding (n-gram drafts depend on the text itself, so no table predicts them)."""
-    from tqdm import tqdm
-
-    out = []
-    with tqdm(total=len(sizes) * len(prompts), desc="calibrate n-gram drafts", unit="prompt", disable=not progress) as bar:
-        for k in sizes:
-            *measured, by_position, interval = _measure(pipe, prompts, new_tokens, bar, method="anpd", num_draft_tokens=k)
-            out.append(MeasuredTree(k, 1, k, *measured, accepted_by_position=by_position, accepted_interval=interval))
-    return out
-
-
-def ppd_acceptance(pipe, prompts: list[list[int]], budgets, new_tokens: int, progress: bool = True) -> list[MeasuredTree]:
-    """Per PPD sparse tree of the bundle's prompt tokens whose budget is in `budgets` (None: every one): candidates
-    accepted and step rows beyond the root per round, measured by decoding these prompts (the training-time table
-    that predicts them otherwise is measured on `specrt ppd train`'s own windows, through a model of the rounds'
-    steady state)."""
-    from tqdm import tqdm
-
-    trees = [t for t in pipe.prompt_tokens.trees if budgets is None or t.budget in budgets]
-    out = []
-    with tqdm(total=len(trees) * len(prompts), desc="calibrate PPD trees", unit="prompt", disable=not progress) as bar:
-        for t in trees:
-            *measured, by_position, interval = _measure(pipe, prompts, new_tokens, bar, method="ppd", ppd_budget=t.budget)
-            out.append(MeasuredTree(t.budget, len(t.paths), max(map(len, t.paths), default=0), *measured,
-                                    accepted_by_position=by_position, accepted_interval=interval))
-    return out
+def measured_sizes(cfg: CalibrationConfig, kind: SpeculationKind, pipe) -> tuple[int, ...]:
+    """The sizes of a kind calibrate measures: its own option's where it has one and it says, else the kind's."""
+    given = getattr(cfg, kind.calibration.flag) if kind.calibration.flag else None
+    if given is not None:
+        return tuple(sorted(set(given)))
+    return kind.calibration.sizes(pipe) if kind.calibration.sizes else ()
 
 
 def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
@@ -300,11 +274,9 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         draft_nll_at_temperature_1=round(float(nll[np.flatnonzero(TEMPERATURES == 1.0)[0]]) / positions, 6),
         draft_nll_at_draft_temperature=round(float(nll.min()) / positions, 6),
         trees=tuple(best_trees(p, cfg.max_nodes)),
-        dynamic=tuple(dynamic_acceptance(pipe, prompts, cfg.dynamic_sizes, cfg.new_tokens, temperature, progress)),
-        merged=tuple(dynamic_acceptance(pipe, prompts, cfg.merged_sizes, cfg.new_tokens, temperature, progress,
-                                        MERGE_NGRAM_TOKENS)),
-        ngram=tuple(ngram_acceptance(pipe, prompts, cfg.ngram_sizes, cfg.new_tokens, progress)),
-        ppd=tuple(ppd_acceptance(pipe, prompts, cfg.ppd_budgets, cfg.new_tokens, progress)) if tokens else (),
+        measured={kind.name: tuple(measure_kind(pipe, prompts, kind, sizes, cfg.new_tokens, temperature, progress))
+                  for kind in SPECULATION.values() if kind.calibration
+                  for sizes in [measured_sizes(cfg, kind, pipe)] if sizes},
         ppd_source=tokens.identity() if tokens else None,
         position_bucket=POSITION_BUCKET,
         depth_rank_by_position=tuple(tuple(tuple(row) for row in table) for table in

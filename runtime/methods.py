@@ -30,6 +30,8 @@ from specrt.config import option
 from specrt.errors import BundleError, InvalidRequestError
 from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, DynamicTreeDrafter, MergedDrafter, NgramDrafter,
                                      PromptTokenDrafter)
+from specrt.runtime.drafters.dynamic import tree_shape
+from specrt.runtime.drafters.merge import MERGE_MIN_PROB
 from specrt.runtime.method_base import METHODS, Built, Method, MethodContext, make_method, register
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import TreeSpec
@@ -90,8 +92,7 @@ class MergeOptions(NgramOptions):
 
     ngram_tokens: int = option(0, "also draft up to this many tokens from an n-gram memory and verify both drafts "
                                   "as one tree (0: off)", ge=0)
-    # Pruning unlikely n-gram drafts pays when they ride along a draft model's tree (bench/results, e2e rows)
-    ngram_min_prob: float = option(0.3, "with ngram_tokens: no n-gram draft whose estimated path probability is lower",
+    ngram_min_prob: float = option(MERGE_MIN_PROB, "with ngram_tokens: no n-gram draft whose estimated path probability is lower",
                                    ge=0, le=1)
 
     def _validate(self):
@@ -200,7 +201,6 @@ class Dynamic(MergeOptions):
 
     num_draft_tokens: int = option(8, "tree nodes verified per round", ge=1)
     num_beams: int | None = option(None, "nodes expanded per depth (default: max(4, nodes // 4))", ge=1)
-    # a level is reached with the product of the rank-0 acceptances above it (acceptance.json), so deep levels rarely are
     tree_depth: int | None = option(None, "draft depth (default: min(nodes, 8))", ge=1)
     draft_temperature: float | None = option(None, "temperature of the draft's node scores (default: the calibrated "
                                                     "one in acceptance.json, else 1)", gt=0)
@@ -208,8 +208,7 @@ class Dynamic(MergeOptions):
     @property
     def shape(self) -> tuple[int, int]:
         """(beams expanded per depth, depth)."""
-        nodes = self.num_draft_tokens
-        return self.num_beams or max(4, nodes // 4), self.tree_depth or min(nodes, 8)
+        return tree_shape(self.num_draft_tokens, self.num_beams, self.tree_depth)
 
     def _own_round_tokens(self):
         width, depth = self.shape  # the verified nodes and root; the draft cache holds every fed beam node

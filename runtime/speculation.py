@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile
 from specrt.errors import SpecrtError
 from specrt.runtime.cost import best_trees, chain_expectation, measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
+from specrt.runtime.drafters.dynamic import tree_shape
+from specrt.runtime.drafters.merge import MERGE_MIN_PROB
 from specrt.runtime.tree import TreeSpec
 
 MERGE_NGRAM_TOKENS = 16  # n-gram drafts merged into the dynamic trees that calibration and the tuner weigh
@@ -32,6 +35,21 @@ class HostProfile:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """How `specrt calibrate` measures a kind by decoding (calibration/acceptance.py: measure_kind), where no depth x
+    rank table predicts it (a tree that follows the draft's confidence, drafts that copy the text): each size decodes
+    the calibration prompts, and one MeasuredTree a size is kept in Acceptance.measured under the kind's name."""
+
+    title: str  # what calibrate prints its figures under, and by what they are sized
+    decode: Callable[[int, float], dict]  # (size, the calibrated draft temperature) -> generate keywords
+    tree: Callable[[Any, int], dict]  # (pipeline, size) -> the MeasuredTree fields naming the tree measured: width,
+    # depth (and ngram_tokens, ngram_min_prob where n-gram drafts are merged in)
+    flag: str | None = None  # calibrate's option with its sizes, where it has one (None there: `sizes`)
+    sizes: Callable[[Any], tuple[int, ...]] | None = None  # pipeline -> the sizes measured where no option says
+    by_position: bool = True  # the report plots its acceptance by output position
+
+
+@dataclass(frozen=True)
 class SpeculationKind:
     name: str
     method: str  # the method that runs it (runtime/methods.py: METHODS[method].from_point(point))
@@ -43,15 +61,15 @@ class SpeculationKind:
     candidates: Callable[[Acceptance], list[CurvePoint]] | None = None
     host: tuple[str, ...] = ("tree",)  # the host-work profiles (LatencyProfile.host_ms) its rounds are priced by,
     # the first one profiled
-    measured: str | None = None  # the Acceptance field of its trees measured by decoding; None: predicted from
-    # calibration's depth-rank table (static trees)
+    calibration: Calibration | None = None  # how calibrate measures it by decoding; None: predicted from
+    # calibration's depth-rank table (static trees), or nothing to measure
     static: bool = False  # a static tree of the draft model (a plan may follow the live batch size with these)
     host_profile: HostProfile | None = None  # how its host work is profiled, where its own is (else: see `host`)
     drafts: bool = True  # it drafts (all but autoregressive decoding)
     draft_model: bool = True  # its rounds step the draft model (not ANPD's n-grams, nor PPD's prompt tokens)
 
     def measured_trees(self, acceptance: Acceptance) -> tuple:
-        return getattr(acceptance, self.measured) if self.measured else ()
+        return acceptance.measured.get(self.name, ()) if self.calibration else ()
 
 
 def _nodes(n: int) -> str:
@@ -71,6 +89,18 @@ def _measured(round_cost):
 def _dynamic_words(n: int, ngram_tokens: int) -> str:
     # a merged tree's n-gram drafts are those that pay each round (Dynamic.from_point), up to the calibrated number
     return f"dynamic tree of {_nodes(n)}" + (f" + up to {ngram_tokens} n-gram drafts that pay" if ngram_tokens else "")
+
+
+def _dynamic_tree(pipe, num_nodes: int, ngram_tokens: int = 0) -> dict:
+    """A dynamic tree's shape at this size (with the merged n-gram drafts' settings), as `method="dynamic"` draws it."""
+    width, depth = tree_shape(num_nodes)
+    return {"width": width, "depth": depth, **({"ngram_tokens": ngram_tokens, "ngram_min_prob": MERGE_MIN_PROB}
+                                               if ngram_tokens else {})}
+
+
+def _ppd_tree(pipe, budget: int) -> dict:
+    tree = next(t for t in pipe.prompt_tokens.trees if t.budget == budget)
+    return {"width": len(tree.paths), "depth": max(map(len, tree.paths), default=0)}
 
 
 def _static_tree_decode(num_nodes: int) -> dict:
@@ -114,23 +144,39 @@ SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
                     host_profile=HostProfile((0, 1, 4, 8, 16, 32, 63), (0, 4, 16, 63), _static_tree_decode)),
     SpeculationKind("chain", "tree", lambda n, g: f"chain of {_nodes(n)}", _static_cost, _chains, static=True),
     SpeculationKind("dynamic", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
-                    _measured_points("dynamic"), ("dynamic", "tree"), "dynamic",
+                    _measured_points("dynamic"), ("dynamic", "tree"),
+                    Calibration("dynamic trees, by nodes", lambda n, t: {
+                        "method": "dynamic", "num_draft_tokens": n, "draft_temperature": t}, _dynamic_tree,
+                        "dynamic_sizes", by_position=False),
                     host_profile=HostProfile((2, 8, 16, 32), (8, 32),
                                              lambda n: {"method": "dynamic", "num_draft_tokens": n})),
     SpeculationKind("merged", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
-                    _measured_points("merged"), ("merged", "dynamic", "tree"), "merged",
+                    _measured_points("merged"), ("merged", "dynamic", "tree"),
+                    Calibration(f"dynamic trees with {MERGE_NGRAM_TOKENS} n-gram drafts merged in, by nodes",
+                                lambda n, t: {"method": "dynamic", "num_draft_tokens": n, "draft_temperature": t,
+                                              "ngram_tokens": MERGE_NGRAM_TOKENS},
+                                lambda pipe, n: _dynamic_tree(pipe, n, MERGE_NGRAM_TOKENS), "merged_sizes"),
                     host_profile=HostProfile((2, 8, 16, 32), (8, 32), lambda n: {
                         "method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS},
                         extra_rows=MERGE_NGRAM_TOKENS)),
     SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
-                    _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"), "ngram",
+                    _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"),
+                    Calibration("ANPD, by K (n-gram drafted tokens)", lambda n, t: {
+                        "method": "anpd", "num_draft_tokens": n}, lambda pipe, n: {"width": 1, "depth": n},
+                        "ngram_sizes"),
                     # no draft model: a draft tree's bookkeeping would overstate ANPD's host work several times
                     host_profile=HostProfile((2, 5, 10, 20), (3, 10), lambda n: {"method": "anpd", "num_draft_tokens": n}),
                     draft_model=False),
     # its guesses come from the target's own step: a draft tree's bookkeeping overstated its host work 1.5-4x on the
     # demo pair
     SpeculationKind("ppd", "ppd", lambda n, g: f"PPD sparse tree of {n} rows (no draft model)", None, None,
-                    ("ppd",), "ppd", host_profile=HostProfile((2, 8, 32), (4, 16), lambda n: {
+                    ("ppd",), Calibration(
+                        "PPD sparse trees of the bundle's prompt tokens, by step rows",
+                        lambda n, t: {"method": "ppd", "ppd_budget": n}, _ppd_tree, "ppd_budgets",
+                        # every tree `specrt ppd train` built, where the bundle has prompt tokens
+                        lambda pipe: tuple(t.budget for t in pipe.prompt_tokens.trees) if pipe.prompt_tokens else (),
+                        by_position=False),
+                    host_profile=HostProfile((2, 8, 32), (4, 16), lambda n: {
                         "method": "ppd", "ppd_budget": n}, prompt_tokens=True), draft_model=False),
 )}
 

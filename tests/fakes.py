@@ -159,8 +159,9 @@ def write_acceptance(bundle: Path, depth_rank, dynamic=(), merged=(), max_nodes:
     p = np.array(depth_rank, dtype=float)
     acc = Acceptance(Stamp.make(bundle), {"quant": quant} if quant else {}, 0, (), tuple(map(tuple, depth_rank)), (),
                      tuple(chain_expectation(p, g) for g in range(1, len(p) + 1)), draft_temperature, 0.0, 0.0,
-                     tuple(best_trees(p, max_nodes)), tuple(dynamic), tuple(merged), 0.0, tuple(ngram),
-                     16, tuple(tuple(map(tuple, t)) for t in by_position), tuple(ppd), ppd_source)
+                     tuple(best_trees(p, max_nodes)), {k: tuple(v) for k, v in (
+                         ("dynamic", dynamic), ("merged", merged), ("ngram", ngram), ("ppd", ppd)) if v}, 0.0,
+                     16, tuple(tuple(map(tuple, t)) for t in by_position), ppd_source)
     artifacts.save(bundle, acc, quant=quant)
     return acc
 

@@ -22,8 +22,8 @@ class TreeEstimate:
 
 @dataclass(frozen=True)
 class MeasuredTree:
-    """A dynamic tree (optionally with n-gram drafts merged in), or ANPD's n-gram drafts alone, measured by
-    decoding."""
+    """One size of a kind of speculation measured by decoding (runtime/speculation.Calibration): a dynamic tree
+    (optionally with n-gram drafts merged in), ANPD's n-gram drafts alone, a PPD sparse tree."""
 
     num_nodes: int  # draft-model nodes per round (ANPD: n-gram drafted tokens, K)
     width: int  # beams expanded per depth
@@ -45,7 +45,7 @@ class MeasuredTree:
 @dataclass(frozen=True)
 class Acceptance(Artifact):
     FILE: ClassVar[str] = "acceptance.json"
-    FORMAT: ClassVar[int] = 2  # 2: ngram, the by-position estimates and measured trees' intervals always recorded
+    FORMAT: ClassVar[int] = 3  # 3: every measured kind in `measured` (2: a field each)
     COMMAND: ClassVar[str] = "specrt calibrate --bundle {bundle}"
     PER_VARIANT: ClassVar[bool] = True  # a quantized target accepts other drafts
 
@@ -59,21 +59,20 @@ class Acceptance(Artifact):
     draft_nll_at_temperature_1: float
     draft_nll_at_draft_temperature: float
     trees: tuple[TreeEstimate, ...]
-    dynamic: tuple[MeasuredTree, ...]
-    merged: tuple[MeasuredTree, ...]
+    # kind of speculation -> its sizes measured by decoding (runtime/speculation.py: the kinds with a Calibration;
+    # ANPD's by K, PPD's by budget); a kind not measured has no entry
+    measured: dict[str, tuple[MeasuredTree, ...]]
     seconds: float
-    ngram: tuple[MeasuredTree, ...]  # ANPD (n-gram drafts, no draft model) by K
     position_bucket: int  # output positions per bucket of the by-position estimates
     # [buckets][D][K]: depth_rank over the rounds that start in each bucket of output positions
     depth_rank_by_position: tuple[tuple[tuple[float, ...], ...], ...]
-    # PPD's sparse trees by budget (num_nodes; width: candidates, depth: the deepest), measured by decoding, and the
-    # PromptTokens.identity() of the prompt tokens and trees measured; () / None where the bundle had none then
-    ppd: tuple[MeasuredTree, ...] = ()
+    # the PromptTokens.identity() of the prompt tokens whose PPD trees `measured` holds (their num_nodes: the budget;
+    # width: candidates, depth: the deepest); None where the bundle had none then
     ppd_source: str | None = None
 
     def ppd_measured(self, tokens: "PromptTokens | None") -> dict[int, MeasuredTree]:
         """PPD's trees measured by decoding, by budget, where they are `tokens`' trees ({} where the prompt tokens
         were trained again, or their trees rebuilt, after this calibration)."""
-        if tokens is None or not self.ppd or self.ppd_source != tokens.identity():
+        if tokens is None or not self.measured.get("ppd") or self.ppd_source != tokens.identity():
             return {}
-        return {m.num_nodes: m for m in self.ppd}
+        return {m.num_nodes: m for m in self.measured["ppd"]}

@@ -8,6 +8,13 @@ from specrt.runtime.backends import Runner
 from specrt.runtime.drafters.beam import BeamDrafter, SearchNodes
 
 
+def tree_shape(num_nodes: int, beams: int | None = None, depth: int | None = None) -> tuple[int, int]:
+    """(beams expanded per depth, depth) of a dynamic tree of `num_nodes` verified nodes, where they are not given:
+    max(4, nodes // 4) beams; depth min(nodes, 8), since a level is reached with the product of the rank-0 acceptances
+    above it and deep levels rarely are."""
+    return beams or max(4, num_nodes // 4), depth or min(num_nodes, 8)
+
+
 class DynamicTreeDrafter(BeamDrafter):
     """A dynamic draft tree (EAGLE-2, Li et al. 2024, section 4): the draft's beam search of `depth`
     tokens with `width` beams grows candidates where the draft is confident, then the `num_nodes` nodes

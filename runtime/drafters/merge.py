@@ -28,6 +28,11 @@ from specrt.runtime.tree import DraftTree
 from specrt.runtime.verify import Verdict
 
 
+# the least estimated path probability of an n-gram draft merged into a draft model's tree (`ngram_min_prob`):
+# pruning unlikely n-gram drafts pays when they ride along a draft model's tree (bench/results, e2e rows)
+MERGE_MIN_PROB = 0.3
+
+
 def merge_trees(trees: list[DraftTree]) -> tuple[DraftTree, list[np.ndarray]]:
     """The union of `trees` by token path, and per tree the merged node of each of its nodes."""
     tokens: list[int] = []

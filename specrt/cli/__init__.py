@@ -206,6 +206,7 @@ def cmd_generate(args) -> None:
 
 def cmd_calibrate(args) -> None:
     from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.runtime.speculation import SPECULATION
 
     cfg = config_from(CalibrationConfig, args)
     r = calibrate(cfg)
@@ -214,18 +215,15 @@ def cmd_calibrate(args) -> None:
         if t.num_nodes in (1, 2, 4, 8, 16, 32, 64):
             print(f"best tree of {t.num_nodes:>2} nodes: {t.expected_accepted:.2f} accepted tokens expected per round")
     spread = lambda d: "" if d.accepted_interval is None else " [{:.2f}-{:.2f}]".format(*d.accepted_interval)  # noqa: E731
-    print(f"draft temperature {r.draft_temperature}" + ("; dynamic trees, measured accepted tokens per round [5-95% "
-          "over resamples of the prompts]: " + ", ".join(f"{d.num_nodes} nodes {d.expected_accepted:.2f}{spread(d)}"
-                                                         for d in r.dynamic) if r.dynamic else ""))
-    if r.merged:
-        print("merged with n-gram drafts, measured accepted tokens per round (nodes verified): " + ", ".join(
-            f"{d.num_nodes} nodes {d.expected_accepted:.2f}{spread(d)} ({d.nodes_per_round:.1f})" for d in r.merged))
-    if r.ngram:
-        print("ANPD, measured accepted tokens per round: "
-              + ", ".join(f"K = {d.num_nodes} {d.expected_accepted:.2f}{spread(d)}" for d in r.ngram))
-    if r.ppd:
-        print("PPD sparse trees, measured accepted tokens per round (step rows beyond the root): " + ", ".join(
-            f"{d.num_nodes} rows {d.expected_accepted:.2f}{spread(d)} ({d.nodes_per_round:.1f})" for d in r.ppd))
+    print(f"draft temperature {r.draft_temperature}")
+    if r.measured:
+        print("measured by decoding: accepted drafted tokens per round [5-95% over resamples of the prompts] (rows "
+              "verified per round)")
+    for kind in SPECULATION.values():
+        if kind.measured_trees(r):
+            print(f"  {kind.calibration.title}: " + ", ".join(
+                f"{d.num_nodes} {d.expected_accepted:.2f}{spread(d)} ({d.nodes_per_round:.1f})"
+                for d in kind.measured_trees(r)))
     from specrt.bundle.artifacts import Acceptance
 
     print(f"wrote {cfg.bundle}/{Acceptance.file(cfg.quant)}")

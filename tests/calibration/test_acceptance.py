@@ -28,7 +28,7 @@ def test_tables_by_output_position_count_the_rounds_that_start_there(monkeypatch
     # the last bucket is every later start: with 2 buckets for 4 tokens, starts 2..5 pool
     pooled = acc.depth_rank_by_position(ranks, max_depth=1, max_rank=2, new_tokens=4)
     assert pooled[1, 0].tolist() == [0.75, 0.25]
-    a = type("A", (), {"depth_rank_by_position": tables.tolist(), "dynamic": (), "merged": (), "ngram": (), "ppd": ()})()
+    a = type("A", (), {"depth_rank_by_position": tables.tolist(), "measured": {}})()
     chain = CurvePoint("chain", 2, 0.0, 0.0, 0.0, 0.0, paths=((0,), (0, 0)))
     assert acc.position_acceptance(a, chain) == pytest.approx((0.0, 0.5 + 0.25, 1.0 + 1.0))
     assert acc.position_acceptance(a, CurvePoint("ppd", 4, 0.0, 0.0, 0.0, 0.0)) == ()
@@ -73,30 +73,32 @@ def test_calibration_is_deterministic_for_a_seed(demo_bundle, tmp_path):
                             dynamic_sizes=(2, 6), merged_sizes=(6,), ngram_sizes=(3, 7))
     a = calibrate(cfg, progress=False)
     b = calibrate(cfg, progress=False)
-    assert (a.depth_rank, a.trees, a.dynamic, a.merged, a.ngram) == (b.depth_rank, b.trees, b.dynamic, b.merged, b.ngram)
+    assert (a.depth_rank, a.trees, a.measured) == (b.depth_rank, b.trees, b.measured)
+    assert list(a.measured) == ["dynamic", "merged", "ngram"]  # the demo bundle has no prompt tokens: no PPD
     assert artifacts.load(copy, Acceptance) == b  # what was saved is what loads
     assert 0 < a.depth_rank[0][0] <= 1
     # dynamic trees are measured by decoding: at most `depth` drafted tokens accepted per round, and at
     # most one draft call per depth (fewer where the search stops early)
-    assert [(d.num_nodes, d.width, d.depth) for d in a.dynamic] == [(2, 4, 2), (6, 4, 6)]
-    for d in a.dynamic:
+    dynamic, merged, ngram = (a.measured[k] for k in ("dynamic", "merged", "ngram"))
+    assert [(d.num_nodes, d.width, d.depth) for d in dynamic] == [(2, 4, 2), (6, 4, 6)]
+    for d in dynamic:
         assert 0 < d.expected_accepted <= d.depth and 1 <= d.draft_calls_per_round <= d.depth
         assert d.nodes_per_round <= d.num_nodes
         hist = d.nodes_hist
         assert max(hist) <= d.num_nodes and sum(k * v for k, v in hist.items()) / sum(hist.values()) == pytest.approx(
             d.nodes_per_round, abs=1e-4)
     # merged with up to 16 n-gram drafts: more nodes verified per round than the model's 6 (some merge away)
-    (m,) = a.merged
-    (d6,) = [d for d in a.dynamic if d.num_nodes == 6]
+    (m,) = merged
+    (d6,) = [d for d in dynamic if d.num_nodes == 6]
     assert (m.num_nodes, m.ngram_tokens) == (6, 16) and 6 < m.nodes_per_round <= 22
     assert m.expected_accepted > d6.expected_accepted
     # ANPD's n-gram drafts, measured by decoding: no draft calls, at most K drafted (and accepted) per round
-    assert [(g.num_nodes, g.draft_calls_per_round) for g in a.ngram] == [(3, 0.0), (7, 0.0)]
-    assert all(0 <= g.expected_accepted <= g.nodes_per_round <= g.num_nodes for g in a.ngram)
+    assert [(g.num_nodes, g.draft_calls_per_round) for g in ngram] == [(3, 0.0), (7, 0.0)]
+    assert all(0 <= g.expected_accepted <= g.nodes_per_round <= g.num_nodes for g in ngram)
     # by where rounds start in the output (24 tokens: buckets [0, 16) and [16, 24)), each bucket's figure within
     # what a round can accept; tables per bucket of the same shape as the pooled one
     assert a.position_bucket == 16 and np.array(a.depth_rank_by_position).shape == (2, 4, 4)
-    for m in a.dynamic + a.merged + a.ngram:
+    for m in dynamic + merged + ngram:
         assert len(m.accepted_by_position) == 2 and all(0 <= x <= m.depth for x in m.accepted_by_position)
         # how far the 4 prompts drawn move each figure: an interval around it
         assert m.accepted_interval[0] <= m.expected_accepted <= m.accepted_interval[1]
@@ -135,7 +137,7 @@ def test_calibration_on_your_own_prompts(demo_bundle, tmp_path):
     whole = replace(cfg, prompts=long, num_prompts=1)
     assert len(Pipeline.load(copy).encode(read_prompts(long, 1)[0])) > 2 * HELD_OUT_PROMPT_TOKENS
     a = calibrate(whole, progress=False)
-    seen = lambda acc: (acc.depth_rank, acc.ngram)  # noqa: E731
+    seen = lambda acc: (acc.depth_rank, acc.measured["ngram"])  # noqa: E731
     assert seen(calibrate(replace(whole, prompt_tokens=10 ** 6), progress=False)) == seen(a)
     assert seen(calibrate(replace(whole, prompt_tokens=HELD_OUT_PROMPT_TOKENS), progress=False)) != seen(a)
     assert read_prompts(prompts, 3)[2] == "x = 1"

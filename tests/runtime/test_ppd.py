@@ -368,10 +368,10 @@ def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it
     acc = calibrate(CalibrationConfig(bundle=b, threads=2, num_prompts=2, new_tokens=16, max_depth=2, max_rank=2,
                                       max_nodes=3, dynamic_sizes=(), merged_sizes=(), ngram_sizes=(), ppd_budgets=(8, 2)),
                     progress=False)
-    assert [m.num_nodes for m in acc.ppd] == [2, 8] and acc.ppd_source == tokens.identity()
+    assert [m.num_nodes for m in acc.measured["ppd"]] == [2, 8] and acc.ppd_source == tokens.identity()
     pipe = Pipeline.load(b, threads=2)
     prompts = validation_prompts(pipe.encode, 2, 64, 0)
-    for m in acc.ppd:
+    for m in acc.measured["ppd"]:
         stats = [g.stats for g in (pipe.generate([p], method="ppd", ppd_budget=m.num_nodes, max_new_tokens=16)[0]
                                    for p in prompts)]
         rounds = sum(st.rounds for st in stats)
@@ -379,13 +379,13 @@ def test_calibrate_decodes_ppd_trees_and_the_tuner_and_tree_choice_weigh_what_it
         assert m.nodes_per_round == round(sum(st.drafted for st in stats) / rounds, 4) <= m.num_nodes
         assert m.accepted_interval is not None and len(m.accepted_by_position) == 1
         assert m.width == len(tokens.tree(m.num_nodes).paths)
-    assert acc.ppd_measured(tokens) == {m.num_nodes: m for m in acc.ppd}
+    assert acc.ppd_measured(tokens) == {m.num_nodes: m for m in acc.measured["ppd"]}
     small = dict(bundle=b, threads=2, num_prompts=1, new_tokens=8, max_depth=2, max_rank=2, max_nodes=3,
                  dynamic_sizes=(), merged_sizes=(), ngram_sizes=())
     every = calibrate(CalibrationConfig(**small), progress=False)  # by default, every tree ppd train built
-    assert [m.num_nodes for m in every.ppd] == [t.budget for t in tokens.trees]
+    assert [m.num_nodes for m in every.measured["ppd"]] == [t.budget for t in tokens.trees]
     none = calibrate(CalibrationConfig(**small, ppd_budgets=()), progress=False)
-    assert (none.ppd, none.ppd_source, none.ppd_measured(tokens)) == ((), None, {})
+    assert ("ppd" in none.measured, none.ppd_source, none.ppd_measured(tokens)) == (False, None, {})
     with pytest.raises(SpecrtError, match=r"--ppd-budgets 2,5: `specrt ppd train` built trees of 2, 4, 8, 16 rows"):
         calibrate(CalibrationConfig(**small, ppd_budgets=(2, 5)), progress=False)  # before decoding anything
     with pytest.raises(SpecrtError, match="has no PPD prompt tokens: run `specrt ppd train"):
