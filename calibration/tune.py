@@ -40,7 +40,7 @@ from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
 from specrt.errors import SpecrtError
 from specrt.runtime.cost import ppd_round_cost_ms, rounds_needed, weighed_ppd_trees
-from specrt.runtime.speculation import SPECULATION, point_cost_ms, speculation_kind
+from specrt.runtime.speculation import SPECULATION, point_cost_ms, speculation_kind, trees_by_batch
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def describe_point(kind: str, num_nodes: int, ngram_tokens: int = 0) -> str:
 def describe_auto(plan: Plan, batch_size: int) -> str:
     """What `auto` runs for a call of batch_size, in words: the choice for that size, or the static tree of each
     tuned size up to it (runtime.methods.Auto follows the live batch size where every one of those is a tree)."""
-    trees = plan.trees_by_batch(batch_size)
+    trees = trees_by_batch(plan, batch_size)
     if trees is not None:
         return "static trees by live batch size: " + ", ".join(
             f"{t.num_nodes} node{'' if t.num_nodes == 1 else 's'} at {b}" for b, t in trees.items())

@@ -34,6 +34,7 @@ from specrt.runtime.drafters.dynamic import tree_shape
 from specrt.runtime.drafters.merge import MERGE_MIN_PROB
 from specrt.runtime.method_base import METHODS, Built, Method, MethodContext, make_method, register
 from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.speculation import trees_by_batch
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
 
@@ -364,7 +365,7 @@ class Auto(Method):
     def build(self, ctx, params, batch_size):
         """The plan's choice for batch_size; where the plan picked static trees at every tuned batch size up to it,
         the tree of the live batch size each round (a batch that drains or fills changes its tree)."""
-        trees = ctx.evidence.plan().trees_by_batch(batch_size)
+        trees = trees_by_batch(ctx.evidence.plan(), batch_size)
         if trees is not None:
             return static_tree_built(ctx, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
         return self.resolve(ctx, batch_size).build(ctx, params, batch_size)

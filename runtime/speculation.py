@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile
+from specrt.bundle.artifacts import Acceptance, CurvePoint, LatencyProfile, Plan
 from specrt.errors import SpecrtError
 from specrt.runtime.cost import best_trees, chain_expectation, measured_round_cost_ms, ngram_round_cost_ms, round_cost_ms
 from specrt.runtime.drafters.dynamic import tree_shape
@@ -193,3 +193,12 @@ def point_cost_ms(acceptance: Acceptance, latency: LatencyProfile, batch: float,
     """(target ms, draft + host ms) of one round of a tuner's candidate (not PPD's: ppd_round_cost_ms) at a batch size
     (between profiled ones: interpolated)."""
     return speculation_kind(point.kind).cost(acceptance, latency, batch, point)
+
+
+def trees_by_batch(plan: Plan, batch_size: int) -> dict[int, CurvePoint] | None:
+    """The static tree the plan chose at each tuned batch size <= batch_size, where there are several and every one is
+    a static tree of the draft model (`auto` then drafts the tree of the live batch size each round); else None."""
+    choices = {b: c for b, c in plan.choices.items() if b <= batch_size}
+    if len(choices) > 1 and all(speculation_kind(c.best.kind).static for c in choices.values()):
+        return {b: c.best for b, c in choices.items()}
+    return None

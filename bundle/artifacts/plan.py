@@ -58,14 +58,6 @@ class Plan(Artifact):
     new_tokens: int | None = None  # tuned for outputs of this many tokens (`tune --max-new-tokens`); None: calibration's
     context: int | None = None  # tuned for steps at this many cached tokens (`tune --context`); None: profiled average
 
-    def trees_by_batch(self, batch_size: int) -> dict[int, CurvePoint] | None:
-        """The static tree chosen at each tuned batch size <= batch_size, where there are several and every one is a
-        static tree (`auto` then drafts the tree of the live batch size each round); else None."""
-        choices = {b: c for b, c in self.choices.items() if b <= batch_size}
-        if len(choices) > 1 and all(c.method == "tree" for c in choices.values()):
-            return {b: c.best for b, c in choices.items()}
-        return None
-
     def choice_for(self, batch_size: int) -> PlanChoice:
         """The choice of the largest tuned batch size <= batch_size (else the smallest)."""
         sizes = sorted(self.choices)

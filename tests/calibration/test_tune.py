@@ -192,6 +192,7 @@ def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundl
     from specrt.runtime.methods import make_method
     from specrt.runtime.pipeline import Pipeline
     from specrt.runtime.sampling import SamplingParams
+    from specrt.runtime.speculation import trees_by_batch
 
     b = tmp_path / "b"
     shutil.copytree(demo_bundle, b)
@@ -206,7 +207,7 @@ def test_auto_follows_the_live_batch_size_with_the_plans_static_trees(demo_bundl
     assert isinstance(drafter, DraftModelDrafter)
     assert [len(drafter.layout_for(n).spec) for n in (1, 2, 3, 4, 8)] == [6, 3, 3, 3, 3]
     assert describe_auto(plan, 4) == "static trees by live batch size: 6 nodes at 1, 3 nodes at 2, 3 nodes at 4"
-    assert describe_auto(plan, 1) == "tree of 6 nodes" and plan.trees_by_batch(1) is None
+    assert describe_auto(plan, 1) == "tree of 6 nodes" and trees_by_batch(plan, 1) is None
     drafter.close()
     prompts = ["def add(a, b):", "import os\n", "class A:", "x = [", "for i in range(3):"]
     caps = [40, 8, 12, 16, 10]  # the first outlives the others: its last rounds run alone
