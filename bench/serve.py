@@ -16,11 +16,14 @@ throughput (new tokens / wall time of the load), time to first token and inter-t
 successive streamed pieces over the tokens of the later one: a speculative round delivers several at once), p50 and
 p99 over every request and piece of the timed runs; and how many answers failed or differ from Pipeline.generate's
 greedy tokens for that prompt (there should be none). Ways and client counts run interleaved, each run in a new
-order. The servers start (and load the bundle) before any timing.
+order. The servers start (and load the bundle) before any timing. Where the CPU goes is counted per load from /proc:
+the CPU seconds a request took in this process (the clients; in-process, the decoding too), the OpenAI route's
+process, the tritonserver and its decode-loop stubs, and how many of the machine's cores the load kept busy.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -154,10 +157,40 @@ def _load(client, target, num_clients: int, prompts: list[str], cfg: ServeBenchC
     return wall, [(i, t) for c in range(num_clients) for i, t in zip(jobs[c], outs[c])]
 
 
+CPU_PARTS = ("clients", "route", "tritonserver", "decode loop")
+
+
+def _cpu_seconds() -> dict[int, tuple[int, float]]:
+    """(parent process id, user + system CPU seconds) of every process, read from /proc."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            out[int(proc.name)] = (int(stat[1]), (int(stat[11]) + int(stat[12])) / tick)
+    return out
+
+
+def _cpu_parts(before: dict, after: dict, server, api) -> dict[str, float]:
+    """CPU seconds each part of a way used between two snapshots: this process (its clients), the route's process,
+    the server's tritonserver process and its children (the models' Python-backend stubs: the decode loop)."""
+    used = {pid: cpu - before.get(pid, (0, 0.0))[1] for pid, (_, cpu) in after.items()}
+    parts = {"clients": used.get(os.getpid(), 0.0)}
+    if api is not None:
+        parts["route"] = used.get(api.process.pid, 0.0)
+    if server is not None:
+        parts["tritonserver"] = used.get(server.process.pid, 0.0)
+        parts["decode loop"] = sum(used[pid] for pid, (parent, _) in after.items() if parent == server.process.pid)
+    return parts
+
+
 def _row(way: str, clients: int, loads: list, reference: list[list[int]]) -> dict:
-    ttft, itl, tps, failed, wrong = [], [], [], 0, 0
-    for wall, answers in loads:
+    ttft, itl, tps, failed, wrong, cpu = [], [], [], 0, 0, []
+    for wall, answers, parts in loads:
         tps.append(sum(len(t.token_ids) for _, t in answers) / wall)
+        cpu.append({k: 1000 * v / len(answers) for k, v in parts.items()} | {"cores": sum(parts.values()) / wall})
         for i, t in answers:
             if t.error is not None:
                 failed += 1
@@ -168,8 +201,10 @@ def _row(way: str, clients: int, loads: list, reference: list[list[int]]) -> dic
     q = (lambda xs, p: round(1000 * float(np.percentile(xs, p)), 2) if xs else None)
     return {"way": way, "clients": clients, "tokens_per_s": round(statistics.median(tps), 1),
             "tokens_per_s_runs": [round(x, 1) for x in tps], "ttft_ms_p50": q(ttft, 50), "ttft_ms_p99": q(ttft, 99),
-            "itl_ms_p50": q(itl, 50), "itl_ms_p99": q(itl, 99), "requests": sum(len(a) for _, a in loads),
-            "failed": failed, "wrong": wrong}
+            "itl_ms_p50": q(itl, 50), "itl_ms_p99": q(itl, 99), "requests": sum(len(a) for _, a, _ in loads),
+            "failed": failed, "wrong": wrong,
+            # ms of CPU a request took in each part (cores: CPU seconds over the wall time), median over the runs
+            "cpu_ms_per_request": {k: round(statistics.median(c[k] for c in cpu), 2) for k in cpu[0]}}
 
 
 def _start_server(cfg: ServeBenchConfig, files, max_batch: int, name: str, instances: int = 1):
@@ -253,23 +288,28 @@ def run_serve(cfg: ServeBenchConfig) -> dict:
         if cfg.instances:
             servers["served-instances"] = _start_server(cfg, files, cfg.max_batch, "instances", cfg.instances)
         local = pipe.server(cfg.method, cfg.max_batch)
-        targets = {"served": (_served_client, servers["served"]), "in-process": (_local_client, local)}
+        # way -> (its clients, what they call, the tritonserver and the route whose CPU it uses)
+        targets = {"served": (_served_client, servers["served"], servers["served"], None),
+                   "in-process": (_local_client, local, None, None)}
         if cfg.one_at_a_time:
-            targets["served-one-at-a-time"] = (_served_client, servers["served-one-at-a-time"])
+            one = servers["served-one-at-a-time"]
+            targets["served-one-at-a-time"] = (_served_client, one, one, None)
         if api is not None:
-            targets["served-openai"] = (_openai_client, api)
+            targets["served-openai"] = (_openai_client, api, servers["served"], api)
         if cfg.instances:
-            targets["served-instances"] = (_served_client, servers["served-instances"])
+            more = servers["served-instances"]
+            targets["served-instances"] = (_served_client, more, more, None)
         loads: dict[tuple[str, int], list] = {(w, n): [] for w in targets for n in cfg.clients}
         rng = np.random.default_rng(0)
         with tqdm(total=(cfg.runs + 1) * len(loads), desc=f"bench serve {cfg.label}", unit="load") as bar:
             for run in range(cfg.runs + 1):  # the first untimed: warm-up of every way and client count
                 keys = list(loads)
                 for k in (keys if run == 0 else [keys[i] for i in rng.permutation(len(keys))]):
-                    client, target = targets[k[0]]
-                    result = _load(client, target, k[1], prompts, cfg)
+                    client, target, server, route = targets[k[0]]
+                    before = _cpu_seconds()
+                    wall, answers = _load(client, target, k[1], prompts, cfg)
                     if run:
-                        loads[k].append(result)
+                        loads[k].append((wall, answers, _cpu_parts(before, _cpu_seconds(), server, route)))
                     bar.update()
         local.close()
     finally:
@@ -309,10 +349,25 @@ def markdown(data: dict) -> str:
               "grpc": "gRPC (tritonclient)"}[c.get("client", "grpc")]
     lines += ["", f"served: `specrt serve`'s tritonserver, clients over {client}, in this process; served-openai: the "
                   "same server through the OpenAI-compatible route (the `openai` client, /v1/completions); "
-                  f"served-instances: a server of {c.get('instances', 0)} decode-loop instances; in-process: "
+                  + (f"served-instances: a server of {c['instances']} decode-loop instances; " if c.get("instances")
+                     else "") + "in-process: "
                   "`Pipeline.server` in the bench's process; one at a time: the served model with batches of 1. "
                   "Wrong: tokens other than `Pipeline.generate`'s greedy ones for the prompt. ITL: time between "
                   "streamed pieces over the tokens of the later one."]
+    rows = [r for r in data["rows"] if "cpu_ms_per_request" in r]
+    if rows:
+        lines += ["", "Where the CPU goes (ms of CPU a request, median over the timed runs, read from /proc; cores "
+                      "busy: the load's CPU seconds over its wall time, on this machine's "
+                      f"{data.get('machine', {}).get('cpus', '?')} cores):", "",
+                  "| way | clients | " + " | ".join(CPU_PARTS) + " | total | cores busy |",
+                  "|---|---:|" + "---:|" * (len(CPU_PARTS) + 2)]
+        for r in sorted(rows, key=lambda r: (r["clients"], WAYS.index(r["way"]))):
+            cpu = r["cpu_ms_per_request"]
+            cells = [f"{cpu[k]:.1f}" if k in cpu else "-" for k in CPU_PARTS]
+            total = sum(v for k, v in cpu.items() if k != "cores")
+            lines.append(f"| {r['way']} | {r['clients']} | " + " | ".join(cells) + f" | {total:.1f} | {cpu['cores']:.2f} |")
+        lines += ["", "clients: this process, where the clients run (in-process: the decoding too); route: the OpenAI "
+                      "route's process; tritonserver: its own process; decode loop: its Python-backend stubs."]
     return "\n".join(lines) + "\n"
 
 

@@ -38,7 +38,15 @@ def test_bench_serve_measures_every_way_and_checks_every_answer(demo_bundle, tmp
     assert rows["in-process", 3]["vs_in_process"] == 1.0
     assert rows["served", 3]["vs_one_at_a_time"] == pytest.approx(
         rows["served", 3]["tokens_per_s"] / rows["served-one-at-a-time", 3]["tokens_per_s"], rel=1e-2)
+    # where the CPU goes: each way's own processes, the decode loop's work where it runs
+    for (way, _), r in rows.items():
+        cpu = r["cpu_ms_per_request"]
+        assert set(cpu) == {"clients", "cores"} | ({"tritonserver", "decode loop"} if way != "in-process" else set()) \
+            | ({"route"} if way == "served-openai" else set()), (way, cpu)
+        assert all(v >= 0 for v in cpu.values()) and 0 < cpu["cores"] <= os.cpu_count() + 0.5
+        assert (cpu["decode loop"] if way != "in-process" else cpu["clients"]) > 0
     md = (tmp_path / "serve-t.md").read_text()
+    assert "| way | clients | clients | route | tritonserver | decode loop | total | cores busy |" in md
     assert md.startswith("### serve `t`: sd, greedy, 12 new tokens a request") and (tmp_path / "serve-t.png").is_file()
     assert headline("serve", data).startswith("3 clients over Triton: **") and "every answer right" in headline("serve", data)
     if route == "openai":  # its tokens read back from the route (return_token_ids) and checked as the others'
