@@ -365,7 +365,8 @@ def markdown(data: dict) -> str:
             cpu = r["cpu_ms_per_request"]
             cells = [f"{cpu[k]:.1f}" if k in cpu else "-" for k in CPU_PARTS]
             total = sum(v for k, v in cpu.items() if k != "cores")
-            lines.append(f"| {r['way']} | {r['clients']} | " + " | ".join(cells) + f" | {total:.1f} | {cpu['cores']:.2f} |")
+            lines.append(f"| {r['way']} | {r['clients']} | " + " | ".join(cells)
+                         + f" | {total:.1f} | {cpu['cores']:.2f} |")
         lines += ["", "clients: this process, where the clients run (in-process: the decoding too); route: the OpenAI "
                       "route's process; tritonserver: its own process; decode loop: its Python-backend stubs."]
     return "\n".join(lines) + "\n"

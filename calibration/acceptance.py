@@ -213,7 +213,8 @@ def measure_kind(pipe, prompts: list[list[int]], kind: SpeculationKind, sizes, n
     from tqdm import tqdm
 
     out = []
-    with tqdm(total=len(sizes) * len(prompts), desc=f"calibrate {kind.name}", unit="prompt", disable=not progress) as bar:
+    with tqdm(total=len(sizes) * len(prompts), desc=f"calibrate {kind.name}", unit="prompt",
+              disable=not progress) as bar:
         for n in sizes:
             accepted, calls, nodes, hist, by_position, interval = _measure(pipe, prompts, new_tokens, bar,
                                                                            **kind.calibration.decode(n, temperature))

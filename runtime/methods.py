@@ -93,8 +93,8 @@ class MergeOptions(NgramOptions):
 
     ngram_tokens: int = option(0, "also draft up to this many tokens from an n-gram memory and verify both drafts "
                                   "as one tree (0: off)", ge=0)
-    ngram_min_prob: float = option(MERGE_MIN_PROB, "with ngram_tokens: no n-gram draft whose estimated path probability is lower",
-                                   ge=0, le=1)
+    ngram_min_prob: float = option(MERGE_MIN_PROB, "with ngram_tokens: no n-gram draft whose estimated path "
+                                                   "probability is lower", ge=0, le=1)
 
     def _validate(self):
         if not self.ngram_tokens:
