@@ -28,7 +28,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from specrt.errors import SpecrtError
 
 RECORD = "draft.json"
 PROMPTS = "validation-prompts.jsonl"  # the held-out prompts, as `specrt calibrate --prompts` reads them
+PACE_STEPS = 20  # under a time limit, the steps that set the pace the rest are planned by
 TEXT = "teacher-text.npz"  # the training text's ids and offsets, as `specrt ngram prior --corpus` reads them
 
 
@@ -62,6 +63,10 @@ class DraftConfig(TeacherConfig):
     threads: int | None = option(None, "PyTorch's intra-op threads (default: PyTorch's own, every core)", ge=1)
     device: str = option("cpu", "where the target writes its text and the draft trains: cpu, or cuda (a lent GPU: "
                                 "`specrt gpu-session --call distill`); recorded, not keyed")
+    time_limit: float | None = option(None, "seconds (from the start) by which training ends: the steps are cut "
+                                            "to what the first ones' pace fits, the schedule with them; the record "
+                                            "says so, and keys the draft by the steps it ran (gpu-session's budget)",
+                                      gt=0)
     save_dtype: str = option("float32", "the dtype the draft is saved in (float16: half the size, what a lent GPU's "
                                         "call brings back)", choices=("float32", "float16"))
 
@@ -176,7 +181,8 @@ def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_
 def draft_key(cfg: DraftConfig, teacher_key: str) -> str:
     """What the draft's weights depend on: the training corpus's key and the settings (not the held-out set's)."""
     settings = {k: v for k, v in asdict(cfg).items()
-                if k not in ("out", "cache", "threads", "device", "target", "tokenizer", "val_prompts")}
+                if k not in ("out", "cache", "threads", "device", "time_limit", "target", "tokenizer",
+                             "val_prompts")}
     return hashlib.sha256(json.dumps({"teacher": teacher_key, **settings}, sort_keys=True, default=str).encode()
                           ).hexdigest()[:16]
 
@@ -190,6 +196,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
 
     from specrt.checkpoints.train import adamw, cosine_lr, optimizer_step
 
+    started = time.perf_counter()
     if not (Path(cfg.target) / "config.json").is_file():
         raise SpecrtError(f"target {cfg.target} is not a Hugging Face checkpoint directory (no config.json)")
     if cfg.threads is not None:
@@ -221,25 +228,38 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
         return record
     opt = adamw(draft, cfg.lr, weight_decay=0.01)
     rng = np.random.default_rng(cfg.seed)
-    history, t0 = [], time.perf_counter()
+    history, t0, step, planned = [], time.perf_counter(), 0, cfg.steps
     draft.train()
-    for step in tqdm(range(cfg.steps), desc="distill draft", unit="step", disable=not progress):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps, min_ratio=0.1)
-        picks = rng.integers(0, len(train), cfg.batch_size)
-        ids, mask, where, rows = _batch(train, picks, cfg.seq_len, pad, rng, cfg.positions)
-        loss = distill_loss(_student_logp(draft, ids, mask, where), train.topk_ids[rows], train.topk_logp[rows])
-        optimizer_step(opt, loss, draft)
-        if step % 50 == 0 or step == cfg.steps - 1:
-            history.append({"step": step, "loss": round(loss.item(), 4)})
+    with tqdm(total=planned, desc="distill draft", unit="step", disable=not progress) as bar:
+        while step < planned:
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, planned, min_ratio=0.1)
+            picks = rng.integers(0, len(train), cfg.batch_size)
+            ids, mask, where, rows = _batch(train, picks, cfg.seq_len, pad, rng, cfg.positions)
+            loss = distill_loss(_student_logp(draft, ids, mask, where), train.topk_ids[rows], train.topk_logp[rows])
+            optimizer_step(opt, loss, draft)
+            if step % 50 == 0:
+                history.append({"step": step, "loss": round(loss.item(), 4)})
+            step += 1
+            bar.update()
+            if cfg.time_limit is not None and step == min(PACE_STEPS, planned):  # the steps the rest of the time fits
+                pace = (time.perf_counter() - t0) / step
+                planned = min(planned, max(step, step + int((started + cfg.time_limit - time.perf_counter()) / pace)))
+                bar.total = planned
     seconds = time.perf_counter() - t0
+    if history[-1]["step"] != step - 1:  # the last step's loss too
+        history.append({"step": step - 1, "loss": round(loss.item(), 4)})
+    if planned < cfg.steps:  # keyed by what it ran: the same inputs without the limit train it whole
+        key = draft_key(replace(cfg, steps=planned), train_record["key"])
     after = agreement(draft, val, pad)
     record = {"key": key, "target": str(cfg.target), "config": {k: str(v) if isinstance(v, Path) else v
                                                                  for k, v in asdict(cfg).items()},
               "num_params": sum(p.numel() for p in draft.parameters()), "teacher": {"train": train_record,
                                                                                      "validation": val_record},
               "before": before, "after": after, "train_seconds": round(seconds, 1), "history": history,
-              "threads": torch.get_num_threads(), "device": str(draft.device)}
+              "threads": torch.get_num_threads(), "device": str(draft.device), "steps_run": planned,
+              **({"time_limited": f"{planned} of {cfg.steps} steps: the time limit of {cfg.time_limit:g} s fitted "
+                                  f"no more"} if planned < cfg.steps else {})}
     _write(draft, tokenizer, record, cfg, dest, train)
     return record
 

@@ -56,6 +56,8 @@ class Stage:
     needs: tuple[str, ...] = ()  # stages that must have ended well (now or in an earlier call)
     estimate_s: int = 60  # device-seconds at the 7b shape, by arithmetic; an H200 took about half (docs/gpu.md)
     brings: str | None = None  # a directory (relative to the session's) packed whole once the stage has made it
+    deadline: str | None = None  # an option of its command the session gives the seconds it has left by (less a
+    # margin): a stage that ends early rather than be stopped at the budget with nothing to show
 
 
 def real_checkpoint(cfg: SessionConfig) -> Stage:
@@ -76,7 +78,7 @@ def distill_stages(cfg: SessionConfig) -> list[Stage]:
     return [real_checkpoint(cfg),
             Stage("distill", ("models", "draft", "--target", str(out / "real"), "--device", cfg.device, "--out",
                               str(out / "draft"), "--cache", str(out / "teacher"), "--save-dtype", "float16", *sizes),
-                  makes="draft/draft.json", needs=("real",), estimate_s=420, brings="draft")]
+                  makes="draft/draft.json", needs=("real",), estimate_s=420, brings="draft", deadline="--time-limit")]
 
 
 def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:

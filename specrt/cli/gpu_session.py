@@ -39,6 +39,7 @@ from specrt.errors import SpecrtError
 
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
                    "plans", "ppd.json", "ngram-prior.json", "quant")
+DEADLINE_MARGIN = 60.0  # s a stage with a deadline option keeps for what follows it (loading, measuring, saving)
 PACK_LIMIT = 4 << 20  # bytes: a file larger than this is not packed (the lent machine returns a few MiB)
 
 
@@ -255,8 +256,11 @@ class Session:
             self.log(f"{stage.name}: {stage.argv[1]} hard-linked to {stage.argv[2]}")
             rc = _link_bundle(Path(stage.argv[1]), Path(stage.argv[2]))
         else:
-            self.log(f"{stage.name}: python -m specrt {' '.join(stage.argv)}")
-            rc = self.spawn([sys.executable, "-m", "specrt", *stage.argv], self.out / "logs" / f"{stage.name}.log", left)
+            by = (stage.deadline, f"{max(1.0, left - DEADLINE_MARGIN):.0f}") if stage.deadline else ()
+            argv = (*stage.argv, *by)
+            entry["argv"] = list(argv)
+            self.log(f"{stage.name}: python -m specrt {' '.join(argv)}")
+            rc = self.spawn([sys.executable, "-m", "specrt", *argv], self.out / "logs" / f"{stage.name}.log", left)
         seconds = round(time.monotonic() - t0, 1)
         entry.update(rc=rc, seconds=seconds)
         if rc == 0:

@@ -127,3 +127,19 @@ def test_a_half_precision_draft_is_another_artifact_and_still_drafts(made, tmp_p
     assert got["key"] != record["key"] and got["config"]["save_dtype"] == "float16" and got["device"] == "cpu"
     with safe_open(str(tmp_path / "half" / "model.safetensors"), "pt") as f:
         assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}
+
+
+def test_a_time_limit_cuts_the_steps_to_what_fits_and_keys_the_draft_by_them(made, tmp_path):
+    from dataclasses import replace
+
+    from specrt.checkpoints.draft import PACE_STEPS, draft_key, make_draft
+
+    cfg, record = made
+    full = replace(cfg, out=tmp_path / "full", steps=400)
+    cut = make_draft(replace(full, out=tmp_path / "cut", time_limit=0.001), progress=False)  # no time left after the pace
+    assert cut["steps_run"] == PACE_STEPS and cut["time_limited"].startswith(f"{PACE_STEPS} of 400 steps")
+    assert cut["key"] == draft_key(replace(full, steps=PACE_STEPS), cut["teacher"]["train"]["key"])
+    assert cut["history"][-1]["step"] == PACE_STEPS - 1
+    roomy = make_draft(replace(full, out=tmp_path / "roomy", steps=30, time_limit=3600), progress=False)
+    assert roomy["steps_run"] == 30 and "time_limited" not in roomy
+    assert roomy["key"] == draft_key(replace(full, steps=30), roomy["teacher"]["train"]["key"])  # the limit not keyed
