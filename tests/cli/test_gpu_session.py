@@ -190,8 +190,9 @@ def test_a_directory_brought_back_is_split_in_parts_that_join_and_stale_parts_go
 
 
 def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_and_its_text(smollm2, tmp_path):
-    """Call distill at rehearsal sizes: the carried GGUF converted, a draft distilled on the device, and the draft
-    (float16) with the text it learnt from packed beside the archive in parts that join."""
+    """Call distill at rehearsal sizes: the real target's checkpoint (made before), a draft distilled on the device
+    within the time the session gives it, and the draft (float16) with the text it learnt from packed beside the
+    archive in parts that join."""
     import io
     import tarfile
 
@@ -200,11 +201,12 @@ def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_an
     from specrt.checkpoints.draft import RECORD, TEXT
     from specrt.cli.gpu_session import run_session
 
-    gguf = smollm2.parent / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "real").symlink_to(smollm2)  # the GGUF's conversion is tests/checkpoints/test_real.py's
     cfg = SessionConfig(call="distill", out=tmp_path / "gpu", pack=tmp_path / "out" / "gpu-distill.tar.gz",
-                        device="cpu", quick=True, real_gguf=gguf, budget=900)
+                        device="cpu", quick=True, real_gguf=tmp_path / "unused.gguf", budget=900)
     record = run_session(cfg)
-    assert [(s["stage"], s["status"]) for s in record["stages"]] == [("real", "ok"), ("distill", "ok")]
+    assert [(s["stage"], s["status"]) for s in record["stages"]] == [("real", "made before"), ("distill", "ok")]
     parts = sorted((tmp_path / "out").glob("gpu-distill-draft.tar.part*"))
     assert parts and all(p.stat().st_size <= 15 << 20 for p in parts)
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
