@@ -207,8 +207,8 @@ def _measure(pipe, prompts: list[list[int]], new_tokens: int, bar, **method) -> 
 
 def measure_kind(pipe, prompts: list[list[int]], kind: SpeculationKind, sizes, new_tokens: int, temperature: float,
                  progress: bool = True) -> list[MeasuredTree]:
-    """A kind of speculation measured by decoding at each size (its Calibration: the generate keywords of a size, and
-    the tree it names): accepted drafted tokens, draft calls and verified nodes per round, by output position, and
+    """A kind of speculation measured by decoding at each size (its decode keywords, at the fitted draft temperature
+    where its Calibration says so, and the tree its Calibration names): accepted drafted tokens, draft calls and verified nodes per round, by output position, and
     their spread over the prompts."""
     from tqdm import tqdm
 
@@ -216,8 +216,8 @@ def measure_kind(pipe, prompts: list[list[int]], kind: SpeculationKind, sizes, n
     with tqdm(total=len(sizes) * len(prompts), desc=f"calibrate {kind.name}", unit="prompt",
               disable=not progress) as bar:
         for n in sizes:
-            accepted, calls, nodes, hist, by_position, interval = _measure(pipe, prompts, new_tokens, bar,
-                                                                           **kind.calibration.decode(n, temperature))
+            kw = {**kind.decode(n), **({"draft_temperature": temperature} if kind.calibration.temperature else {})}
+            accepted, calls, nodes, hist, by_position, interval = _measure(pipe, prompts, new_tokens, bar, **kw)
             out.append(MeasuredTree(num_nodes=n, expected_accepted=accepted, draft_calls_per_round=calls,
                                     nodes_per_round=nodes, nodes_hist=hist, accepted_by_position=by_position,
                                     accepted_interval=interval, **kind.calibration.tree(pipe, n)))

@@ -254,10 +254,10 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
 def host_round_ms(pipe, kind: str, batch: int, num_nodes: int, new_tokens: int = 48) -> float:
     """Host milliseconds per decode round (outside any model call) of one generation of `batch` held-out
     prompts in one batch, `new_tokens` each (a third of that above batch 1), with a tree of this kind and size
-    (HostProfile.decode)."""
+    (SpeculationKind.decode)."""
     prompts = validation_prompts(pipe.encode, batch, 64, seed=0)
     new_tokens = new_tokens if batch == 1 else max(8, new_tokens // 3)
-    kw = SPECULATION[kind].host_profile.decode(num_nodes)
+    kw = SPECULATION[kind].decode(num_nodes)
     stats = pipe.generate(prompts, max_new_tokens=new_tokens, batch_size=batch, **kw)[0].stats
     return 1e3 * stats.seconds.host / max(1, stats.rounds)
 

@@ -24,12 +24,11 @@ MERGE_NGRAM_TOKENS = 16  # n-gram drafts merged into the dynamic trees that cali
 
 @dataclass(frozen=True)
 class HostProfile:
-    """How `specrt profile` measures a kind's host work per round (calibration/latency.py): the tree sizes at batch 1
-    and above it, and the generate keywords of a decode with a tree of that size."""
+    """How `specrt profile` measures a kind's host work per round (calibration/latency.py): the tree sizes it decodes
+    with (SpeculationKind.decode) at batch 1 and above it."""
 
     sizes: tuple[int, ...]
     batched_sizes: tuple[int, ...]
-    decode: Callable[[int], dict]
     extra_rows: int = 0  # rows a round's target step holds beyond the root and the nodes (merged n-gram drafts)
     prompt_tokens: bool = False  # its sizes are PPD trees, measured where the bundle's prompt tokens built them
 
@@ -41,11 +40,11 @@ class Calibration:
     the calibration prompts, and one MeasuredTree a size is kept in Acceptance.measured under the kind's name."""
 
     title: str  # what calibrate prints its figures under, and by what they are sized
-    decode: Callable[[int, float], dict]  # (size, the calibrated draft temperature) -> generate keywords
     tree: Callable[[Any, int], dict]  # (pipeline, size) -> the MeasuredTree fields naming the tree measured: width,
     # depth (and ngram_tokens, ngram_min_prob where n-gram drafts are merged in)
     flag: str | None = None  # calibrate's option with its sizes, where it has one (None there: `sizes`)
     sizes: Callable[[Any], tuple[int, ...]] | None = None  # pipeline -> the sizes measured where no option says
+    temperature: bool = False  # decoded at the fitted draft temperature (its tree follows the draft's scores)
     by_position: bool = True  # the report plots its acceptance by output position
 
 
@@ -67,6 +66,9 @@ class SpeculationKind:
     host_profile: HostProfile | None = None  # how its host work is profiled, where its own is (else: see `host`)
     drafts: bool = True  # it drafts (all but autoregressive decoding)
     draft_model: bool = True  # its rounds step the draft model (not ANPD's n-grams, nor PPD's prompt tokens)
+    # the generate keywords of a decode with a tree of this kind and size, as `specrt profile` and `specrt calibrate`
+    # run it; None: neither runs it on its own
+    decode: Callable[[int], dict] | None = None
 
     def measured_trees(self, acceptance: Acceptance) -> tuple:
         return acceptance.measured.get(self.name, ()) if self.calibration else ()
@@ -141,43 +143,38 @@ SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
                     drafts=False, draft_model=False),
     # the tuner weighs candidates in this order, the first of equally fast ones winning
     SpeculationKind("tree", "tree", lambda n, g: f"tree of {_nodes(n)}", _static_cost, _trees, static=True,
-                    host_profile=HostProfile((0, 1, 4, 8, 16, 32, 63), (0, 4, 16, 63), _static_tree_decode)),
+                    host_profile=HostProfile((0, 1, 4, 8, 16, 32, 63), (0, 4, 16, 63)), decode=_static_tree_decode),
     SpeculationKind("chain", "tree", lambda n, g: f"chain of {_nodes(n)}", _static_cost, _chains, static=True),
     SpeculationKind("dynamic", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
                     _measured_points("dynamic"), ("dynamic", "tree"),
-                    Calibration("dynamic trees, by nodes", lambda n, t: {
-                        "method": "dynamic", "num_draft_tokens": n, "draft_temperature": t}, _dynamic_tree,
-                        "dynamic_sizes", by_position=False),
-                    host_profile=HostProfile((2, 8, 16, 32), (8, 32),
-                                             lambda n: {"method": "dynamic", "num_draft_tokens": n})),
+                    Calibration("dynamic trees, by nodes", _dynamic_tree, "dynamic_sizes", temperature=True,
+                                by_position=False),
+                    host_profile=HostProfile((2, 8, 16, 32), (8, 32)),
+                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n}),
     SpeculationKind("merged", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
                     _measured_points("merged"), ("merged", "dynamic", "tree"),
                     Calibration(f"dynamic trees with {MERGE_NGRAM_TOKENS} n-gram drafts merged in, by nodes",
-                                lambda n, t: {"method": "dynamic", "num_draft_tokens": n, "draft_temperature": t,
-                                              "ngram_tokens": MERGE_NGRAM_TOKENS},
-                                lambda pipe, n: _dynamic_tree(pipe, n, MERGE_NGRAM_TOKENS), "merged_sizes"),
-                    host_profile=HostProfile((2, 8, 16, 32), (8, 32), lambda n: {
-                        "method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS},
-                        extra_rows=MERGE_NGRAM_TOKENS)),
+                                lambda pipe, n: _dynamic_tree(pipe, n, MERGE_NGRAM_TOKENS), "merged_sizes",
+                                temperature=True),
+                    host_profile=HostProfile((2, 8, 16, 32), (8, 32), extra_rows=MERGE_NGRAM_TOKENS),
+                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS}),
     SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
                     _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"),
-                    Calibration("ANPD, by K (n-gram drafted tokens)", lambda n, t: {
-                        "method": "anpd", "num_draft_tokens": n}, lambda pipe, n: {"width": 1, "depth": n},
-                        "ngram_sizes"),
+                    Calibration("ANPD, by K (n-gram drafted tokens)", lambda pipe, n: {"width": 1, "depth": n},
+                                "ngram_sizes"),
                     # no draft model: a draft tree's bookkeeping would overstate ANPD's host work several times
-                    host_profile=HostProfile((2, 5, 10, 20), (3, 10), lambda n: {"method": "anpd", "num_draft_tokens": n}),
-                    draft_model=False),
+                    host_profile=HostProfile((2, 5, 10, 20), (3, 10)),
+                    decode=lambda n: {"method": "anpd", "num_draft_tokens": n}, draft_model=False),
     # its guesses come from the target's own step: a draft tree's bookkeeping overstated its host work 1.5-4x on the
     # demo pair
     SpeculationKind("ppd", "ppd", lambda n, g: f"PPD sparse tree of {n} rows (no draft model)", None, None,
                     ("ppd",), Calibration(
-                        "PPD sparse trees of the bundle's prompt tokens, by step rows",
-                        lambda n, t: {"method": "ppd", "ppd_budget": n}, _ppd_tree, "ppd_budgets",
+                        "PPD sparse trees of the bundle's prompt tokens, by step rows", _ppd_tree, "ppd_budgets",
                         # every tree `specrt ppd train` built, where the bundle has prompt tokens
                         lambda pipe: tuple(t.budget for t in pipe.prompt_tokens.trees) if pipe.prompt_tokens else (),
                         by_position=False),
-                    host_profile=HostProfile((2, 8, 32), (4, 16), lambda n: {
-                        "method": "ppd", "ppd_budget": n}, prompt_tokens=True), draft_model=False),
+                    host_profile=HostProfile((2, 8, 32), (4, 16), prompt_tokens=True),
+                    decode=lambda n: {"method": "ppd", "ppd_budget": n}, draft_model=False),
 )}
 
 
