@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from specrt import contract
 from specrt.errors import SpecrtError
 
@@ -35,9 +37,23 @@ def save_graph(model, dest: Path, external: bool) -> None:
 
 
 def graph_bytes(path: Path) -> int:
-    """Bytes of a step graph and of its external data file, if it has one."""
-    data = data_file(path)
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+    """Bytes of a step graph's weights as ONNX Runtime loads them: every initializer it names, inline or in any
+    external data file (a graph may read another's file: PPD's copy of the target reads target.onnx.data beside
+    its own embedding table), each stored range counted once; plus the graph's own protobuf beside them."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    total, ranges = 0, set()
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue  # inline: inside the protobuf, counted below
+        info = {e.key: e.value for e in t.external_data}
+        length = int(info["length"])
+        key = (info["location"], int(info.get("offset", 0)), length)
+        if key not in ranges:
+            ranges.add(key)
+            total += length
+    return path.stat().st_size + total
 
 
 def finalize_graph(raw: Path, dest: Path, external: bool) -> None:
@@ -64,7 +80,6 @@ def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
     float32 (the values are the bfloat16 ones, exactly). ONNX Runtime has no bfloat16 kernels on the CPU, so
     this is how the export checks a bfloat16 graph there: the copy must compute what the PyTorch module computes
     in float32 from the same bfloat16 weights, which checks the graph's structure and every weight."""
-    import numpy as np
     import onnx
     from onnx import TensorProto, numpy_helper
 
@@ -95,7 +110,6 @@ def upcast_bfloat16(src: Path, dest: Path, external: bool) -> None:
 def _array(tensor, base_dir: Path):
     """An initializer's values, its external data read from `base_dir` directly: onnx's own reader refuses a data
     file with several hard links (bundles copied with `cp -al`, deduplicated stores), which is no attack here."""
-    import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     if tensor.data_location != TensorProto.EXTERNAL:
@@ -112,7 +126,6 @@ def add_prompt_embeddings(src: Path, dest: Path, prompt_embeddings) -> None:
     ids V .. V + P - 1); the head and every other weight unchanged. `dest` must sit in `src`'s directory: the
     graph is edited without loading external data, so its other weights stay references into `src`'s data
     file (a large model's prompt-token graph costs the new table, not a second copy of the weights)."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 
