@@ -35,7 +35,7 @@ import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.runtime.kv_cache import KVCache
-from specrt.runtime.sampling import log_softmax
+from specrt.runtime.sampling import log_softmax, top_k
 
 
 # what of a step's logits comes back to the host (module docstring)
@@ -67,11 +67,8 @@ class TopK:
 def top_log_probs(logits: np.ndarray, head: TopLogProbs) -> TopK:
     """TopLogProbs on host logits: log softmax in float64, then the top k."""
     x = log_softmax(logits / head.temperature)
-    k = min(head.k, x.shape[-1])
-    top = np.argpartition(-x, k - 1, axis=-1)[..., :k]
-    values = np.take_along_axis(x, top, axis=-1)
-    order = np.argsort(-values, axis=-1, kind="stable")
-    return TopK(np.take_along_axis(values, order, axis=-1), np.take_along_axis(top, order, axis=-1).astype(np.int64))
+    top = top_k(x, head.k).astype(np.int64)
+    return TopK(np.take_along_axis(x, top, axis=-1), top)
 
 
 class Backend(ABC):

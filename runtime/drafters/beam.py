@@ -24,7 +24,7 @@ import numpy as np
 from specrt.runtime.backends import Runner
 from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.base import ModelDrafter
-from specrt.runtime.sampling import log_probs, rng_of
+from specrt.runtime.sampling import log_probs, rng_of, top_k
 from specrt.runtime.tree import DraftTree
 
 
@@ -43,8 +43,7 @@ def top_beams(scores: np.ndarray, logq: np.ndarray | TopK, width: int,
     # never extend with a token the (warped) draft gives probability 0: its joint q would be 0
     k = min(width, int(np.isfinite(flat).sum()))
     key = flat if rng is None else flat + rng.gumbel(size=flat.shape)  # -inf stays -inf
-    top = np.argpartition(-key, k - 1)[:k]
-    top = top[np.argsort(-key[top], kind="stable")]
+    top = top_k(key, k)
     parent, column = top // logq.shape[1], top % logq.shape[1]
     return parent, column if tokens is None else tokens[parent, column], flat[top]
 

@@ -7,7 +7,7 @@ import numpy as np
 from specrt.runtime.backends import Runner
 from specrt.runtime.backends.base import TopK, TopLogProbs
 from specrt.runtime.drafters.base import ModelDrafter
-from specrt.runtime.sampling import rng_of, sample, warp
+from specrt.runtime.sampling import rng_of, sample, top_k, warp
 from specrt.runtime.tree import DraftTree, TreeSpec
 
 
@@ -74,10 +74,7 @@ class DraftModelDrafter(ModelDrafter):
         if k == 1:
             tokens[:, child] = rows.argmax(axis=-1)[:, which]
             return
-        top = np.argpartition(-rows, k - 1, axis=-1)[..., :k]  # [B, P, k] unordered
-        order = np.argsort(-np.take_along_axis(rows, top, axis=-1), axis=-1, kind="stable")
-        top = np.take_along_axis(top, order, axis=-1)  # [B, P, k] best first
-        tokens[:, child] = top[:, which, rank]
+        tokens[:, child] = top_k(rows, k)[:, which, rank]  # [B, P, k] best first
 
     def _propose(self, seqs, params, rng):
         batch = len(seqs)

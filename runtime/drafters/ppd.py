@@ -19,6 +19,7 @@ import numpy as np
 
 from specrt.contract import prompt_token_id
 from specrt.runtime.drafters.base import Drafter
+from specrt.runtime.sampling import top_k
 from specrt.runtime.tree import DraftTree, TreeSpec
 
 PROMPT_RANK = 1 << 20  # prompt token j of a chain is child rank PROMPT_RANK + j in TreeSpec paths
@@ -76,11 +77,7 @@ def ranked_guesses(logits, wanted, vocab: int, top: int) -> np.ndarray:
         index = [torch_input(torch, i, logits.device) for i in (b_idx, r_idx)]
         guess = logits[index[0], index[1]].float().mean(dim=1)[:, :vocab]  # [M, vocab]
         return guess.topk(min(top, vocab), dim=-1).indices.cpu().numpy()
-    guess = logits[b_idx, r_idx].mean(axis=1)[:, :vocab]
-    top = min(top, guess.shape[-1])
-    ranked = np.argpartition(-guess, top - 1, axis=-1)[:, :top]
-    order = np.take_along_axis(guess, ranked, axis=-1).argsort(axis=-1)[:, ::-1]
-    return np.take_along_axis(ranked, order, axis=-1)
+    return top_k(logits[b_idx, r_idx].mean(axis=1)[:, :vocab], top)
 
 
 class PromptTokenDrafter(Drafter):

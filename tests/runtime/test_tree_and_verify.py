@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specrt.runtime.sampling import SamplingParams, warp
+from specrt.runtime.sampling import SamplingParams, top_k, warp
 from specrt.runtime.tree import DraftTree
 from specrt.runtime.verify import GreedyVerifier, RejectionVerifier
 
@@ -54,6 +54,21 @@ def test_greedy_tree_follows_the_matching_branch():
     best = [2, 0, 4, 0, 7]
     v = GreedyVerifier().verify(t, one_hot_logits(best), GREEDY, None)
     assert v.path == [1, 3] and v.bonus == 7
+
+
+@pytest.mark.parametrize("shape,k", [((3, 49152), 8), ((2, 4, 49153), 5), ((7, 300), 4), ((2, 1000), 20),
+                                     ((1, 4 * 49152), 4)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k_is_a_full_sort_cut_to_k(shape, k, ties):
+    """top_k ranks only the blocks whose maxima lead; it must give what sorting every entry gives (value, then the
+    smaller index), ties spread over more blocks than k included."""
+    x = np.random.default_rng(k).standard_normal(shape).astype(np.float32)
+    if ties:
+        x[..., ::97] = x.max()
+        x[..., 5::301] = -np.inf
+    flat = x.reshape(-1, shape[-1])
+    want = np.stack([np.lexsort((np.arange(r.size), -r))[:k] for r in flat]).reshape(*shape[:-1], k)
+    assert (top_k(x, k) == want).all()
 
 
 def test_warp_top_k_top_p():
