@@ -38,13 +38,16 @@ from specrt.runtime.backends import BackendOptions
 # of 8 nodes with up to 16 n-gram drafts merged in; sd-ngram (not a default row): a chain of 5 with the same
 # n-gram drafts merged in, to tell the n-gram branch's share from the dynamic tree's; dynamic-ngram-hw (not a
 # default row): dynamic-ngram with each round's n-gram drafts those that pay on the latency profile, as auto runs them;
-# -noprior (not default rows): without the bundle's n-gram prior
+# ppd-ngram-hw (not a default row): the same merge behind PPD's tree; -noprior (not default rows): without the
+# bundle's n-gram prior
 VARIANTS = {"anpd": ("anpd", {}), "dynamic": ("dynamic", {}),
             "dynamic-ngram": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
             "dynamic-ngram-hw": ("dynamic", {"ngram_tokens": MERGE_NGRAM_TOKENS, "ngram_min_prob": 0.0,
                                              "ngram_hardware_aware": True}),
             "sd-ngram": ("sd", {"num_draft_tokens": 5, "ngram_tokens": MERGE_NGRAM_TOKENS}),
             "ppd-ngram": ("ppd", {"ngram_tokens": MERGE_NGRAM_TOKENS}),
+            "ppd-ngram-hw": ("ppd", {"ngram_tokens": MERGE_NGRAM_TOKENS, "ngram_min_prob": 0.0,
+                                     "ngram_hardware_aware": True}),
             "anpd-hw": ("anpd", {"ngram_branches": 2, "num_draft_tokens": 16, "ngram_hardware_aware": True}),
             # the same without the bundle's n-gram prior (`specrt ngram prior`): drafts of the text alone
             "anpd-noprior": ("anpd", {"ngram_prior": False}),

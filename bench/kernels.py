@@ -121,6 +121,15 @@ def kernels_of(events, on_cuda: bool) -> list[Kernel]:
                    if not e.name.startswith(RANGE)), key=lambda k: k.start)
 
 
+def runtime_calls(events) -> list[Kernel]:
+    """The host's CUDA runtime calls of a profile (cudaGraphLaunch, cudaLaunchKernel, cudaMemcpyAsync, ...), by start:
+    what the host was inside while the device waited in a gap."""
+    from torch.autograd import DeviceType
+
+    return sorted((Kernel(e.name, e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == DeviceType.CPU and e.name.startswith("cuda")), key=lambda k: k.start)
+
+
 def operator_bytes(events, on_cuda: bool, weights: set, itemsize: int, steps: int) -> tuple[dict, set]:
     """({kernel name: bytes its operators read per step}, names of the weight GEMMs' kernels) from a profile of
     `steps` steps run without graphs, with input shapes. An operator's bytes go to the longest kernel it ran; a name
@@ -141,11 +150,14 @@ def operator_bytes(events, on_cuda: bool, weights: set, itemsize: int, steps: in
 
 
 def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_kernel_bytes: dict, gemms: set,
-                 bandwidth: float, top: int) -> dict:
+                 bandwidth: float, top: int, calls: list[Kernel] = ()) -> dict:
     """Each step's wall time (its profiler range) split into host work before its first kernel, weight GEMMs, other
-    kernels, gaps between kernels and the wait after the last, averaged over the steps; the top kernels by time."""
+    kernels, gaps between kernels and the wait after the last, averaged over the steps; the top kernels by time; and
+    of the host's runtime `calls` (runtime_calls), each step's longest (a graph's launch, a copy's wait)."""
     parts, gaps, by_name, counts = defaultdict(float), [], defaultdict(float), defaultdict(int)
     largest = []  # each step's longest gap (µs) and the kernel after it: a launch or a wait inside the step
+    longest_calls = [max(((c.end - c.start, c.name) for c in calls if start <= c.start <= end), default=(0.0, ""))
+                     for start, end in ranges]
     for start, end in ranges:
         ks = [k for k in kernels if start <= k.start <= end]
         if not ks:
@@ -176,6 +188,9 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
            "longest_gap_us_mean": round(statistics.mean(g for g, _ in largest), 2) if largest else 0.0,
            "longest_gap_before": statistics.mode(name for _, name in largest)[:200] if largest else "",
            "outside_weight_gemm_share": round(1 - parts["weight_gemm_ms"] / n / wall, 4) if wall else None}
+    if any(name for _, name in longest_calls):
+        out["longest_call_us_mean"] = round(statistics.mean(us for us, _ in longest_calls), 2)
+        out["longest_call"] = statistics.mode(name for _, name in longest_calls)
     gemm_bytes = sum(b for name, b in per_kernel_bytes.items() if name in gemms)
     gemm_s = parts["weight_gemm_ms"] / n / 1e3
     out["weight_gemm_of_bandwidth"] = round(gemm_bytes / gemm_s / bandwidth, 4) if gemm_s and gemm_bytes else None
@@ -238,7 +253,7 @@ def run_kernels(cfg: KernelsConfig) -> dict:
             ranges = sorted((e.time_range.start, e.time_range.end) for e in events
                             if e.name.startswith(RANGE) and e.device_type == torch.autograd.DeviceType.CPU)
             data["rows"].append({"kind": kind, "tokens": tokens, **step_summary(
-                ranges, kernels_of(events, on_cuda), per_kernel, gemms, bandwidth, cfg.top)})
+                ranges, kernels_of(events, on_cuda), per_kernel, gemms, bandwidth, cfg.top, runtime_calls(events))})
     write_report(cfg.out / f"kernels-{cfg.label}", data, markdown, plot)
     return data
 
@@ -261,7 +276,10 @@ def markdown(data: dict) -> str:
                    "Weight GEMMs: no bytes attributed.") + ("" if s.get("longest_gap_us_mean") is None else
                                                             f" A step's longest gap: {s['longest_gap_us_mean']} µs "
                                                             f"(mean), most often before "
-                                                            f"`{s['longest_gap_before'][:80]}`."),
+                                                            f"`{s['longest_gap_before'][:80]}`.")
+                  + ("" if s.get("longest_call") is None else f" The host's longest runtime call a step: "
+                                                              f"`{s['longest_call']}`, {s['longest_call_us_mean']} µs "
+                                                              f"(mean)."),
                   "", "| kernel | calls | ms | share | weight GEMM | MiB read | GB/s | of bandwidth |",
                   "|---|" + "---:|" * 7]
         for r in s["top"]:

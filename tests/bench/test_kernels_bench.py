@@ -25,6 +25,20 @@ def test_a_steps_time_is_split_between_host_kernels_gaps_and_the_wait_after():
     gemm = s["top"][1]
     assert (gemm["weight_gemm"], gemm["calls"], gemm["gb_s"], gemm["of_bandwidth"]) == (True, 2, 100.0, 1.0)
     assert s["weight_gemm_of_bandwidth"] == 1.0  # 2 MB in 20 µs against 100 GB/s
+    assert "longest_call" not in s  # no runtime calls given (the CPU has none)
+
+
+def test_the_hosts_longest_runtime_call_of_each_step_is_named():
+    """A gap inside a step where the host was still launching shows as the step's longest runtime call (a CUDA
+    graph's launch, if its cost grows with its nodes)."""
+    kernels = [Kernel("copy", 1, 2), Kernel("embedding", 40, 45), Kernel("copy", 1001, 1002),
+               Kernel("embedding", 1050, 1055)]
+    calls = [Kernel("cudaMemcpyAsync", 0, 1), Kernel("cudaGraphLaunch", 2, 39), Kernel("cudaMemcpyAsync", 1000, 1001),
+             Kernel("cudaGraphLaunch", 1002, 1049),
+             Kernel("cudaGraphLaunch", 5000, 9000)]  # outside the steps
+    s = step_summary([(0.0, 100.0), (1000.0, 1100.0)], kernels, {}, set(), 1e11, top=2, calls=calls)
+    assert (s["longest_call"], s["longest_call_us_mean"]) == ("cudaGraphLaunch", 42.0)
+    assert (s["longest_gap_us_mean"], s["longest_gap_before"]) == (43.0, "embedding")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ def _two_weight_graph(path):
 
     table = np.ones((10, 64), dtype=np.float32)
     w = np.ones((64, 256), dtype=np.float32)
-    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["logits"])]
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [None])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 256])],
                               [numpy_helper.from_array(table, "table"), numpy_helper.from_array(w, "w")])
