@@ -263,18 +263,19 @@ def build_runners(cfg: E2EConfig, pipe) -> tuple[dict, dict]:
 
 
 def run_weight_bytes(pipe, role: str = "target") -> int:
-    """Bytes of a model's weights as `pipe` runs them: on ONNX Runtime, the step graph it loaded (a quantized
-    variant's, an in-graph one's, where one runs); a PyTorch step, its module's tensors (quantized as the backend
-    loaded them); else its parameters at the export's dtype."""
+    """Bytes of a model's weights that a one-token step reads (the roofline's; an untied input embedding, which a step
+    looks up a row of, left out) as `pipe` runs them: on ONNX Runtime, the step graph it loaded (a quantized
+    variant's, an in-graph one's, PPD's twin, where one runs); a PyTorch step, its module's tensors (quantized as the
+    backend loaded them); else its parameters at the export's dtype."""
     backend = getattr(pipe, role)
     if getattr(backend, "onnx_path", None) is not None:
         from specrt.engines.quantize import graph_bytes
 
-        return graph_bytes(backend.onnx_path)
+        return graph_bytes(backend.onnx_path, streamed=True)
     if getattr(backend, "module", None) is not None:
         from specrt.model.quant import module_bytes
 
-        return module_bytes(backend.module)
+        return module_bytes(backend.module, streamed=True)
     return backend.entry.num_params * np.dtype(backend.entry.dtype).itemsize
 
 

@@ -45,7 +45,13 @@ class ReportConfig(BundleOptions):
 
 
 # -- facts -----------------------------------------------------------------------------------------
-def _weight_bytes(entry: ModelEntry) -> int:
+def _weight_bytes(bundle: Path, entry: ModelEntry) -> int:
+    """What a one-token step of the model reads (the roofline's, as bench e2e prices it): its step graph's weights but
+    a table only looked up; a bundle without graphs, its parameters at its dtype."""
+    if entry.onnx and (bundle / entry.onnx).is_file():
+        from specrt.graphs.passes import graph_bytes
+
+        return graph_bytes(bundle / entry.onnx, streamed=True)
     return entry.num_params * np.dtype({"bfloat16": "float16"}.get(entry.dtype, entry.dtype)).itemsize
 
 
@@ -91,7 +97,7 @@ def collect(bundle: Path, bench: Path | None = None) -> dict:
     for role, entry in manifest.models.items():
         facts["models"][role] = {k: getattr(entry, k) for k in ("num_params", "dtype", "num_layers", "num_heads",
                                                              "num_kv_heads", "head_dim", "vocab_size", "model_type")}
-        facts["models"][role]["weight_bytes"] = _weight_bytes(entry)
+        facts["models"][role]["weight_bytes"] = _weight_bytes(bundle, entry)
         facts["models"][role]["onnx_bytes"] = _file_bytes(bundle, entry.onnx)
         facts["models"][role]["export"] = manifest.export.get(role, {})
     read = {}

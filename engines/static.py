@@ -137,7 +137,7 @@ def build_static(cfg: BuildConfig, progress: bool = True) -> EngineSet:
                                    per_unit=QUANT_TOL if cfg.quant == "fp8" else None)
         check_tolerance(f"the {role}'s static step", report)
         seconds[role], parity[role] = round(time.perf_counter() - t0, 3), report.max_logit_err
-        weight_bytes[role] = module_bytes(backend.module)
+        weight_bytes[role] = module_bytes(backend.module, streamed=True)
         del backend
     engines = replace(engines, build_seconds=seconds, parity=parity, weight_bytes=weight_bytes)
     artifacts.save(cfg.bundle, engines, quant=cfg.quant)

@@ -270,7 +270,7 @@ def build_plans(trt, cfg: BuildConfig, device: str, progress: bool = True) -> Tr
         profiles={role: profile_ranges(cfg, e) for role, e in entries.items()},
         hardware_compatibility=cfg.hardware_compatibility, version_compatible=cfg.version_compatible,
         workspace_bytes=(cfg.workspace_mib or 0) << 20, kv_update=cfg.kv_update, quant=cfg.quant, compile=None,
-        weight_bytes={role: graph_bytes(bundle / g) for role, g in graphs.items()})
+        weight_bytes={role: graph_bytes(bundle / g, streamed=True) for role, g in graphs.items()})
     rng, parity = np.random.default_rng(0), {}
     tokenizer = load_tokenizer(bundle / load_manifest(bundle, verify=False).tokenizer)
     for role, entry in entries.items():

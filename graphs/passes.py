@@ -36,15 +36,22 @@ def save_graph(model, dest: Path, external: bool) -> None:
         onnx.save_model(model, str(dest))
 
 
-def graph_bytes(path: Path) -> int:
+def graph_bytes(path: Path, streamed: bool = False) -> int:
     """Bytes of a step graph's weights as ONNX Runtime loads them: every initializer it names, inline or in any
     external data file (a graph may read another's file: PPD's copy of the target reads target.onnx.data beside
-    its own embedding table), each stored range counted once; plus the graph's own protobuf beside them."""
+    its own embedding table), each stored range counted once; plus the graph's own protobuf beside them.
+
+    streamed: the bytes a one-token step reads (the roofline's): a table that only lookups read (Gather: an untied
+    input embedding, PPD's table with its prompt rows) is left out, since a step reads a row of it."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     total, ranges = 0, set()
+    looked_up = lookup_tables(model.graph) if streamed else set()
     for t in model.graph.initializer:
+        if t.name in looked_up:
+            total -= len(t.raw_data)  # inline ones are in the protobuf's size, added below
+            continue
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue  # inline: inside the protobuf, counted below
         info = {e.key: e.value for e in t.external_data}
@@ -54,6 +61,16 @@ def graph_bytes(path: Path) -> int:
             ranges.add(key)
             total += length
     return path.stat().st_size + total
+
+
+def lookup_tables(graph) -> set[str]:
+    """Initializers every reader of which is a Gather taking them as its table (input 0)."""
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, i))
+    return {t.name for t in graph.initializer
+            if readers.get(t.name) and all(op == "Gather" and i == 0 for op, i in readers[t.name])}
 
 
 def finalize_graph(raw: Path, dest: Path, external: bool) -> None:

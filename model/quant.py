@@ -100,9 +100,17 @@ def _fits(scheme: str, linear: nn.Linear) -> bool:
     return scheme != "fp8" or (linear.in_features % 16 == 0 and linear.out_features % 16 == 0)
 
 
-def module_bytes(module: nn.Module) -> int:
-    """Bytes of a module's parameters and buffers."""
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+def module_bytes(module: nn.Module, streamed: bool = False) -> int:
+    """Bytes of a module's parameters and buffers; `streamed`: those a one-token step reads (the roofline's), an
+    embedding table no other module shares (untied) left out, since a step looks up a row of it
+    (graphs/passes.graph_bytes's rule)."""
+    skip = set()
+    if streamed:
+        tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+        shared = {id(p) for m in module.modules() if not isinstance(m, nn.Embedding)
+                  for p in m.parameters(recurse=False)}
+        skip = tables - shared
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()) if id(t) not in skip)
 
 
 def _refusal(linear: nn.Module, dtype: torch.dtype) -> str | None:

@@ -36,3 +36,23 @@ def test_graph_bytes_counts_the_data_file_a_graph_shares_with_another(tmp_path):
     assert dest.stat().st_size < w.nbytes  # the shared MatMul weight is not in the graph's own file
     assert graph_bytes(dest) == dest.stat().st_size + w.nbytes
     assert graph_bytes(dest) > w.nbytes + 12 * 64 * 4
+    # what a step reads: the tables only looked up (Gather), the twin's with its prompt rows as the source's, are not
+    assert graph_bytes(src, streamed=True) == src.stat().st_size + w.nbytes
+    assert graph_bytes(dest, streamed=True) == dest.stat().st_size - 12 * 64 * 4 + w.nbytes
+
+
+def test_module_bytes_streamed_leaves_out_an_untied_embedding_only():
+    import torch
+
+    from specrt.model.quant import module_bytes
+
+    class LM(torch.nn.Module):
+        def __init__(self, tied: bool):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 100, bias=False)
+            if tied:
+                self.head.weight = self.embed.weight
+
+    table = 100 * 8 * 4
+    assert module_bytes(LM(False)) == 2 * table and module_bytes(LM(False), streamed=True) == table
+    assert module_bytes(LM(True)) == module_bytes(LM(True), streamed=True) == table  # the head reads it whole
