@@ -290,7 +290,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
     prompts = bench_prompts(cfg.prompt_set, cfg.num_prompts, pipe.bundle / pipe.manifest.tokenizer)
     runners, skipped = build_runners(cfg, pipe)
     weight_bytes = run_weight_bytes(pipe)
-    bandwidth = copy_bandwidth(pipe.machine.device)
+    bandwidth = copy_bandwidth(pipe.machine.device, pipe.machine.threads)
     meter, joules = EnergyMeter(pipe.machine.device), {}
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
                 "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),

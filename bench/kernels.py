@@ -235,7 +235,7 @@ def run_kernels(cfg: KernelsConfig) -> dict:
                                   f"--backend static or torch")
     on_cuda = backend.device.type == "cuda"
     itemsize = np.dtype(backend.entry.dtype).itemsize
-    weight_bytes, bandwidth = run_weight_bytes(pipe), copy_bandwidth(pipe.machine.device)
+    weight_bytes, bandwidth = run_weight_bytes(pipe), copy_bandwidth(pipe.machine.device, pipe.machine.threads)
     eager = getattr(backend, "without_graphs", nullcontext)
     engines = getattr(backend, "engines", None)
     data = {**header("kernels", cfg), "device": pipe.machine.gpu or pipe.machine.device, "backend": backend.name,

@@ -183,7 +183,7 @@ def run_quant(cfg: QuantBenchConfig) -> dict:
     meter, joules = EnergyMeter(device), {}
     seconds, last = timed_runs({k: (lambda r=r: r(prompts)) for k, r in runners.items()}, cfg.runs, 1,
                                f"bench quant {cfg.label}", meter, joules)
-    bandwidth = copy_bandwidth(device)
+    bandwidth = copy_bandwidth(device, cfg.threads)
     base = pipes[FLOAT]
     held_out = validation_prompts(base.encode, cfg.quality_prompts, 2 * cfg.quality_tokens, seed=1)
     ref = _quality(base, None, held_out, cfg)
