@@ -49,7 +49,7 @@ def _weight_bytes(bundle: Path, entry: ModelEntry) -> int:
     """What a one-token step of the model reads (the roofline's, as bench e2e prices it): its step graph's weights but
     a table only looked up; a bundle without graphs, its parameters at its dtype."""
     if entry.onnx and (bundle / entry.onnx).is_file():
-        from specrt.graphs.passes import graph_bytes
+        from specrt.engines.quantize import graph_bytes
 
         return graph_bytes(bundle / entry.onnx, streamed=True)
     return entry.num_params * np.dtype({"bfloat16": "float16"}.get(entry.dtype, entry.dtype)).itemsize

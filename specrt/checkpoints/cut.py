@@ -45,9 +45,9 @@ def cut(cfg: CutConfig) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from specrt.bundle.manifest import sha256_file
+    from specrt.checkpoints import copy_tokenizer
+    from specrt.checkpoints.real import sha256_path
     from specrt.files import replace_dir, write_json_atomic
-    from specrt.model.checkpoint import TOKENIZER_FILES
 
     src, dest = Path(cfg.target), cfg.dest()
     if not (src / "config.json").is_file():
@@ -58,12 +58,10 @@ def cut(cfg: CutConfig) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    for f in (*TOKENIZER_FILES, "chat_template.jinja"):
-        if (src / f).is_file():
-            shutil.copyfile(src / f, tmp / f)
+    copy_tokenizer(src, tmp)
     weights = sorted(src.glob("*.safetensors"))
     write_json_atomic(tmp / "cut.json", {"target": str(src), "layers": cfg.layers,
-                                         "target_sha256": {w.name: sha256_file(w) for w in weights},
+                                         "target_sha256": {w.name: sha256_path(w) for w in weights},
                                          "num_params": sum(p.numel() for p in model.parameters())})
     replace_dir(tmp, dest)
     return dest

@@ -26,7 +26,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrt.checkpoints import DEMO_DIR
+from specrt.checkpoints import DEMO_DIR, copy_tokenizer
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
 from specrt.files import replace_dir, write_json_atomic
@@ -150,9 +150,7 @@ def inflate(cfg: InflateConfig) -> Path:
     tmp = cfg.out.parent / f".{cfg.out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     new.save_pretrained(tmp, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (cfg.src / f).is_file():
-            (tmp / f).write_bytes((cfg.src / f).read_bytes())
+    copy_tokenizer(cfg.src, tmp)
     num_params = sum(p.numel() for p in new.parameters())
     write_json_atomic(tmp / "inflate.json", {"src": str(cfg.src), "num_params": num_params, "device": device,
                                              "sizes": sizes, **{k: v for k, v in cfg.__dict__.items()
