@@ -446,6 +446,5 @@ def test_e2e_prices_the_roofline_of_a_variant_by_its_own_weights(quant_bundle, t
                     warmup_runs=0, methods=("autoregressive",), baselines=(), quant="int8-weights", threads=1)
     roofline = run_e2e(cfg)["roofline"]
     variant = quant_bundle / artifacts.load(quant_bundle, QuantSet).variants["int8-weights"]["target"].file
-    want = graph_bytes(variant, streamed=True)
-    assert roofline["weight_bytes"] == want < graph_bytes(quant_bundle / "target.onnx", streamed=True)
-    assert want < graph_bytes(variant)  # the demo target's input embedding is untied: a step reads a row of it
+    want = graph_bytes(variant, streamed=True)  # < graph_bytes(variant): the demo's untied input table, a row a step
+    assert roofline["weight_bytes"] == want < min(graph_bytes(variant), graph_bytes(quant_bundle / "target.onnx", True))

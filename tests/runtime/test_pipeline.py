@@ -75,12 +75,10 @@ def test_tree_sampling_is_seeded(pipelines, humaneval):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ragged_batch_matches_batch_of_one(pipelines, humaneval, backend):
-    pipe = pipelines[backend]
-    prompts = humaneval[:5]
+    pipe, prompts = pipelines[backend], humaneval[:5]
     ar = pipe.generate(prompts, method="autoregressive", max_new_tokens=32)
     sd = pipe.generate(prompts, method="sd", max_new_tokens=32, batch_size=5, num_draft_tokens=3)
     assert [a.token_ids for a in ar] == [s.token_ids for s in sd]
-
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
