@@ -78,8 +78,8 @@ class ProfileConfig(BundleOptions, BackendOptions):
 def copy_bandwidth(device: str, threads: int = 1, size_mb: int = 1024, repeats: int = 5) -> float:
     """Bytes per second (read + write) of copying a size_mb buffer on `device` ("cpu" or "cuda:N"): the best
     of `repeats` copies of a buffer far larger than any cache. On the CPU, `threads` copy a slice each at once, as
-    the step's intra-op threads read its weights (one thread copied 25-27 GB/s on this 2-core VM, two 42, while a
-    2-thread step of SmolLM2 read its 0.54 GB at 31-35: a one-thread roofline had that AR at 124%)."""
+    the step's intra-op threads read its weights (a one-thread copy put SmolLM2's 2-thread AR at up to 124% of the
+    roofline; with the step's two it reads 60-75%: `e2e-smollm2-135m-chat-l2-peers`, `-humaneval-l2-peers`, `-chat30`)."""
     n = size_mb * 2**20
     if device.startswith("cuda"):
         import torch

@@ -57,11 +57,14 @@ def cut(cfg: CutConfig) -> Path:
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    copy_tokenizer(src, tmp)
-    weights = sorted(src.glob("*.safetensors"))
-    write_json_atomic(tmp / "cut.json", {"target": str(src), "layers": cfg.layers,
-                                         "target_sha256": {w.name: sha256_path(w) for w in weights},
-                                         "num_params": sum(p.numel() for p in model.parameters())})
-    replace_dir(tmp, dest)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        copy_tokenizer(src, tmp)
+        weights = sorted(src.glob("*.safetensors"))
+        write_json_atomic(tmp / "cut.json", {"target": str(src), "layers": cfg.layers,
+                                             "target_sha256": {w.name: sha256_path(w) for w in weights},
+                                             "num_params": sum(p.numel() for p in model.parameters())})
+        replace_dir(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # an interrupted cut leaves no half-written directory behind
     return dest
