@@ -5,6 +5,10 @@ destination (rename is atomic within a filesystem). Directories are swapped with
 RENAME_EXCHANGE where the kernel and C library have it (Linux >= 3.15, glibc >= 2.28): one atomic step;
 elsewhere with two renames, where an interruption between them leaves the old directory at
 `<dest>.old-<pid>` (named in the error) rather than lost.
+
+Under `interrupts_kept()` (the CLI runs every command so) neither commits once a SIGINT (Ctrl-C) has come: a library
+may catch the KeyboardInterrupt it raises and go on (a Ctrl-C early in torch.onnx's dynamo export was lost there and
+the export went on to replace the bundle), and the rename would then commit what the user stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import ctypes.util
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 RENAME_EXCHANGE = 2  # linux/fs.h
@@ -28,6 +35,37 @@ def _umask() -> int:
 
 UMASK = _umask()  # read once: os.umask sets it to read it, which must not race with other threads later
 
+_interrupted = threading.Event()  # a SIGINT came under interrupts_kept
+
+
+@contextmanager
+def interrupts_kept():
+    """Within the block a SIGINT is remembered as well as handled as before (Python's handler raises
+    KeyboardInterrupt), and no write_atomic or replace_dir commits after it, whatever the code under the block did
+    with the KeyboardInterrupt. Outside the main thread (which alone receives signals), or where SIGINT is ignored or
+    not Python's to handle, the block runs as it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def remember(signum, frame):
+        _interrupted.set()
+        previous(signum, frame)
+
+    _interrupted.clear()
+    signal.signal(signal.SIGINT, remember)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _interrupted.clear()
+
+
+def _commit_allowed() -> None:
+    if _interrupted.is_set():
+        raise KeyboardInterrupt("interrupted (SIGINT) earlier: nothing is committed")
+
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     path = Path(path)
@@ -38,6 +76,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), 0o666 & ~UMASK)  # mkstemp makes 0600; a plain file would get this
+        _commit_allowed()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -66,6 +105,7 @@ def _exchange(a: Path, b: Path) -> bool:
 def replace_dir(new: Path, dest: Path) -> None:
     """Put directory `new` in place of `dest` (which may not exist); the old content is deleted after."""
     new, dest = Path(new), Path(dest)
+    _commit_allowed()
     if not dest.exists():
         os.rename(new, dest)
         return

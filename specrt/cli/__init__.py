@@ -37,6 +37,7 @@ from specrt.bench.catalog import VERBS as BENCH_VERBS
 from specrt.cli.bench_verbs import cmd_bench
 from specrt.config import field_types, format_value, to_flags
 from specrt.errors import SpecrtError
+from specrt.files import interrupts_kept
 
 
 # -- method options: the union of every method's fields, one flag each ---------------------------------
@@ -423,7 +424,8 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        with interrupts_kept():
+            args.func(args)
     except SpecrtError as e:
         print(f"specrt: error: {name_flags(str(e), getattr(args, 'flags', None) or {})}", file=sys.stderr)
         return 2

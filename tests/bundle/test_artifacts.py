@@ -159,3 +159,28 @@ def test_replace_dir_swaps_whole_directories(tmp_path):
     again.mkdir()
     replace_dir(again, tmp_path / "fresh")  # no destination yet: a rename
     assert (tmp_path / "fresh").is_dir()
+
+
+def test_nothing_commits_after_a_sigint_that_the_code_under_it_swallowed(tmp_path):
+    import signal
+
+    from specrt.files import interrupts_kept
+
+    path, dest, new = tmp_path / "a.json", tmp_path / "b", tmp_path / "new"
+    write_atomic(path, "old")
+    new.mkdir()
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts_kept():
+        try:  # a library that catches the KeyboardInterrupt and goes on
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        with pytest.raises(KeyboardInterrupt, match="nothing is committed"):
+            write_atomic(path, "new")
+        with pytest.raises(KeyboardInterrupt, match="nothing is committed"):
+            replace_dir(new, dest)
+    assert path.read_text() == "old" and not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.json", "new"]
+    assert signal.getsignal(signal.SIGINT) is before
+    write_atomic(path, "new")  # past the block, a SIGINT of before is forgotten
+    assert path.read_text() == "new"
