@@ -39,7 +39,7 @@ from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
-from specrt.runtime.backends.ort import PROJECTIONS
+from specrt.contract import PROJECTIONS
 
 PACKING = ("packed", "unpacked")
 PEER_STEPS = ("llama-cpp",)

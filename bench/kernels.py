@@ -209,9 +209,10 @@ def step_summary(ranges: list[tuple[float, float]], kernels: list[Kernel], per_k
 
 def weight_shapes(module) -> set:
     """Shapes (both ways round) of the weight matrices of a module's layers (a linear's, a quantized linear's buffer,
-    an embedding's), not of other matrices it holds (RoPE's rotation: its matmuls are no projections)."""
+    an embedding's, the projections a step module merged), not of other matrices it holds (RoPE's rotation: its
+    matmuls are no projections)."""
     shapes = set()
-    for m in module.modules():
+    for m in [*module.modules(), *getattr(module, "merged_projections", list)()]:
         w = getattr(m, "weight", None)
         if getattr(w, "dim", lambda: 0)() == 2:
             shapes |= {tuple(w.shape), tuple(w.shape)[::-1]}

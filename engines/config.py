@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from specrt.bundle.artifacts import HARDWARE_COMPATIBILITY
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import option
-from specrt.contract import KV_UPDATES, TORCH_COMPILE_MODES, TORCH_QUANT_SCHEMES
+from specrt.contract import KV_UPDATES, PROJECTIONS, TORCH_COMPILE_MODES, TORCH_QUANT_SCHEMES
 from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import ThreadOptions, backend_kind
 from specrt.runtime.backends.kinds import ENGINE_BACKENDS, kinds_that
@@ -64,6 +64,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
                                        "matmul becomes a tuned Triton reduction); checked against the eager step "
                                        "like every engine",
                                  choices=TORCH_COMPILE_MODES)
+    projections: str | None = option(None, "static: merge the projections that read one input into one matmul: qkv "
+                                           "(q, k and v), all (the MLP's gate and up too; the default: at one token "
+                                           "each is one kernel over one matrix instead of several) or none; 8-bit "
+                                           "projections (--quant) stay apart", choices=PROJECTIONS)
 
     def __post_init__(self):
         super().__post_init__()
@@ -98,6 +102,10 @@ class BuildConfig(BundleOptions, ThreadOptions):
             raise InvalidRequestError(f"--compile compiles the {kinds_that(lambda k: k.compiles_layers)} engines' "
                                       f"layers with torch.compile; the {self.backend} builder compiles its engines itself "
                                       f"(--backend {self.backend} takes no --compile)")
+        if self.projections is not None and not kind.compiles_layers:
+            raise InvalidRequestError(f"--projections merges the {kinds_that(lambda k: k.compiles_layers)} engines' "
+                                      f"projections; the {self.backend} builder fuses its engines' layers itself "
+                                      f"(--backend {self.backend} takes no --projections)")
         if kind.quant == "graphs" and self.quant is not None and (self.quant in TORCH_QUANT_SCHEMES
                                                                    or self.kv_update == "inplace"):
             raise InvalidRequestError(f"--quant with --backend {self.backend} builds {kind.title} engines from a quantized "

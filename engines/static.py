@@ -125,7 +125,8 @@ def build_static(cfg: BuildConfig, progress: bool = True) -> EngineSet:
                         batch_buckets=cfg.batch_buckets, capacity=cfg.capacity, spans=cfg.attention_spans(),
                         slots=cfg.slots, device=device,
                         **environment(device), cuda_graphs=device.startswith("cuda"), build_seconds={}, parity={},
-                        quant=cfg.quant, weight_bytes={}, compile=cfg.compile)
+                        quant=cfg.quant, weight_bytes={}, compile=cfg.compile,
+                        projections="none" if cfg.quant else cfg.projections or "all")
     rng = np.random.default_rng(0)
     tokenizer = load_tokenizer(cfg.bundle / manifest.tokenizer)
     seconds, parity, weight_bytes = {}, {}, {}

@@ -139,6 +139,18 @@ class StepModule(nn.Module):
                                       self.family) for layer in hf_model.model.layers]
         self._layer_calls = list(self.layer_steps)  # what forward calls: the layers, or their compiled versions
 
+    def fuse_projections(self, which: str) -> None:
+        """Merge each layer's projections that read one input (StepLayer.fuse_projections; which: "qkv", "all" or
+        "none")."""
+        if which != "none":
+            for layer in self.layer_steps:
+                layer.fuse_projections(which)
+
+    def merged_projections(self) -> list[nn.Linear]:
+        """The linears fuse_projections made (not submodules: the weights keep their one name, in the layers' own
+        linears, whose weights are views of these)."""
+        return [m for s in self.layer_steps for m in (s.qkv_proj, s.gate_up_proj) if m is not None]
+
     def compile_layers(self, mode: str | None, **options) -> None:
         """Run each decoder layer through torch.compile (`mode`: its mode; None: eagerly again). The layers share
         one code object and, with their parameters as graph inputs (PyTorch >= 2.5's default), one compiled graph
@@ -234,6 +246,36 @@ class StepLayer(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_kv_heads, self.groups, self.head_dim, self.family = num_kv_heads, groups, head_dim, family
+        self.qkv_proj = self.gate_up_proj = None  # the projections merged (fuse_projections), or None
+
+    def fuse_projections(self, which: str) -> None:
+        """Merge the projections that read one input into one linear over their weights side by side (which:
+        contract.PROJECTIONS): q, k and v, and with "all" the MLP's gate and up: at one token a step is a chain of
+        matrix-vector products, and a merged one is one kernel reading one matrix. The separate linears' weights
+        become views of the merged one's (no second copy). Projections that are not plain linears of one input size
+        and dtype (8-bit ones, model/quant.py) stay apart, as does an MLP whose forward is not
+        down(act(gate(x)) * up(x)) on a probe row."""
+        attn, mlp = self.layer.self_attn, self.layer.mlp
+        if which in ("qkv", "all") and not self.family.fused_qkv and self.qkv_proj is None:
+            self.qkv_proj = _merged([attn.q_proj, attn.k_proj, attn.v_proj])
+        names = ("gate_proj", "up_proj", "down_proj", "act_fn")
+        if which == "all" and self.gate_up_proj is None and all(hasattr(mlp, n) for n in names) \
+                and mlp.gate_proj.out_features == mlp.up_proj.out_features:
+            probe = torch.randn((1, 1, mlp.gate_proj.in_features), generator=torch.Generator().manual_seed(0))
+            probe = probe.to(mlp.gate_proj.weight.device, mlp.gate_proj.weight.dtype)
+            with torch.no_grad():
+                before = mlp(probe)
+                self.gate_up_proj = _merged([mlp.gate_proj, mlp.up_proj])
+                if self.gate_up_proj is not None and not torch.allclose(
+                        self.mlp(probe), before, rtol=1e-2, atol=1e-2 * float(before.abs().max())):
+                    self.gate_up_proj = None
+
+    def mlp(self, x):
+        if self.gate_up_proj is None:
+            return self.layer.mlp(x)
+        mlp = self.layer.mlp
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
         layer = self.layer
@@ -271,8 +313,9 @@ class StepLayer(nn.Module):
         batch, num_tokens = x.shape[:2]
         attn, hkv, dim, family = self.layer.self_attn, self.num_kv_heads, self.head_dim, self.family
         h = x if family.post_norm else self.layer.input_layernorm(x)  # (sandwich: input_layernorm is the one before)
-        if family.fused_qkv:
-            q, k, v = attn.qkv_proj(h).split([hkv * self.groups * dim, hkv * dim, hkv * dim], dim=-1)
+        merged = attn.qkv_proj if family.fused_qkv else self.qkv_proj
+        if merged is not None:
+            q, k, v = merged(h).split([hkv * self.groups * dim, hkv * dim, hkv * dim], dim=-1)
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         if family.qk_norm == "projection":
@@ -293,12 +336,32 @@ class StepLayer(nn.Module):
             a = layer.post_attention_layernorm(a)
         x = x + (a if scale == 1.0 else a * scale)
         if family.post_norm:
-            m = layer.post_feedforward_layernorm(layer.mlp(x))
+            m = layer.post_feedforward_layernorm(self.mlp(x))
         elif family.sandwich_norm:
-            m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            m = layer.post_feedforward_layernorm(self.mlp(layer.pre_feedforward_layernorm(x)))
         else:
-            m = layer.mlp(layer.post_attention_layernorm(x))
+            m = self.mlp(layer.post_attention_layernorm(x))
         return x + (m if scale == 1.0 else m * scale)
+
+
+def _merged(linears) -> nn.Linear | None:
+    """One nn.Linear computing the given ones' outputs side by side, their weights (and biases) made views of its
+    own; None where they are not all plain linears of one input size, dtype, device and bias-ness."""
+    if any(type(m) is not nn.Linear for m in linears) or len(
+            {(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in linears}) != 1:
+        return None
+    first = linears[0]
+    merged = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=first.bias is not None,
+                       device="meta")
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            if getattr(first, name) is None:
+                continue
+            whole = torch.cat([getattr(m, name) for m in linears])
+            setattr(merged, name, nn.Parameter(whole, requires_grad=False))
+            for m, part in zip(linears, whole.split([m.out_features for m in linears])):
+                setattr(m, name, nn.Parameter(part, requires_grad=False))
+    return merged
 
 
 def _rope(x, cos, sin, rotate_half):

@@ -85,6 +85,9 @@ TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")
 # tuned: inductor's coordinate-descent tuning (gpt-fast's setting), which on CUDA also computes a one-row matmul as a
 # Triton reduction tuned per shape (torch/_inductor/decomposition.py: cuBLAS's GEMVs reach less of the bandwidth)
 TORCH_COMPILE_MODES = ("default", "max-autotune", "tuned")
+# which weight projections that read one input a backend merges into one (ONNX Runtime's graph, the static engines'
+# module): "qkv" (q, k and v), "all" (an MLP's gate and up too), "none"
+PROJECTIONS = ("qkv", "all", "none")
 # max |logit| (and new K/V) difference between two correct computations of one step, per dtype and per unit of the
 # output's largest |value| (parity_tolerance): an exported graph against its module (graphs.parity), or a step of
 # another shape (batched, padded, a tree: another summation order) whose greedy token differs only at a tie within it

@@ -4,7 +4,7 @@ they were built in."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -45,6 +45,8 @@ class EngineSet(Artifact):
     weight_bytes: dict[str, int]  # per model: the bytes of its weights as the engines hold them (the roofline's)
     # graphs: the torch.compile mode of the decoder layers (contract.TORCH_COMPILE_MODES), None: eager; trt: None
     compile: str | None
+    # graphs: the projections merged where they read one input (contract.PROJECTIONS; StepModule.fuse_projections)
+    projections: str = field(default="none", kw_only=True)  # keyword-only: TrtEngineSet's fields follow
 
     @classmethod
     def command(cls, bundle: Path, machine: Machine | None = None, reason: str = "missing") -> str:
@@ -59,6 +61,7 @@ class EngineSet(Artifact):
         """What `specrt build` made, a line for the set and one per model."""
         what = "CUDA graphs" if self.cuda_graphs else "static steps, no CUDA graphs on the CPU"
         what += f"; decoder layers torch.compile'd ({self.compile})" if self.compile else ""
+        what += f"; projections merged: {self.projections}" if self.projections != "none" else ""
         spans = f"; attention spans {', '.join(map(str, self.spans))}" if len(self.spans) > 1 else ""
         lines = [f"{len(self.token_profiles) * len(self.batch_buckets) * len(self.spans)} shapes per model and slot "
                  f"({what}) on {self.device_name or self.device}: {self.table()}{spans}"]

@@ -43,7 +43,6 @@ from specrt.runtime.backends.huge_pages import HugePages
 from specrt.runtime.kv_cache import CacheRows, StorePool
 
 
-PROJECTIONS = ("qkv", "all", "none")  # OrtBackend's merges of the weight MatMuls that read one input
 
 
 class _GrowingBuffer:
@@ -98,8 +97,8 @@ class OrtBackend(Backend):
         False, as loaded: what `specrt bench fusions --huge-pages` compares)."""
         import onnxruntime as ort
 
-        if projections not in PROJECTIONS:
-            raise InvalidRequestError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
+        if projections not in contract.PROJECTIONS:
+            raise InvalidRequestError(f"projections must be one of {', '.join(contract.PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
         self.kv_update, self.projections, self.profile, self.pack = kv_update, projections, profile, pack_rows
         self.onnx_path = Path(onnx_path)  # the step graph this session runs (a variant's, an in-graph one's)

@@ -165,6 +165,7 @@ class StaticTorchBackend(EngineBackend):
         self.dtype = getattr(torch, entry.dtype)
         # the engines' quantization scheme (`specrt build --quant`): the projections as 8-bit linears
         self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, engines.quant)
+        self.module.fuse_projections(engines.projections)
         if engines.compile is not None:
             _compile_layers(torch, self.module, engines)
         self.max_step_tokens = engines.token_profiles[-1]

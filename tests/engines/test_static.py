@@ -44,6 +44,13 @@ def test_the_profile_table_picks_the_smallest_fit(engine_bundle):
     with pytest.raises(InvalidRequestError, match="batch of 5 exceeds the engines' largest batch bucket \\(4\\)"):
         e.for_batch(5)
     assert all(err <= 1e-4 for err in e.parity.values())  # checked at build: static step == eager step
+    assert e.projections == "all"  # the default: q, k, v and gate, up merged, as the engines load them
+
+
+def test_the_engines_run_their_projections_merged(graphs):
+    for backend in (graphs.target, graphs.draft):
+        module = backend.module
+        assert len(module.merged_projections()) == 2 * module.num_layers
 
 
 def test_padded_rows_and_sequences_change_nothing(graphs, demo_bundle):
@@ -235,6 +242,8 @@ def test_build_options_are_checked():
         BuildConfig(token_profiles=(8, 4))
     with pytest.raises(InvalidRequestError, match="batch_buckets"):
         BuildConfig(batch_buckets=())
+    with pytest.raises(InvalidRequestError, match="--backend trt takes no --projections"):
+        BuildConfig(backend="trt", projections="qkv")
 
 
 @pytest.mark.gpu

@@ -121,16 +121,28 @@ def test_the_in_graph_kv_update_decodes_the_checkpoints_tokens(tmp_path, kind, e
             assert got == want, (method, batch_size)
 
 
+@pytest.mark.parametrize("projections", ["none", "all"])
 @pytest.mark.parametrize("kind", FAMILIES + ["qwen3-yarn"])
-def test_the_step_computes_the_checkpoints_logits(tmp_path, kind):
+def test_the_step_computes_the_checkpoints_logits(tmp_path, kind, projections):
     """The step module against the family's own forward, in float32: a ragged pair of sequences through a
-    cache, each token's logits within 1e-4 of the checkpoint's (the export checks the ONNX graph against the step)."""
+    cache, each token's logits within 1e-4 of the checkpoint's (the export checks the ONNX graph against the step);
+    so too with its projections merged (the static engines' default), q, k and v and gate and up each one linear
+    whose weights the separate ones view (Phi-3's come merged)."""
     import torch
 
+    from specrt.model.quant import module_bytes
     from specrt.model.step import StepModule
 
     model = _tiny(kind, tmp_path / kind)
     step = StepModule(model).eval()
+    before = module_bytes(step)
+    step.fuse_projections(projections)
+    merged = step.merged_projections()
+    assert len(merged) == (0 if projections == "none" or kind.startswith("phi") else 2 * step.num_layers)
+    for layer, qkv in zip(model.model.layers, merged[::2]):
+        w = layer.self_attn.k_proj.weight
+        assert w.untyped_storage().data_ptr() == qkv.weight.untyped_storage().data_ptr()
+    assert module_bytes(step) == before  # the weights are not copied twice
     ids = torch.randint(1, 4096, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids).logits.float()
