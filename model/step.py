@@ -147,8 +147,7 @@ class StepModule(nn.Module):
                 layer.fuse_projections(which)
 
     def merged_projections(self) -> list[nn.Linear]:
-        """The linears fuse_projections made (not submodules: the weights keep their one name, in the layers' own
-        linears, whose weights are views of these)."""
+        """The linears fuse_projections made (not submodules: their weights keep the separate linears' names)."""
         return [m for s in self.layer_steps for m in (s.qkv_proj, s.gate_up_proj) if m is not None]
 
     def compile_layers(self, mode: str | None, **options) -> None:
@@ -192,18 +191,20 @@ class StepModule(nn.Module):
             x = torch.where(prompt[..., None], prompts, words)
         return x if scale == 1.0 else x * scale
 
-    def forward(self, input_ids, position_ids, attention_mask, *past):
+    def forward(self, input_ids, position_ids, attention_mask, *past, room: bool = False):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
-        # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]
+        # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]; with room, [B, Hkv, S + T, D], the
+        # new rows written into the last T slots (StepLayer.forward)
         x, ropes = self._begin(input_ids, position_ids)
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
-        biases = self._window_biases(bias, position_ids, past[0].shape[2]) if self.family.layer_windows else {}
+        cached = past[0].shape[2] - (input_ids.shape[1] if room else 0)
+        biases = self._window_biases(bias, position_ids, cached) if self.family.layer_windows else {}
         new_kv = []
         for layer_idx, layer in enumerate(self._layer_calls):
             window = self.family.layer_windows[layer_idx] if self.family.layer_windows else None
             x, k, v = layer(x, *ropes[layer_idx], biases.get(window, bias), self.rotate_half, past[2 * layer_idx],
-                            past[2 * layer_idx + 1])
+                            past[2 * layer_idx + 1], room)
             new_kv += [k, v]
         return (self._logits(x), *new_kv)
 
@@ -277,21 +278,32 @@ class StepLayer(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
-    def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value):
+    def forward(self, x, cos, sin, bias, rotate_half, past_key, past_value, room: bool = False):
+        """room: past_key and past_value reach T slots past the cached ones (the static engines' cache views): the new
+        keys and values are written there, and attention reads the cache and them in place, joined without a copy."""
         layer = self.layer
         q, k, v = self.qkv(x, cos, sin, rotate_half)
+        if room:
+            new = k.shape[2]
+            past_key[:, :, -new:].copy_(k)
+            past_value[:, :, -new:].copy_(v)
+            keys, values = past_key, past_value  # [B, Hkv, S + T, D]
+            past_key, past_value = past_key[:, :, :-new], past_value[:, :, :-new]
         # float32: the cache and the new tokens are attended to apart, under one softmax (the scores joined, not
         # the keys and values), so a step reads the cache where it lies instead of copying all of it next to the T
         # new rows in every layer. Half precision keeps one product over the joined cache: there, summing the
         # values in two parts split where the cache ends rounds a token differently in a one-token step than in a
-        # verify step (the split moves), which flipped greedy tokens of the float16 bundle.
+        # verify step (the split moves), which flipped greedy tokens of the float16 bundle; it takes a KV head's
+        # query heads as rows of one product over it (_grouped). Float32 keeps a product per query head: with the heads
+        # as rows, a verify step's rows came out a bit off a one-token step's, which 8-bit activations (fp8) round
+        # to another step, and sd's tokens left AR's.
         split = past_key.dtype == torch.float32
         if split:
             scores = torch.cat([torch.matmul(q, past_key.unsqueeze(2).transpose(3, 4)),
                                 torch.matmul(q, k.unsqueeze(2).transpose(3, 4))], dim=-1)
         else:
-            keys = torch.cat([past_key, k], dim=2).unsqueeze(2)  # [B, Hkv, 1, S + T, D]
-            scores = torch.matmul(q, keys.transpose(3, 4))
+            keys = keys if room else torch.cat([past_key, k], dim=2)
+            scores = _grouped(q, keys.transpose(2, 3))
         scores = scores.float() * layer.self_attn.scaling  # [B, Hkv, groups, T, S + T]
         cap = self.family.attn_softcap
         scores = (scores if cap is None else torch.tanh(scores / cap) * cap) + bias
@@ -301,7 +313,7 @@ class StepLayer(nn.Module):
             out = torch.matmul(probs[..., :cached], past_value.unsqueeze(2)) + \
                 torch.matmul(probs[..., cached:], v.unsqueeze(2))  # [B, Hkv, groups, T, D]
         else:
-            out = torch.matmul(probs, torch.cat([past_value, v], dim=2).unsqueeze(2))
+            out = _grouped(probs, values if room else torch.cat([past_value, v], dim=2))
         return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
 
     def qkv(self, x, cos, sin, rotate_half):
@@ -342,6 +354,16 @@ class StepLayer(nn.Module):
         else:
             m = self.mlp(layer.post_attention_layernorm(x))
         return x + (m if scale == 1.0 else m * scale)
+
+
+def _grouped(a, b):
+    """a [B, Hkv, G, T, X] @ b [B, Hkv, X, Y] -> [B, Hkv, G, T, Y]: the G query heads that share a KV head as G * T
+    rows of one product over that head's keys or values (matmul's broadcasting of b over G copies b G times: the whole
+    cache, in every layer). The exported graph keeps the broadcast MatMul, the form graphs/ort_attention.py rewrites."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.matmul(a, b.unsqueeze(2))
+    batch, heads, groups, rows = a.shape[:4]
+    return torch.matmul(a.reshape(batch, heads, groups * rows, -1), b).view(batch, heads, groups, rows, -1)
 
 
 def _merged(linears) -> nn.Linear | None:

@@ -86,15 +86,16 @@ class _Shape:
         self.ids = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
         self.pos = torch.zeros((batch, tokens), dtype=torch.int64, device=backend.device)  # [Bb, Tp]
         self.mask = torch.zeros((batch, tokens, span + tokens), dtype=torch.bool, device=backend.device)
-        # [Bb, Hkv, span, D] each: the cache's first span slots
-        self.past = [kv[layer, k, :batch, :, :span] for layer in range(e.num_layers) for k in (0, 1)]
+        # [Bb, Hkv, span + Tp, D] each: the store's first span slots, then Tp where the step writes its new rows (past
+        # every sequence's length: all lie within the span), so that attention reads them all in place (room)
+        self.past = [kv[layer, k, :batch, :, :span + tokens] for layer in range(e.num_layers) for k in (0, 1)]
         self.graph = None
         self.out = None  # (logits [Bb, Tp, V], new_kv [L, 2, Bb, Hkv, Tp, D]) of the captured graph
 
     def forward(self):
         torch = self.backend.torch
         with torch.inference_mode():
-            out = self.backend.module(self.ids, self.pos, self.mask, *self.past)
+            out = self.backend.module(self.ids, self.pos, self.mask, *self.past, room=True)
             return out[0], torch.stack(out[1:]).unflatten(0, (self.backend.entry.num_layers, 2))
 
     def capture(self, stream, pool) -> None:
@@ -136,11 +137,15 @@ class _Slot:
 
     def __init__(self, backend: "StaticTorchBackend"):
         e, eng = backend.entry, backend.engines
-        self.kv = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, eng.capacity, e.head_dim))
-        self.shapes = {(b, t, s): _Shape(backend, self.kv, b, t, s)
+        # each store reaches the largest profile's slots past the capacity: a step's new rows at the largest span
+        room = eng.capacity + eng.token_profiles[-1]
+        store = backend.allocate((e.num_layers, 2, eng.batch_buckets[-1], e.num_kv_heads, room, e.head_dim))
+        self.kv = store[:, :, :, :, :eng.capacity]  # the cache the runtime holds
+        self.shapes = {(b, t, s): _Shape(backend, store, b, t, s)
                        for b in eng.batch_buckets for t in eng.token_profiles for s in eng.spans}
-        self.admission = backend.allocate((e.num_layers, 2, 1, e.num_kv_heads, eng.capacity, e.head_dim))
-        self.admission_shapes = {(t, s): _Shape(backend, self.admission, 1, t, s)
+        admission = backend.allocate((e.num_layers, 2, 1, e.num_kv_heads, room, e.head_dim))
+        self.admission = admission[:, :, :, :, :eng.capacity]
+        self.admission_shapes = {(t, s): _Shape(backend, admission, 1, t, s)
                                  for t in eng.token_profiles for s in eng.spans}
 
     def all_shapes(self):

@@ -128,6 +128,26 @@ def test_compiled_layers_give_the_eager_steps_tokens_with_one_graph_per_shape(de
     torch._dynamo.reset()
 
 
+def test_half_precision_engines_attend_in_place_and_stay_lossless(fp16_bundle, tmp_path, humaneval):
+    """A float16 step writes its new rows into the static cache past the span and attends over the cache and them
+    where they lie (no copy of the cache), the query heads that share a KV head as rows of one product: the padded
+    static steps give the eager step's tokens (which joins a copy), and every lossless method gives AR's."""
+    from specrt.engines.build import BuildConfig, build
+
+    b = tmp_path / "b"
+    shutil.copytree(fp16_bundle, b)
+    build(BuildConfig(bundle=b, device="cpu", threads=2, token_profiles=(1, 8, 32), batch_buckets=(1, 4), capacity=256,
+                      spans=(64,)), progress=False)
+    static = Pipeline.load(b, backend="static", threads=2)
+    eager = Pipeline.load(b, backend="torch", threads=2)
+    prompts = humaneval[:4]
+    ar = [o.token_ids for o in static.generate(prompts, method="autoregressive", max_new_tokens=40)]
+    assert ar == [o.token_ids for o in eager.generate(prompts, method="autoregressive", max_new_tokens=40)]
+    for kw in LOSSLESS[:4]:
+        got = static.generate(prompts, max_new_tokens=40, batch_size=3, **kw)
+        assert [o.token_ids for o in got] == ar, kw
+
+
 def test_a_request_joining_a_running_batch_is_prefilled_alone(graphs, humaneval, monkeypatch):
     """Continuous batching on the engines: a joining request's prompt is prefilled in the slot's admission cache,
     one sequence wide, never beside the running sequences as empty rows (a step as wide as the batch)."""
