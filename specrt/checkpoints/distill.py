@@ -29,6 +29,7 @@ from specrt.checkpoints import DEMO_DIR
 from specrt.checkpoints.train import adamw, cosine_lr, encode_files, optimizer_step, token_windows
 from specrt.config import Config, option
 from specrt.errors import SpecrtError
+from specrt.files import replace_dir
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,7 @@ def _save(draft, out: Path, record: dict) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     draft.save_pretrained(tmp, safe_serialization=True)
     (tmp / "distill.json").write_text(json.dumps(record, indent=1) + "\n")
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
 
 
 def distill(cfg: DistillConfig, progress: bool = True) -> dict:
