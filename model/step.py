@@ -24,6 +24,7 @@ from torch import nn
 
 from specrt.contract import SUPPORTED_MODEL_TYPES, rotate_half_matrix
 from specrt.errors import UnsupportedModelError
+from specrt.model.step_ops import grouped_matmul, merged_linear, rope, scatter_rows
 
 
 def check_supported(config) -> None:
@@ -258,7 +259,7 @@ class StepLayer(nn.Module):
         down(act(gate(x)) * up(x)) on a probe row."""
         attn, mlp = self.layer.self_attn, self.layer.mlp
         if which in ("qkv", "all") and not self.family.fused_qkv and self.qkv_proj is None:
-            self.qkv_proj = _merged([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.qkv_proj = merged_linear([attn.q_proj, attn.k_proj, attn.v_proj])
         names = ("gate_proj", "up_proj", "down_proj", "act_fn")
         if which == "all" and self.gate_up_proj is None and all(hasattr(mlp, n) for n in names) \
                 and mlp.gate_proj.out_features == mlp.up_proj.out_features:
@@ -266,7 +267,7 @@ class StepLayer(nn.Module):
             probe = probe.to(mlp.gate_proj.weight.device, mlp.gate_proj.weight.dtype)
             with torch.no_grad():
                 before = mlp(probe)
-                self.gate_up_proj = _merged([mlp.gate_proj, mlp.up_proj])
+                self.gate_up_proj = merged_linear([mlp.gate_proj, mlp.up_proj])
                 if self.gate_up_proj is not None and not torch.allclose(
                         self.mlp(probe), before, rtol=1e-2, atol=1e-2 * float(before.abs().max())):
                     self.gate_up_proj = None
@@ -294,16 +295,16 @@ class StepLayer(nn.Module):
         # new rows in every layer. Half precision keeps one product over the joined cache: there, summing the
         # values in two parts split where the cache ends rounds a token differently in a one-token step than in a
         # verify step (the split moves), which flipped greedy tokens of the float16 bundle; it takes a KV head's
-        # query heads as rows of one product over it (_grouped). Float32 keeps a product per query head: with the heads
-        # as rows, a verify step's rows came out a bit off a one-token step's, which 8-bit activations (fp8) round
-        # to another step, and sd's tokens left AR's.
+        # query heads as rows of one product over it (grouped_matmul). Float32 keeps a product per query head: with
+        # the heads as rows, a verify step's rows came out a bit off a one-token step's, which 8-bit activations (fp8)
+        # round to another step, and sd's tokens left AR's.
         split = past_key.dtype == torch.float32
         if split:
             scores = torch.cat([torch.matmul(q, past_key.unsqueeze(2).transpose(3, 4)),
                                 torch.matmul(q, k.unsqueeze(2).transpose(3, 4))], dim=-1)
         else:
             keys = keys if room else torch.cat([past_key, k], dim=2)
-            scores = _grouped(q, keys.transpose(2, 3))
+            scores = grouped_matmul(q, keys.transpose(2, 3))
         scores = scores.float() * layer.self_attn.scaling  # [B, Hkv, groups, T, S + T]
         cap = self.family.attn_softcap
         scores = (scores if cap is None else torch.tanh(scores / cap) * cap) + bias
@@ -313,7 +314,7 @@ class StepLayer(nn.Module):
             out = torch.matmul(probs[..., :cached], past_value.unsqueeze(2)) + \
                 torch.matmul(probs[..., cached:], v.unsqueeze(2))  # [B, Hkv, groups, T, D]
         else:
-            out = _grouped(probs, values if room else torch.cat([past_value, v], dim=2))
+            out = grouped_matmul(probs, values if room else torch.cat([past_value, v], dim=2))
         return self.end(x, out.permute(0, 3, 1, 2, 4)), k, v
 
     def qkv(self, x, cos, sin, rotate_half):
@@ -338,7 +339,7 @@ class StepLayer(nn.Module):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.permute(0, 2, 3, 1, 4), k.permute(0, 2, 3, 1, 4)
         v = v.view(batch, num_tokens, hkv, dim).transpose(1, 2)
-        return _rope(q, cos, sin, rotate_half), _rope(k, cos, sin, rotate_half).squeeze(2), v
+        return rope(q, cos, sin, rotate_half), rope(k, cos, sin, rotate_half).squeeze(2), v
 
     def end(self, x, out):
         """The rest of the decoder layer after attention; out: [B, T, H, D] (any view of that layout)."""
@@ -354,47 +355,6 @@ class StepLayer(nn.Module):
         else:
             m = self.mlp(layer.post_attention_layernorm(x))
         return x + (m if scale == 1.0 else m * scale)
-
-
-def _grouped(a, b):
-    """a [B, Hkv, G, T, X] @ b [B, Hkv, X, Y] -> [B, Hkv, G, T, Y]: the G query heads that share a KV head as G * T
-    rows of one product over that head's keys or values (matmul's broadcasting of b over G copies b G times: the whole
-    cache, in every layer). The exported graph keeps the broadcast MatMul, the form graphs/ort_attention.py rewrites."""
-    if torch.onnx.is_in_onnx_export():
-        return torch.matmul(a, b.unsqueeze(2))
-    batch, heads, groups, rows = a.shape[:4]
-    return torch.matmul(a.reshape(batch, heads, groups * rows, -1), b).view(batch, heads, groups, rows, -1)
-
-
-def _merged(linears) -> nn.Linear | None:
-    """One nn.Linear computing the given ones' outputs side by side, their weights (and biases) made views of its
-    own; None where they are not all plain linears of one input size, dtype, device and bias-ness."""
-    if any(type(m) is not nn.Linear for m in linears) or len(
-            {(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in linears}) != 1:
-        return None
-    first = linears[0]
-    merged = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=first.bias is not None,
-                       device="meta")
-    with torch.no_grad():
-        for name in ("weight", "bias"):
-            if getattr(first, name) is None:
-                continue
-            whole = torch.cat([getattr(m, name) for m in linears])
-            setattr(merged, name, nn.Parameter(whole, requires_grad=False))
-            for m, part in zip(linears, whole.split([m.out_features for m in linears])):
-                setattr(m, name, nn.Parameter(part, requires_grad=False))
-    return merged
-
-
-def _rope(x, cos, sin, rotate_half):
-    """x [..., D] rotated by the positions' cos and sin [..., R]: on its first R dimensions (all of them unless the
-    family's RoPE is partial), the rest passed through; in x's dtype (OLMo 2's rotary embedding gives float32 cos
-    and sin, rotating in float32 then casting, as its own attention does)."""
-    r = rotate_half.shape[0]
-    if r == x.shape[-1]:
-        return (x * cos + torch.matmul(x, rotate_half) * sin).to(x.dtype)
-    head, rest = x[..., :r], x[..., r:]
-    return torch.cat([(head * cos + torch.matmul(head, rotate_half) * sin).to(x.dtype), rest], dim=-1)
 
 
 class InPlaceStepModule(StepModule):
@@ -429,21 +389,10 @@ class InPlaceStepModule(StepModule):
         present = []
         for layer_idx, step in enumerate(self.layer_steps):
             q, k, v = step.qkv(x, *ropes[layer_idx], self.rotate_half)
-            keys = _scatter(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
-            values = _scatter(past[2 * layer_idx + 1], v, write_indices)
+            keys = scatter_rows(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
+            values = scatter_rows(past[2 * layer_idx + 1], v, write_indices)
             present += [keys, values]
             out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=step.layer.self_attn.scaling,
                                            softmax_precision=1)[0]  # [B, H, T, D]; 1: ONNX's FLOAT
             x = step.end(x, out.transpose(1, 2))
         return (self._logits(x), *present)
-
-
-def _scatter(cache, update, write_indices):
-    """cache [B, Hkv, C, D] with update [B, Hkv, T, D] written at slots write_indices[b] + 0 .. T - 1 (ONNX's
-    TensorScatter, mode linear, on the sequence axis)."""
-    if torch.onnx.is_in_onnx_export():
-        return torch.onnx.ops.symbolic("TensorScatter", (cache, update, write_indices), {"axis": -2, "mode": "linear"},
-                                       dtype=cache.dtype, shape=cache.shape, version=24)
-    batch, heads, num_tokens, dim = update.shape
-    slots = write_indices[:, None] + torch.arange(num_tokens, device=update.device)  # [B, T]
-    return cache.scatter(2, slots[:, None, :, None].expand(batch, heads, num_tokens, dim), update)
