@@ -262,7 +262,7 @@ class StepLayer(nn.Module):
             self.qkv_proj = merged_linear([attn.q_proj, attn.k_proj, attn.v_proj])
         names = ("gate_proj", "up_proj", "down_proj", "act_fn")
         if which == "all" and self.gate_up_proj is None and all(hasattr(mlp, n) for n in names) \
-                and mlp.gate_proj.out_features == mlp.up_proj.out_features:
+                and getattr(mlp.gate_proj, "out_features", None) == getattr(mlp.up_proj, "out_features", 0):
             probe = torch.randn((1, 1, mlp.gate_proj.in_features), generator=torch.Generator().manual_seed(0))
             probe = probe.to(mlp.gate_proj.weight.device, mlp.gate_proj.weight.dtype)
             with torch.no_grad():
