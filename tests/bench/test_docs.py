@@ -28,12 +28,14 @@ def test_results_page_from_json(tmp_path):
     (results / "e2e-peers-other.json").write_text(json.dumps(other))  # beside peers too, of another bundle
     chat = {**peers, "label": "peers-chat", "config": {**peers["config"], "prompt_set": "chat"}}
     (results / "e2e-peers-chat.json").write_text(json.dumps(chat))  # the same bundle, chat prompts
+    more = {**chat, "label": "peers-chat30", "config": {**chat["config"], "num_prompts": 30}}
+    (results / "e2e-peers-chat30.json").write_text(json.dumps(more))  # the same prompt set, more of it
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
     page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
     assert page == (tmp_path / "docs" / "results.md").read_text()
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
-    assert page.count("Command: `specrt bench e2e ") == 6 and "--num-prompts 3 --baselines ''" in page
+    assert page.count("Command: `specrt bench e2e ") == 7 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
     from specrt.bundle.machine import CPU_FEATURES, cpu_model
 
@@ -47,6 +49,7 @@ def test_results_page_from_json(tmp_path):
     assert text.index("[`e2e-t`]") < text.index("[`e2e-int8`]")  # a quantized variant is a kind of its own, after
     assert text.index("[`e2e-peers`]") < text.index("[`e2e-t`]")  # so is a run beside peer runtimes, before
     assert "[`e2e-peers-other`]" in text and "[`e2e-peers-chat`]" in text  # ... each bundle's and prompt set's apart
+    assert "[`e2e-peers-chat30`]" in text  # ... and each number of its prompts
     readme.write_text("no markers")
     with pytest.raises(SpecrtError, match="has no results markers"):
         run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
