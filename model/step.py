@@ -297,7 +297,7 @@ class StepLayer(nn.Module):
         # verify step (the split moves), which flipped greedy tokens of the float16 bundle; it takes a KV head's
         # query heads as rows of one product over it (grouped_matmul). Float32 keeps a product per query head: with
         # the heads as rows, a verify step's rows came out a bit off a one-token step's, which 8-bit activations (fp8)
-        # round to another step, and sd's tokens left AR's.
+        # round to another step, and lossless methods' tokens left AR's.
         split = past_key.dtype == torch.float32
         if split:
             scores = torch.cat([torch.matmul(q, past_key.unsqueeze(2).transpose(3, 4)),
