@@ -7,10 +7,12 @@ and sequences past B are holes (token 0, position 0, seeing only themselves), wh
 or commits, so padding changes no real row (tested). Attention spans (`build --spans`, e.g. 256, 512, then
 C) bound what a step reads of the cache: a step whose sequences' cached contexts all fit span s attends over
 the cache's first s slots only (the rows any mask may show lie below each sequence's length), so attention
-costs what the context needs, not C. Every mask is [Bb, Tp, s + Tp] and every input, cache view and output
-lives at a fixed address, which is what a CUDA graph replays: on CUDA each (bucket, profile, span) is warmed
-up and captured once when the backend loads; on the CPU the same static steps run eagerly (no graphs), which
-is how the padding, the spans and the static cache are tested without a GPU.
+costs what the context needs, not C; each store reaches the largest profile's slots past C, so that a step
+writes its new rows past the span and attends over them in place (StepLayer's room). Every mask is
+[Bb, Tp, s + Tp] and every input, cache view and output lives at a fixed address, which is what a CUDA graph
+replays: on CUDA each (bucket, profile, span) is warmed up and captured once when the backend loads; on the CPU
+the same static steps run eagerly (no graphs), which is how the padding, the spans and the static cache are
+tested without a GPU.
 
 With `specrt build --compile MODE` (EngineSet.compile) each decoder layer runs through torch.compile first, one
 compiled graph per shape serving every layer (PyTorch's regional compilation), compiled when the backend loads
