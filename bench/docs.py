@@ -59,7 +59,7 @@ def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, 
     """The latest result (by date and time, then name) of each verb in README_VERBS, on a GPU and on the CPU apart,
     of the exported weights and each quantized variant apart (a run with --quant does not hide the float one), and
     with peer runtimes beside ours and without apart (an ablation run does not hide the comparison); a comparison with
-    peers, per bundle, prompt set and number of prompts (a run with another draft does not hide the demo pair's, nor
+    peers, per bundle, prompt set and the prompts of it (a run with another draft does not hide the demo pair's, nor
     chat prompts code, nor all of a set its first few)."""
     from specrt.bench.peers import PEERS
 
@@ -70,7 +70,8 @@ def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, 
         peers = bool(set(config.get("baselines") or ()) & set(PEERS))
         # GPU rows first, then with peers, float first
         key = (verb, not gpu, not peers, config.get("quant") or "",
-               f"{config.get('bundle') or ''} {config.get('prompt_set') or ''} {config.get('num_prompts') or ''}"
+               f"{config.get('bundle') or ''} {config.get('prompt_set') or ''} {config.get('num_prompts') or ''} "
+               f"{config.get('first_prompt') or 0}"
                if peers else "")
         when = (data.get("date", ""), data.get("time", ""), path.name)
         if verb in README_VERBS and (key not in latest or when >= (latest[key][2].get("date", ""),

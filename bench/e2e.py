@@ -1,7 +1,8 @@
 """`specrt bench e2e`: end-to-end tokens/s of our methods and of Hugging Face / Optimum baselines.
 
-Same prompts (the first N of HumanEval's or of the chat set), greedy, batch 1, same thread count, same checkpoints
-(the bundle's hf/ copies, on the same device in the bundle's dtype), in one process. Each run decodes every prompt once
+Same prompts (N of HumanEval's or of the chat set, the first N unless --first-prompt says where to start), greedy,
+batch 1, same thread count, same checkpoints (the bundle's hf/ copies, on the same device in the bundle's dtype), in
+one process. Each run decodes every prompt once
 per method, one prompt at a time, the (method, prompt) pairs in a new random order each run, so that drift hits
 all of them alike (a method's run is its prompts' seconds summed); we report the median over runs
 after an untimed warm-up run (the first pass over new prompt lengths and cache sizes costs ONNX Runtime
@@ -57,7 +58,9 @@ BASELINES = ("hf", "hf-assisted", "hf-lookup", "hf-compile", "optimum") + PEERS
 
 @dataclass(frozen=True)
 class E2EConfig(BenchConfig, BackendOptions, PeerSources):
-    num_prompts: int = option(30, "the first N prompts of the set", ge=1)
+    num_prompts: int = option(30, "the first N prompts of the set (after --first-prompt)", ge=1)
+    first_prompt: int = option(0, "where in the set the prompts start: 5 with --num-prompts 5 benches prompts 5-9",
+                               ge=0)
     prompt_set: str = option("humaneval", "humaneval: HumanEval's code prompts; chat: the chat prompts written here "
                                           "(bench/prompts.py), through the bundle tokenizer's chat template",
                              choices=PROMPT_SETS)
@@ -287,7 +290,7 @@ def run_e2e(cfg: E2EConfig) -> dict:
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     pipe = Pipeline.load(cfg.bundle, **cfg.pipeline_options())
-    prompts = bench_prompts(cfg.prompt_set, cfg.num_prompts, pipe.bundle / pipe.manifest.tokenizer)
+    prompts = bench_prompts(cfg.prompt_set, cfg.num_prompts, pipe.bundle / pipe.manifest.tokenizer, cfg.first_prompt)
     runners, skipped = build_runners(cfg, pipe)
     weight_bytes = run_weight_bytes(pipe)
     bandwidth = copy_bandwidth(pipe.machine.device, pipe.machine.threads)

@@ -20,7 +20,9 @@ def markdown(data: dict) -> str:
     roof = data.get("roofline")
     where = f"backend {c.get('backend', 'ort')}, {roof['device'] if roof else 'cpu'}, "
     kind = "chat" if c.get("prompt_set") == "chat" else "HumanEval"
-    lines = [f"### e2e `{data['label']}`: {c['num_prompts']} {kind} prompts, {c['max_new_tokens']} new tokens, "
+    first = c.get("first_prompt") or 0
+    which = f" (from prompt {first})" if first else ""
+    lines = [f"### e2e `{data['label']}`: {c['num_prompts']} {kind} prompts{which}, {c['max_new_tokens']} new tokens, "
              f"greedy, batch 1, {where}{c['threads']} threads, sd γ={gammas}, median of {c['runs']} runs ({data['date']})",
              "", "| method | tokens/s | vs our AR | vs HF | TTFT ms | TPOT ms | tokens/target call | host share | "
                  "same tokens as our AR | of roofline | J/token |",

@@ -1,8 +1,11 @@
 """bench e2e: speedups and the ANPD-vs-prompt-lookup ratio are computed from the same run's rows."""
 
+from dataclasses import replace
+
 import pytest
 
 from specrt.bench.e2e import E2EConfig, MethodResult, report
+from specrt.errors import SpecrtError
 
 
 def result(name, seconds, tokens=100, calls=0, outputs=None):
@@ -104,6 +107,27 @@ def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts
     pages = data["roofline"]["huge_pages"]  # what went into huge pages, or why nothing did (huge_pages.py)
     assert pages.endswith(" MiB") or pages == "no region to collapse" or pages.startswith("the kernel refused")
     assert f"our target's weights in huge pages: {pages}" in (tmp_path / "e2e-t.md").read_text()
+
+
+def test_the_prompts_can_start_past_the_first_of_the_set(demo_bundle, tmp_path, monkeypatch):
+    import specrt.bench.e2e as e2e
+    from specrt.bench.decoded import Decoded
+    from specrt.bench.prompts import humaneval_prompts
+
+    given = []
+
+    def run(prompts):
+        given.extend(prompts)
+        return Decoded([[1, 2]], first_s=(0.001,), decode_s=(0.002,))
+
+    monkeypatch.setattr(e2e, "build_runners", lambda cfg, pipe: ({"x": run}, {}))
+    cfg = E2EConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=2, first_prompt=3, runs=1, warmup_runs=0,
+                    baselines=(), threads=1)
+    e2e.run_e2e(cfg)
+    assert set(given) == set(humaneval_prompts(5)[3:])  # prompts 3 and 4
+    assert "2 HumanEval prompts (from prompt 3)," in (tmp_path / "e2e-t.md").read_text()
+    with pytest.raises(SpecrtError, match="asked for 2 HumanEval prompts from 163; there are 164"):
+        e2e.run_e2e(replace(cfg, first_prompt=163))
 
 
 def test_time_to_first_token_and_per_output_token_of_a_pass():
