@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specrt.contract import TOKENIZER_FILES
 from specrt.errors import SpecrtError, UnsupportedModelError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DTYPES = ("float32", "float16", "bfloat16")
 
 

@@ -78,6 +78,9 @@ def present_value(layer: int) -> str:
     return f"present_value.{layer}"
 
 
+# a Hugging Face checkpoint's tokenizer: the files that make one (a chat template may sit beside them, in
+# chat_template.jinja)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 KV_UPDATES = ("runtime", "inplace")  # who writes a step's new K/V into the cache: the runtime, or the graph in place
 # 8-bit projections of the PyTorch step (backends torch and graphs; model/quant.py); the contract is unchanged
 TORCH_QUANT_SCHEMES = ("int8-wo", "fp8")

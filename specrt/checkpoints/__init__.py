@@ -7,13 +7,14 @@ first layers (cut.py)."""
 
 from pathlib import Path
 
+from specrt.contract import TOKENIZER_FILES
+
 DEMO_DIR = Path(__file__).parent / "demo"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def copy_tokenizer(src: Path, dest: Path) -> None:
     """The tokenizer files (and chat template) of checkpoint `src` that exist, into `dest`: a checkpoint made from
     another keeps its tokenizer."""
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, "chat_template.jinja"):
         if (Path(src) / name).is_file():
             (Path(dest) / name).write_bytes((Path(src) / name).read_bytes())
