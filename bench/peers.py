@@ -32,6 +32,7 @@ from specrt.bench.report import paired_ratio, runs_rate
 from specrt.bundle.manifest import manifest_sha256
 from specrt.config import option
 from specrt.errors import SpecrtError
+from specrt.files import commit, replace_dir
 
 ORT_GENAI = ("ort-genai", "ort-genai-sd", "ort-genai-ngram")
 LLAMA_CPP = ("llama-cpp", "llama-cpp-sd", "llama-cpp-lookup")
@@ -110,7 +111,10 @@ def _convert(bundle: Path, role: str, work: Path, command, made: str, dest: Path
             tail = [line for line in (r.stderr or r.stdout).strip().splitlines() if line.strip()][-1:] or ["no output"]
             raise SpecrtError(f"{failed}: {tail[0]}")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(output, dest)
+        if output.is_dir():
+            replace_dir(output, dest)
+        else:
+            commit(output, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -11,6 +11,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.manifest import sha256_file
 from specrt.errors import SpecrtError
+from specrt.files import atomic_file
 
 GRAPH = "target-ppd.onnx"  # beside target.onnx: it shares that graph's external data file, if any
 PARITY = 1e-5  # per unit of the largest logit: the graph pass only appends embedding rows
@@ -49,19 +50,19 @@ def prompt_graph(bundle: Path, onnx_name: str, dest: str, prompts: np.ndarray, v
     from specrt.graphs.passes import add_prompt_embeddings
 
     target = bundle / dest
-    tmp = target.with_name(f".{target.name}.tmp")
-    add_prompt_embeddings(bundle / onnx_name, tmp, prompts)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    a, b = (ort.InferenceSession(str(g), opts, providers=["CPUExecutionProvider"]) for g in (bundle / onnx_name, tmp))
-    feeds = _feeds(a, vocab)
-    want, got = a.run(["logits"], feeds)[0], b.run(["logits"], feeds)[0]
-    diff = float(np.abs(want - got).max())
-    if not diff <= PARITY * max(1.0, float(np.abs(want).max())):
-        tmp.unlink(missing_ok=True)
-        raise SpecrtError(f"the target graph with prompt tokens gives other logits for ordinary ids than "
-                          f"{bundle / onnx_name} (max |difference| {diff:.3g}): the graph pass is wrong for this graph")
-    tmp.replace(target)
+    with atomic_file(target, suffix=".onnx") as tmp:
+        add_prompt_embeddings(bundle / onnx_name, tmp, prompts)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        a, b = (ort.InferenceSession(str(g), opts, providers=["CPUExecutionProvider"])
+                for g in (bundle / onnx_name, tmp))
+        feeds = _feeds(a, vocab)
+        want, got = a.run(["logits"], feeds)[0], b.run(["logits"], feeds)[0]
+        diff = float(np.abs(want - got).max())
+        if not diff <= PARITY * max(1.0, float(np.abs(want).max())):
+            raise SpecrtError(f"the target graph with prompt tokens gives other logits for ordinary ids than "
+                              f"{bundle / onnx_name} (max |difference| {diff:.3g}): the graph pass is wrong for this "
+                              "graph")
     return diff
 
 

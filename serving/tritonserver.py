@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.errors import SpecrtError
+from specrt.files import replace_dir
 
 PYTRITON = "nvidia-pytriton==0.7.0"  # tritonserver 2.51.0 (r24.10)
 STUB_NUMPY = "numpy==1.26.4"  # the last numpy the wheel's stub reads arrays of
@@ -123,8 +124,7 @@ def _wheel_backends(wheel: Path, server_dir: Path) -> Path:
         (tmp / "python").mkdir()
         for src in [root / "backends" / "python" / f for f in PYTHON_BACKEND_FILES] + [stub]:
             shutil.copy2(src, tmp / "python" / src.name)
-        shutil.rmtree(backends, ignore_errors=True)
-        os.replace(tmp, backends)
+        replace_dir(tmp, backends)
     return backends
 
 
@@ -155,8 +155,7 @@ def locate(server_dir: Path = Path("build/tritonserver"), tritonserver: Path | N
         tmp = Path(tempfile.mkdtemp(prefix=".wheel-", dir=server_dir))
         try:
             _pip(["--no-deps", "--target", str(tmp), PYTRITON], f"Triton's server files ({PYTRITON})")
-            shutil.rmtree(wheel, ignore_errors=True)
-            os.replace(tmp, wheel)
+            replace_dir(tmp, wheel)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     libs = (str(wheel / "nvidia_pytriton.libs"), str(_libpython()))

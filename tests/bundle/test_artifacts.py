@@ -8,7 +8,7 @@ import pytest
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import (Acceptance, EngineSet, InPlaceGraphs, LatencyProfile, NgramPrior, Plan, PromptTokens,
                                      QuantSet, TrtEngineSet)
-from specrt.files import replace_dir, write_atomic
+from specrt.files import UMASK, atomic_file, replace_dir, write_atomic
 from specrt.bundle.machine import Machine
 from specrt.errors import BundleError
 from tests.fakes import write_acceptance, write_latency
@@ -147,6 +147,21 @@ def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
+def test_a_file_written_by_name_commits_only_when_its_writer_ends_well(tmp_path):
+    path = tmp_path / "fig.png"
+    write_atomic(path, "old")
+    with pytest.raises(ValueError), atomic_file(path, suffix=".png") as tmp:
+        assert tmp.parent == tmp_path and tmp.name.endswith(".png") and tmp != path
+        tmp.write_text("torn")
+        raise ValueError("the writer failed")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["fig.png"]
+    with atomic_file(path, suffix=".png") as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["fig.png"]
+    assert path.stat().st_mode & 0o777 == 0o666 & ~UMASK
+
+
 def test_replace_dir_swaps_whole_directories(tmp_path):
     dest, new = tmp_path / "b", tmp_path / "new"
     dest.mkdir()
@@ -179,6 +194,8 @@ def test_nothing_commits_after_a_sigint_that_the_code_under_it_swallowed(tmp_pat
             write_atomic(path, "new")
         with pytest.raises(KeyboardInterrupt, match="nothing is committed"):
             replace_dir(new, dest)
+        with pytest.raises(KeyboardInterrupt, match="nothing is committed"), atomic_file(path) as tmp:
+            tmp.write_text("new")
     assert path.read_text() == "old" and not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
         "a.json", "new"]
     assert signal.getsignal(signal.SIGINT) is before
