@@ -282,6 +282,28 @@ def run_weight_bytes(pipe, role: str = "target") -> int:
     return backend.entry.num_params * np.dtype(backend.entry.dtype).itemsize
 
 
+def profiled_bandwidth(pipe, bandwidth: float) -> float | None:
+    """GB/s of copy bandwidth the bundle's latency profile was measured at, where it has one for this machine (the
+    hardware-aware rows and `auto` choose by its costs); warns where the machine is in another state now
+    (calibration.latency.same_state)."""
+    import warnings
+
+    from specrt.calibration.latency import same_state
+
+    try:
+        profiled = pipe.evidence.latency().copy_bandwidth
+    except SpecrtError:  # none, or not this machine's: those rows say so themselves
+        return None
+    if not profiled:
+        return None
+    if not same_state(bandwidth, profiled):
+        warnings.warn(f"the latency profile's costs were measured at {profiled / 1e9:.1f} GB/s of copy bandwidth, "
+                      f"this run's at {bandwidth / 1e9:.1f}: the machine was in another state then, so the "
+                      "hardware-aware rows choose by costs it does not have now (run `specrt profile` again)",
+                      RuntimeWarning, stacklevel=2)
+    return round(profiled / 1e9, 1)
+
+
 def run_e2e(cfg: E2EConfig) -> dict:
     from specrt.bench.hardware import EnergyMeter
     from specrt.bundle.artifacts.latency import roofline_ms
@@ -301,6 +323,9 @@ def run_e2e(cfg: E2EConfig) -> dict:
     pages = getattr(pipe.target, "huge_pages", None)  # the ort backend's (huge_pages.py)
     if pages is not None:
         roofline["huge_pages"] = f"{pages.bytes / 2**20:.0f} MiB" if pages.bytes else pages.reason
+    profiled = profiled_bandwidth(pipe, bandwidth)
+    if profiled:
+        roofline["profile_copy_bandwidth_gb_s"] = profiled
 
     # A run is every row over every prompt, the (row, prompt) pairs in a new random order each run: the machine's
     # drift (minutes of it on a shared VM) then falls on every row alike, not on the rows that ran later in the run.
@@ -333,6 +358,9 @@ def run_e2e(cfg: E2EConfig) -> dict:
     pair_seconds, _ = timed_runs({pair: (lambda pair=pair: one(*pair)) for pair in pairs}, cfg.runs, cfg.warmup_runs,
                                  f"bench e2e {cfg.label}", meter, joules, partial)
     results = results_of(pair_seconds)
+    # the speculative rows' ratios move with the machine's state (calibration.latency.same_state): measured again
+    # after the runs, the copy bandwidth says whether it changed during them
+    roofline["copy_bandwidth_gb_s_after"] = round(copy_bandwidth(pipe.machine.device, pipe.machine.threads) / 1e9, 1)
     if "autoregressive" in results:
         prompt_ids = [pipe.encode(p) for p in prompts]
         ref = results["autoregressive"].outputs

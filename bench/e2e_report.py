@@ -47,6 +47,12 @@ def markdown(data: dict) -> str:
                       f"GB/s measured copy bandwidth = {roof['ms_per_token']} ms per token ({roof['tokens_per_s']} "
                       f"tokens/s at batch 1); energy: {roof['energy']}"
                   + (f"; our target's weights in huge pages: {roof['huge_pages']}" if roof.get("huge_pages") else "")]
+        states = [f"{roof[k]} GB/s {what}" for k, what in (("copy_bandwidth_gb_s_after", "after the runs"),
+                                                            ("profile_copy_bandwidth_gb_s", "when the latency profile "
+                                                             "the hardware-aware rows choose by was measured"))
+                  if roof.get(k) is not None]
+        if states:
+            lines += [f"- copy bandwidth {roof['copy_bandwidth_gb_s']} GB/s before the runs, " + ", ".join(states)]
     ratios = data.get("summary", {}).get("ngram_speedup_over_hf_lookup_speedup")
     if ratios:
         lines += ["- n-gram speedup over our AR / HF prompt lookup's speedup over HF generate: "

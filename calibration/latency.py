@@ -75,6 +75,14 @@ class ProfileConfig(BundleOptions, BackendOptions):
             raise InvalidRequestError(f"variants must name each variant once, got {list(self.variants)}")
 
 
+def same_state(a: float, b: float) -> bool:
+    """Whether two copy bandwidths measured on one machine are within a quarter of each other. A shared machine's
+    memory moves between states with its other tenants' load (26 and 50 GB/s hours apart on this project's 2-core
+    CPU); a one-token step slows with it while a verification row's arithmetic does not, so costs profiled in one
+    state mislead the hardware-aware choices in the other."""
+    return 0.8 <= a / b <= 1.25
+
+
 def copy_bandwidth(device: str, threads: int = 1, size_mb: int = 1024, repeats: int = 5) -> float:
     """Bytes per second (read + write) of copying a size_mb buffer on `device` ("cpu" or "cuda:N"): the best
     of `repeats` copies of a buffer far larger than any cache. On the CPU, `threads` copy a slice each at once, as
@@ -190,6 +198,8 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
                           f"{min(p.max_context for p in pipes.values())}")
     samples: dict = {(q, *point): [] for q in quants for point in points}
     rng = np.random.default_rng(0)
+    machine = next(iter(pipes.values())).machine
+    at_start = copy_bandwidth(machine.device, machine.threads)
     with ExitStack() as stack:  # given back before the host work's decodes
         runners = {(q, role): stack.enter_context(getattr(p, role).runner()) for q, p in pipes.items()
                    for role in ("target", "draft")}
@@ -225,8 +235,13 @@ def profile(cfg: ProfileConfig, progress: bool = True) -> dict[str | None, Laten
         else:
             b, c, n = point
             models[q][kind].setdefault(b, {}).setdefault(c, {})[n] = ms
-    machine = next(iter(pipes.values())).machine
     bandwidth = round(copy_bandwidth(machine.device, machine.threads))
+    if not same_state(bandwidth, at_start):
+        import warnings
+
+        warnings.warn(f"the copy bandwidth moved from {at_start / 1e9:.1f} to {bandwidth / 1e9:.1f} GB/s during the "
+                      "profile: the machine changed state (another load on it), and the costs mix the two; profile "
+                      "again when it is quiet", RuntimeWarning, stacklevel=2)
     out = {}
     for q, pipe in pipes.items():
         host_ms, host_batch = {}, {}

@@ -1,5 +1,6 @@
 """bench e2e: speedups and the ANPD-vs-prompt-lookup ratio are computed from the same run's rows."""
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -95,9 +96,13 @@ def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts
         return run
 
     monkeypatch.setattr(e2e, "build_runners", lambda cfg, pipe: ({n: runner(n) for n in "xy"}, {}))
+    bandwidths = iter([50e9, 40e9])  # the machine's memory slower after the runs than before
+    monkeypatch.setattr("specrt.calibration.latency.copy_bandwidth", lambda *a: next(bandwidths))
     cfg = E2EConfig(bundle=demo_bundle, out=tmp_path, label="t", num_prompts=3, runs=2, warmup_runs=1, baselines=(),
                     threads=1)
     data = e2e.run_e2e(cfg)
+    assert data["roofline"]["copy_bandwidth_gb_s"] == 50.0 and data["roofline"]["copy_bandwidth_gb_s_after"] == 40.0
+    assert "copy bandwidth 50.0 GB/s before the runs, 40.0 GB/s after the runs" in (tmp_path / "e2e-t.md").read_text()
     runs = [calls[6 * r:6 * (r + 1)] for r in range(3)]
     assert all(sorted(run) == [(n, i) for n in "xy" for i in range(3)] for run in runs)
     grouped = (list("xxxyyy"), list("yyyxxx"))
@@ -107,6 +112,27 @@ def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts
     pages = data["roofline"]["huge_pages"]  # what went into huge pages, or why nothing did (huge_pages.py)
     assert pages.endswith(" MiB") or pages == "no region to collapse" or pages.startswith("the kernel refused")
     assert f"our target's weights in huge pages: {pages}" in (tmp_path / "e2e-t.md").read_text()
+
+
+def test_a_run_says_when_its_latency_profile_was_measured_in_another_state_of_the_machine():
+    from types import SimpleNamespace
+
+    from specrt.bench.e2e import profiled_bandwidth
+    from specrt.errors import BundleError
+
+    def pipe(bandwidth):
+        def latency():
+            if bandwidth is None:
+                raise BundleError("no latency.json")
+            return SimpleNamespace(copy_bandwidth=bandwidth)
+        return SimpleNamespace(evidence=SimpleNamespace(latency=latency))
+
+    assert profiled_bandwidth(pipe(None), 50e9) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert profiled_bandwidth(pipe(45e9), 50e9) == 45.0  # within a quarter: no warning
+    with pytest.warns(RuntimeWarning, match="measured at 26.4 GB/s of copy bandwidth, this run's at 55.4"):
+        assert profiled_bandwidth(pipe(26.4e9), 55.4e9) == 26.4
 
 
 def test_the_prompts_can_start_past_the_first_of_the_set(demo_bundle, tmp_path, monkeypatch):

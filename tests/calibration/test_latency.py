@@ -74,9 +74,13 @@ def test_profile_visits_every_point_once_a_pass_in_a_new_order_and_keeps_the_med
     monkeypatch.setattr(latency, "step_times", fake_step_times)
     monkeypatch.setattr(latency, "host_round_ms", fake_host_round_ms)
     monkeypatch.setattr(latency, "prefill_times", fake_prefill_times)
+    bandwidths = iter([40e9, 30e9])  # the machine's memory slower at the end: said, and the end's kept
+    monkeypatch.setattr(latency, "copy_bandwidth", lambda *a: next(bandwidths))
     cfg = ProfileConfig(bundle=b, threads=2, batch_sizes=(1, 2), contexts=(32,), num_tokens=(1, 2, 4), passes=3,
                         prefill_tokens=(16, 64, 300), max_prefill_tokens=64)
-    out = profile(cfg, progress=False)[None]
+    with pytest.warns(RuntimeWarning, match="moved from 40.0 to 30.0 GB/s during the profile"):
+        out = profile(cfg, progress=False)[None]
+    assert out.copy_bandwidth == 30e9
 
     points = {(r, bs, 32, n) for r in ("target", "draft") for bs in (1, 2) for n in (1, 2, 4)}
     passes = [visits[i * len(points):(i + 1) * len(points)] for i in range(3)]
