@@ -1,6 +1,7 @@
 """`specrt bench fusions`: the ort backend's load-time rewrites of a step graph against each other on this machine,
-in the same run: the merges of the projections that read one input, the packing of token rows, and the huge pages
-the weights are loaded into.
+in the same run: the merges of the projections that read one input, the packing of token rows, the huge pages the
+weights are loaded into, and the LM head over only the rows a step's caller reads (--logit-rows on,off: with --head
+discard, as a prefill chunk, no row's).
 
 Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" the default, "all" merging a float
 MLP's gate and up as well, "none"), with packed token rows (graphs/packed_rows.py, the default) and, with --packing
@@ -44,6 +45,8 @@ from specrt.contract import PROJECTIONS
 PACKING = ("packed", "unpacked")
 PEER_STEPS = ("llama-cpp",)
 HUGE_PAGES = ("on", "off")
+LOGIT_ROWS = ("on", "off")
+HEADS = ("logits", "discard")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class FusionsConfig(BenchConfig, PeerSources):
     huge_pages: tuple[str, ...] = option(("on",), "the weights' memory backed by transparent huge pages (huge_pages.py, "
                                                   "the default) or as loaded (off), each with every setting above",
                                          choices=HUGE_PAGES)
+    logit_rows: tuple[str, ...] = option(("on",), "the LM head over only the rows the step's caller reads "
+                                                  "(graphs/logit_rows.py, the default) or over every row (off), each "
+                                                  "with every setting above", choices=LOGIT_ROWS)
+    head: str = option("logits", "what each step's caller reads: logits (every row's, as a verification) or discard "
+                                 "(none, as a prefill chunk)", choices=HEADS)
     peers: tuple[str, ...] = option((), "peer runtimes whose step of the same model at the matching precision is timed "
                                         "beside ours in the same runs: llama-cpp (its GGUF conversion, as bench e2e's "
                                         "rows; '' for none)", choices=PEER_STEPS)
@@ -73,7 +81,7 @@ class FusionsConfig(BenchConfig, PeerSources):
     def __post_init__(self):
         super().__post_init__()
         for name, given in (("projections", self.projections), ("packing", self.packing),
-                            ("huge-pages", self.huge_pages)):
+                            ("huge-pages", self.huge_pages), ("logit-rows", self.logit_rows)):
             if not given or len(set(given)) < len(given):
                 raise InvalidRequestError(f"--{name} takes each setting once, at least one")
         if not self.tokens or min(self.tokens) < 1:
@@ -84,7 +92,6 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     from tqdm import tqdm
 
     from specrt.calibration.latency import step_times
-    from specrt.runtime.backends.ort import OrtBackend
     from specrt.runtime.loader import resolve
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
@@ -92,10 +99,8 @@ def run_fusions(cfg: FusionsConfig) -> dict:
                 kv_update=cfg.kv_update)
     entry = r.manifest.models["target"]
     graph = Path(cfg.bundle) / (r.graphs.get("target") or entry.onnx)
-    settings = [(p, k, h) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages]
-    backends = {(p, k, h): OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
-                                      pack_rows=k == "packed", huge_pages=h == "on")
-                for p, k, h in tqdm(settings, desc="load", unit="setting")}
+    settings = all_settings(cfg)
+    backends = {s: load(cfg, entry, graph, *s) for s in tqdm(settings, desc="load", unit="setting")}
     peers = dict(llama_cpp_step(cfg.bundle, cfg, entry.dtype, cfg.quant, cfg.threads, cfg.context, max(cfg.tokens),
                                 entry.vocab_size) for _ in cfg.peers)  # llama-cpp, the one choice
     timed = [*settings, *peers]  # our settings, then the peers' row names
@@ -107,7 +112,7 @@ def run_fusions(cfg: FusionsConfig) -> dict:
                 key = timed[int(i)]
                 runner = backends[key].runner() if key in backends else None
                 for t in cfg.tokens:
-                    times = step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=2) if runner \
+                    times = step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=2, head=cfg.head) if runner \
                         else peers[key].times(t, cfg.repeats, warmup=2)
                     if run:
                         ms[key, t].append(1000 * statistics.median(times))
@@ -121,11 +126,11 @@ def run_fusions(cfg: FusionsConfig) -> dict:
                 "runs_ms": [round(v, 3) for v in ms[key, t]]}
 
     rows = []
-    for (p, k, h), backend in backends.items():
+    for (p, k, h, r), backend in backends.items():
         for t in cfg.tokens:
-            rows.append({"projections": p, "packing": k, "huge_pages": h,
+            rows.append({"projections": p, "packing": k, "huge_pages": h, "logit_rows": r,
                          "huge_page_mib": round(backend.huge_pages.bytes / 2**20, 1),
-                         "merged_matmuls": backend.merged_matmuls, **figures((p, k, h), t)})
+                         "merged_matmuls": backend.merged_matmuls, **figures((p, k, h, r), t)})
     rows += [{"peer": name, "merged_matmuls": None, **figures(name, t)} for name in peers for t in cfg.tokens]
     data = {**header("fusions", cfg), "graph": str(graph.relative_to(cfg.bundle)), "rows": rows,
             "ratios": "paired"}  # bench.report.paired_ratio (results from before: ratios of the rows' medians)
@@ -138,6 +143,20 @@ def run_fusions(cfg: FusionsConfig) -> dict:
 WARMUP = 2  # untimed steps before each T's timed ones
 
 
+def all_settings(cfg: FusionsConfig) -> list[tuple[str, str, str, str]]:
+    """(projections, packing, huge pages, logit rows) of every row, in the order given."""
+    return [(p, k, h, r) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages for r in cfg.logit_rows]
+
+
+def load(cfg: FusionsConfig, entry, graph: Path, projections: str, packing: str, huge_pages: str, logit_rows: str,
+         profile: Path | None = None):
+    from specrt.runtime.backends.ort import OrtBackend
+
+    return OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=projections,
+                      pack_rows=packing == "packed", huge_pages=huge_pages == "on", select_rows=logit_rows == "on",
+                      profile=profile)
+
+
 def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
     """Per setting and T: the median run (ms) and each operator type's median kernel time (ms) over --repeats
     steps, from ONNX Runtime's profiler (op_times)."""
@@ -146,17 +165,15 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
     from tqdm import tqdm
 
     from specrt.calibration.latency import step_times
-    from specrt.runtime.backends.ort import OrtBackend
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="specrt-ops-") as scratch:
-        for p, k, h in tqdm([(p, k, h) for p in cfg.projections for k in cfg.packing for h in cfg.huge_pages],
-                            desc="profile ops", unit="setting"):
-            backend = OrtBackend(entry, graph, cfg.threads, kv_update=cfg.kv_update, projections=p,
-                                 pack_rows=k == "packed", huge_pages=h == "on", profile=Path(scratch) / f"{p}-{k}-{h}")
+        for s in tqdm(all_settings(cfg), desc="profile ops", unit="setting"):
+            p, k, h, r = s
+            backend = load(cfg, entry, graph, *s, profile=Path(scratch) / "-".join(s))
             with backend.runner() as runner:
                 for t in cfg.tokens:
-                    step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=WARMUP)
+                    step_times(runner, 1, t, cfg.context, cfg.repeats, warmup=WARMUP, head=cfg.head)
             runs = op_times(json.loads(backend.end_profiling().read_text()))
             per_t = WARMUP + cfg.repeats
             if len(runs) != per_t * len(cfg.tokens):
@@ -165,7 +182,7 @@ def profile_ops(cfg: FusionsConfig, entry, graph: Path) -> list[dict]:
                 timed = runs[i * per_t + WARMUP:(i + 1) * per_t]
                 names = sorted({op for _, ops in timed for op in ops})
                 ops = {op: round(statistics.median(ops.get(op, 0.0) for _, ops in timed), 3) for op in names}
-                rows.append({"projections": p, "packing": k, "huge_pages": h, "tokens": t,
+                rows.append({"projections": p, "packing": k, "huge_pages": h, "logit_rows": r, "tokens": t,
                              "run_ms": round(statistics.median(r for r, _ in timed), 3),
                              "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return rows
@@ -195,7 +212,8 @@ def setting(r: dict) -> str:
     if "peer" in r:
         return r["peer"]
     return (r["projections"] + (", unpacked" if r.get("packing", "packed") == "unpacked" else "")
-            + (", huge pages off" if r.get("huge_pages") == "off" else ""))
+            + (", huge pages off" if r.get("huge_pages") == "off" else "")
+            + (", head on every row" if r.get("logit_rows") == "off" else ""))
 
 
 def markdown(data: dict) -> str:
@@ -211,7 +229,9 @@ def markdown(data: dict) -> str:
                      f"{r['vs_first']:.2f}x |")
     lines += ["", "qkv: q, k and v merged (a weight-only variant's gate and up too), the ort backend's default; all: a "
                   "float MLP's gate and up too; none: every projection its own MatMul. Token rows packed (the default) "
-                  "unless a setting says unpacked (--no-packed-rows)."]
+                  "unless a setting says unpacked (--no-packed-rows)."
+              + (" Each step's logits discarded, as a prefill chunk's: the LM head runs on no row unless a setting "
+                 "says head on every row." if c.get("head") == "discard" else "")]
     huge = [r for r in data["rows"] if r.get("huge_pages") == "on"]
     if huge:  # (rows from before --huge-pages say nothing: their weights were left as loaded)
         lines[-1] += (f" The weights' memory in transparent huge pages ({max(r['huge_page_mib'] for r in huge):.0f} "

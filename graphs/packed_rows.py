@@ -226,6 +226,14 @@ def _dim(d) -> str | int | None:
     return d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else None
 
 
+def packed_source(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """The host's twin of the graph's packing (_Packer.start) for a step of these position_ids: each row's packed row
+    [B, T] (a hole: 0) and how many rows are packed (a step of holes alone packs one stand-in)."""
+    real = np.asarray(position_ids) != contract.HOLE_POSITION
+    slot = np.cumsum(real.ravel()).reshape(real.shape) - 1
+    return np.where(real, slot, 0).astype(np.int64), max(int(real.sum()), 1)
+
+
 def pack_rows(model) -> bool:
     """Rewrite step graph `model` (an onnx ModelProto; external data need not be loaded) in place so that its
     token-wise ops skip hole rows; False (left as it is) for a graph without the step's input_ids / position_ids,

@@ -85,6 +85,9 @@ class Backend(ABC):
     # its step's logits are host arrays (ONNX Runtime's): the head is host work, timed as such, not as the model's;
     # a backend whose logits lie on a device (torch, engines) waits for its step in the head (the copy)
     host_logits: bool = True
+    # its step computes logits only for the rows asked (_run's rows [B, R]: [B, R, V] logits), so a prefill runs no
+    # LM head and a draft fed several rows one row's (OrtBackend: graphs/logit_rows.py)
+    selects_rows: bool = False
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
@@ -125,7 +128,8 @@ class Backend(ABC):
     @abstractmethod
     def _run(self, binding, input_ids, position_ids, attention_mask, cache: KVCache):
         """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
-        backend holds them, new_kv); _head brings them to the host."""
+        backend holds them, new_kv); _head brings them to the host. A backend that selects_rows takes `rows=` [B, R]
+        too (the rows of each sequence whose logits it computes: [B, R, V])."""
 
     def _wait(self) -> None:
         """Wait until the steps this backend queued have ended (Runner.wait): its steps end before they return."""
@@ -209,8 +213,8 @@ class Runner:
         self.busy_seconds = 0.0  # wall time of the model inside step() since creation (a host-side head is not)
         self.num_steps = 0
         # the last step's logits [B, T, V] as the backend holds them (a tensor on its device, or numpy), whatever its
-        # head brought to the host (None after a "discard" step): valid until the next step (a drafter reads rows of
-        # them where they lie)
+        # head brought to the host (None after a "discard" step; [B, 1, V] after a step with `pick` on a backend that
+        # selects_rows): valid until the next step (a drafter reads rows of them where they lie)
         self.last_logits = None
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
@@ -220,12 +224,16 @@ class Runner:
         logits [B, V] (or what the head keeps of them), chosen where the logits lie."""
         if head not in HEADS and not isinstance(head, TopLogProbs):
             raise ValueError(f"head must be one of {', '.join(HEADS)} or a TopLogProbs, got {head!r}")
+        rows = {}  # the rows whose logits are read, where the backend computes only those
+        if self.backend.selects_rows and (head == "discard" or pick is not None):
+            rows["rows"] = np.zeros((len(input_ids), 0), np.int64) if pick is None \
+                else np.asarray(pick, dtype=np.int64)[:, None]
         t0 = time.perf_counter()
-        logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache)
+        logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache, **rows)
         t1 = time.perf_counter()
         self.last_logits = None if head == "discard" else logits  # a prefill's are not kept alive past its step
-        if pick is not None:
-            logits = self.backend._pick(logits, pick)
+        if pick is not None:  # (the one row computed, where the backend chose it)
+            logits = self.backend._pick(logits, np.zeros(len(pick), np.int64) if rows else pick)
         logits = self.backend._head(logits, head)
         # a device backend's head waits for its step, except "device-argmax" (to_host waits for it later)
         self.busy_seconds += (t1 if self.backend.host_logits else time.perf_counter()) - t0

@@ -38,6 +38,7 @@ import numpy as np
 from specrt import contract
 from specrt.bundle.manifest import ModelEntry
 from specrt.errors import BundleError, InvalidRequestError
+from specrt.graphs.logit_rows import bound_rows
 from specrt.runtime.backends.base import Backend
 from specrt.runtime.backends.huge_pages import HugePages
 from specrt.runtime.kv_cache import CacheRows, StorePool
@@ -67,6 +68,7 @@ class _Binding:
         self.bound_cache = None  # (buffer, shape) whose layers are bound as past_key/past_value
         self.bound_out = None  # (logits, new_kv) arrays bound as outputs
         self.mask = _GrowingBuffer(np.bool_)  # kv_update "inplace": the mask over the cache's slots
+        self.rows = {}  # the rows whose logits a step computes (graphs/logit_rows.py): alive while bound
 
     def bind_in(self, name: str, arr: np.ndarray) -> None:
         self.io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
@@ -83,24 +85,29 @@ class OrtBackend(Backend):
     kernel_rotary = 0  # of those, the layers whose q and k the kernel rotates
     packed_qkv = 0  # of those, the layers whose q, k and v the kernel reads as one MatMul's rows
     grouped_attention_refused = None  # why ONNX Runtime refused the rewrite (the graph then runs as exported)
+    selects_rows = False  # its LM head runs on the rows the runner reads (graphs/logit_rows.py)
+    logit_rows = None  # where it does, the inputs that name them (select_logit_rows' form)
     _merged = None  # while the session loads: the merged weights it is given
 
     def __init__(self, entry: ModelEntry, onnx_path: Path, threads: int, spin: bool | None = None,
                  kv_update: str = "runtime", projections: str = "qkv", profile: Path | None = None,
-                 pack_rows: bool = True, huge_pages: bool = True):
+                 pack_rows: bool = True, huge_pages: bool = True, select_rows: bool = True):
         """projections: which weight MatMuls reading one input are merged (ort_fusions.fuse_projections): "qkv" (q, k
         and v; a weight-only variant's gate and up too), "all" (a float MLP's gate and up too) or "none"; `specrt
         bench fusions` times them against each other. profile: a folder where ONNX Runtime's profiler records every
         run's kernels (end_profiling); it slows each step, so only a bench that times nothing with it sets it.
         pack_rows: False loads the graph without packed token rows (a ragged step then computes its holes).
         huge_pages: back the memory the session loads its weights into with transparent huge pages (huge_pages.py;
-        False, as loaded: what `specrt bench fusions --huge-pages` compares)."""
+        False, as loaded: what `specrt bench fusions --huge-pages` compares). select_rows: the LM head only over the
+        rows a step's caller reads (graphs/logit_rows.py: none for a prefill, each sequence's last for a draft fed
+        several); False computes every row's."""
         import onnxruntime as ort
 
         if projections not in contract.PROJECTIONS:
             raise InvalidRequestError(f"projections must be one of {', '.join(contract.PROJECTIONS)}, got {projections!r}")
         super().__init__(entry)
         self.kv_update, self.projections, self.profile, self.pack = kv_update, projections, profile, pack_rows
+        self.select_rows = select_rows
         self.onnx_path = Path(onnx_path)  # the step graph this session runs (a variant's, an in-graph one's)
         self.pool = StorePool(np.dtype(entry.dtype))  # KV stores given up, reused by the next (kv_cache.StorePool)
         # Each session has its own intra-op pool whose threads spin after a run. The draft runs between target
@@ -160,6 +167,7 @@ class OrtBackend(Backend):
         import onnx
         import onnxruntime as ort
 
+        from specrt.graphs.logit_rows import select_logit_rows
         from specrt.graphs.ort_attention import fuse_grouped_attention, grouped_attention_available
         from specrt.graphs.ort_fusions import fuse_projections, fuse_rms_norms, fuse_skip_norms
         from specrt.graphs.packed_rows import pack_rows
@@ -179,10 +187,13 @@ class OrtBackend(Backend):
         if grouped and grouped_attention_available():
             self.grouped_attention, self.kernel_rotary, self.packed_qkv = fuse_grouped_attention(
                 model, self.entry.num_heads, self.entry.max_positions, onnx_path.parent)
+        self.logit_rows = select_logit_rows(model) if self.select_rows else None
+        self.selects_rows = self.logit_rows is not None
         if merged:  # copied into the session as it loads: kept alive until then (__init__ drops them)
             self._merged = [ort.OrtValue.ortvalue_from_numpy(a) for a in merged.values()], merged
             opts.add_external_initializers(list(merged), self._merged[0])
-        if not (self.packs_rows or self.fused_norms or self.merged_matmuls or self.grouped_attention):
+        if not (self.packs_rows or self.fused_norms or self.merged_matmuls or self.grouped_attention
+                or self.selects_rows):
             return str(onnx_path)
         if external:
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
@@ -209,9 +220,9 @@ class OrtBackend(Backend):
     def _new_binding(self) -> _Binding:
         return _Binding(self.session, np.dtype(self.entry.dtype))
 
-    def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
+    def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None):
         if self.kv_update == "inplace":
-            return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache)
+            return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache, rows)
         # Bindings persist across a runner's steps: only what changed since its last step is re-bound
         # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).
         e = self.entry
@@ -220,11 +231,11 @@ class OrtBackend(Backend):
         binding.bind_in(contract.POSITION_IDS, np.ascontiguousarray(position_ids, dtype=np.int64))
         binding.bind_in(contract.ATTENTION_MASK, np.ascontiguousarray(attention_mask, dtype=np.bool_))
         self._bind_cache(binding, cache, in_place=False)
-        logits = binding.logits.view((batch, num_tokens, e.vocab_size))
+        logits = binding.logits.view((batch, self._bind_rows(binding, position_ids, rows), e.vocab_size))
         new_kv = binding.new_kv.view((e.num_layers, 2, batch, e.num_kv_heads, num_tokens, e.head_dim))
         out = binding.bound_out
         if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data \
-                or out[1].ctypes.data != new_kv.ctypes.data:
+                or out[1].shape != new_kv.shape or out[1].ctypes.data != new_kv.ctypes.data:
             binding.bind_out(contract.LOGITS, logits)
             for layer in range(e.num_layers):
                 binding.bind_out(contract.new_key(layer), new_kv[layer, 0])
@@ -246,7 +257,17 @@ class OrtBackend(Backend):
                     binding.bind_out((contract.present_key, contract.present_value)[k](layer), array)
         binding.bound_cache = (cache.buffer, cache.buffer.shape)
 
-    def _run_in_place(self, binding: _Binding, input_ids, position_ids, attention_mask, cache):
+    def _bind_rows(self, binding: _Binding, position_ids, rows) -> int:
+        """Bind the rows whose logits the step computes (selects_rows: every row where `rows` is None, else rows
+        [B, R]); returns how many a sequence gets."""
+        if not self.selects_rows:
+            return position_ids.shape[1]
+        binding.rows = bound_rows(position_ids, rows, self.logit_rows)
+        for name, array in binding.rows.items():
+            binding.bind_in(name, array)
+        return position_ids.shape[1] if rows is None else np.shape(rows)[1]
+
+    def _run_in_place(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None):
         e = self.entry
         batch, num_tokens = input_ids.shape
         starts = cache.lengths.copy()
@@ -258,7 +279,7 @@ class OrtBackend(Backend):
         binding.bind_in(contract.ATTENTION_MASK, mask)
         binding.bind_in(contract.WRITE_INDICES, starts)
         self._bind_cache(binding, cache, in_place=True)
-        logits = binding.logits.view((batch, num_tokens, e.vocab_size))
+        logits = binding.logits.view((batch, self._bind_rows(binding, position_ids, rows), e.vocab_size))
         out = binding.bound_out
         if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data:
             binding.bind_out(contract.LOGITS, logits)

@@ -41,6 +41,19 @@ def test_bench_fusions_times_each_projections_setting_against_the_first(demo_bun
         FusionsConfig(bundle=demo_bundle, projections=("qkv", "qkv"))
 
 
+def test_bench_fusions_times_a_prefill_chunk_with_and_without_the_head_on_every_row(demo_bundle, tmp_path):
+    from specrt.bench.fusions import FusionsConfig, run_fusions
+
+    cfg = FusionsConfig(bundle=demo_bundle, out=tmp_path, label="rows", tokens=(16,), context=0, repeats=2, runs=2,
+                        threads=1, projections=("qkv",), logit_rows=("on", "off"), head="discard")
+    rows = run_fusions(cfg)["rows"]
+    assert [r["logit_rows"] for r in rows] == ["on", "off"] and rows[0]["vs_first"] == 1.0
+    md = (tmp_path / "fusions-rows.md").read_text()
+    assert "| qkv, head on every row | " in md and "the LM head runs on no row" in md
+    with pytest.raises(InvalidRequestError, match="each setting once"):
+        FusionsConfig(bundle=demo_bundle, logit_rows=())
+
+
 @pytest.mark.skipif(LLAMA_MISSING is not None, reason=str(LLAMA_MISSING))
 def test_llama_cpps_step_is_timed_beside_ours_in_the_same_runs(demo_bundle, tmp_path):
     from specrt.bench.fusions import FusionsConfig, run_fusions
@@ -147,14 +160,16 @@ def test_bench_fusions_times_each_setting_with_and_without_packed_rows(demo_bund
     from specrt.bench.fusions import FusionsConfig, run_fusions
 
     cfg = FusionsConfig(bundle=demo_bundle, out=tmp_path, label="p", projections=("qkv",), tokens=(1,), context=20,
-                        repeats=2, runs=1, threads=1, packing=("packed", "unpacked"), ops=True)
+                        repeats=2, runs=1, threads=1, packing=("packed", "unpacked"), ops=True,
+                        logit_rows=("off",))  # (the head's own GatherND where its rows are chosen)
     data = run_fusions(cfg)
     assert [(r["projections"], r["packing"]) for r in data["rows"]] == [("qkv", "packed"), ("qkv", "unpacked")]
     assert [(r["projections"], r["packing"]) for r in data["ops"]] == [("qkv", "packed"), ("qkv", "unpacked")]
     packed, unpacked = (r["ops_ms"] for r in data["ops"])
     assert "GatherND" in packed and "GatherND" not in unpacked  # the packing's gathers, and only there
     md = (tmp_path / "fusions-p.md").read_text()
-    assert "| qkv, unpacked | " in md and headline("fusions", data).startswith("qkv, unpacked ")
+    assert "| qkv, unpacked, head on every row | " in md
+    assert headline("fusions", data).startswith("qkv, unpacked, head on every row ")
     with pytest.raises(InvalidRequestError, match="--packing takes each setting once"):
         FusionsConfig(bundle=demo_bundle, packing=("unpacked", "unpacked"))
 
