@@ -282,32 +282,10 @@ def run_weight_bytes(pipe, role: str = "target") -> int:
     return backend.entry.num_params * np.dtype(backend.entry.dtype).itemsize
 
 
-def profiled_bandwidth(pipe, bandwidth: float) -> float | None:
-    """GB/s of copy bandwidth the bundle's latency profile was measured at, where it has one for this machine (the
-    hardware-aware rows and `auto` choose by its costs); warns where the machine is in another state now
-    (calibration.latency.same_state)."""
-    import warnings
-
-    from specrt.calibration.latency import same_state
-
-    try:
-        profiled = pipe.evidence.latency().copy_bandwidth
-    except SpecrtError:  # none, or not this machine's: those rows say so themselves
-        return None
-    if not profiled:
-        return None
-    if not same_state(bandwidth, profiled):
-        warnings.warn(f"the latency profile's costs were measured at {profiled / 1e9:.1f} GB/s of copy bandwidth, "
-                      f"this run's at {bandwidth / 1e9:.1f}: the machine was in another state then, so the "
-                      "hardware-aware rows choose by costs it does not have now (run `specrt profile` again)",
-                      RuntimeWarning, stacklevel=2)
-    return round(profiled / 1e9, 1)
-
-
 def run_e2e(cfg: E2EConfig) -> dict:
     from specrt.bench.hardware import EnergyMeter
     from specrt.bundle.artifacts.latency import roofline_ms
-    from specrt.calibration.latency import copy_bandwidth
+    from specrt.calibration.latency import copy_bandwidth, profiled_bandwidth
     from specrt.runtime.pipeline import Pipeline
 
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))

@@ -83,6 +83,26 @@ def same_state(a: float, b: float) -> bool:
     return 0.8 <= a / b <= 1.25
 
 
+def profiled_bandwidth(pipe, bandwidth: float) -> float | None:
+    """GB/s of copy bandwidth the bundle's latency profile was measured at, where it has one for this machine (the
+    hardware-aware rows and `auto` choose by its costs); warns where the machine is in another state now
+    (same_state)."""
+    import warnings
+
+    try:
+        profiled = pipe.evidence.latency().copy_bandwidth
+    except SpecrtError:  # none, or not this machine's: those rows say so themselves
+        return None
+    if not profiled:
+        return None
+    if not same_state(bandwidth, profiled):
+        warnings.warn(f"the latency profile's costs were measured at {profiled / 1e9:.1f} GB/s of copy bandwidth, "
+                      f"this run's at {bandwidth / 1e9:.1f}: the machine was in another state then, so the "
+                      "hardware-aware rows choose by costs it does not have now (run `specrt profile` again)",
+                      RuntimeWarning, stacklevel=2)
+    return round(profiled / 1e9, 1)
+
+
 def copy_bandwidth(device: str, threads: int = 1, size_mb: int = 1024, repeats: int = 5) -> float:
     """Bytes per second (read + write) of copying a size_mb buffer on `device` ("cpu" or "cuda:N"): the best
     of `repeats` copies of a buffer far larger than any cache. On the CPU, `threads` copy a slice each at once, as

@@ -117,7 +117,7 @@ def test_a_run_interleaves_the_rows_prompt_by_prompt_and_joins_each_rows_prompts
 def test_a_run_says_when_its_latency_profile_was_measured_in_another_state_of_the_machine():
     from types import SimpleNamespace
 
-    from specrt.bench.e2e import profiled_bandwidth
+    from specrt.calibration.latency import profiled_bandwidth
     from specrt.errors import BundleError
 
     def pipe(bandwidth):
