@@ -2,12 +2,14 @@
 
 The step contract's logits are [B, T, V]. A prefill reads none of them, and a draft step fed several rows (a round's
 accepted tokens) reads each sequence's last. The LM head is about a fifth of a row's arithmetic on SmolLM2-135M (its
-49152 x 576 projection): on 2 cores its 256-row product takes ~67 ms, against ~4 for one row, in a prefill chunk
-of ~370 ms. `select_logit_rows` rewrites a step graph, as OrtBackend loads it, so that the head runs on the rows
+49152 x 576 projection): on 2 cores a 256-token prefill chunk took 366 ms with the head on every row, 297 without
+(`specrt bench fusions --logit-rows on,off --head discard`, fusions-smollm2-135m-prefill-logit-rows).
+`select_logit_rows` rewrites a step graph, as OrtBackend loads it, so that the head runs on the rows
 its caller names: the logits are then [B, R, V], R rows of each sequence (every row, in order, for a verification).
 
-ONNX Runtime runs every node of a graph (a selection beside the original head would cost both) and an If costs
-~0.3 ms a step, so the chosen rows are inputs the host computes (bound_rows), and the graph gains one node:
+ONNX Runtime runs every node of a graph (a selection beside the original head would cost both) and an If adds a
+subgraph call to every step, so the chosen rows are inputs the host computes (bound_rows), and the graph gains one
+node:
 - unpacked, `logit_rows` [B, R, 1] gathers each sequence's rows from [B, T, hidden] before the head;
 - packed (packed_rows.py: the head runs on the step's N real rows), `head_rows` [M] gathers the packed rows the head
   runs on, and `logit_rows` [B, R] takes the place of the packing's unpack map, from M rows to [B, R]. Every row of a
