@@ -25,6 +25,7 @@ exit), waits `exit_timeout` seconds, then kills whatever is left of its process 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -259,17 +260,31 @@ class TritonServer:
 
     def reload(self, model: str, timeout: float = 600) -> None:
         """Unload `model` (readiness turns false; its requests in flight end with an error) and load it again through
-        Triton's repository API; returns once it is loaded (raises SpecrtError, with the server's answer, if not)."""
-        for action, wait in (("unload", 60), ("load", timeout)):
-            request = urllib.request.Request(f"{self.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-                                             method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=wait):
-                    pass
-            except urllib.error.HTTPError as e:
-                raise SpecrtError(f"Triton refused to {action} {model}: {e.read().decode(errors='replace')}") from None
-            except (urllib.error.URLError, OSError) as e:
-                raise SpecrtError(f"Triton did not {action} {model}: {e}") from None
+        Triton's repository API; returns once it is loaded (raises SpecrtError, with the server's answer, if not).
+        The load waits for the unload to begin: Triton loads a model it still counts as ready in the background and
+        keeps answering ready over the old one meanwhile. (The unload itself may never end: a request in flight in a
+        dead stub holds the old model.)"""
+        self._repository(f"models/{model}/unload", 60)
+        deadline = time.monotonic() + 30
+        while self.model_state(model) == "READY" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._repository(f"models/{model}/load", timeout)
+
+    def model_state(self, model: str) -> str | None:
+        """`model`'s state in Triton's repository index (READY, LOADING, UNLOADING, UNAVAILABLE), None if unlisted."""
+        states = [m.get("state") for m in json.loads(self._repository("index", 10)) if m.get("name") == model]
+        return states[0] if states else None
+
+    def _repository(self, action: str, wait: float) -> bytes:
+        """POST to Triton's repository API (/v2/repository/`action`); its answer, or SpecrtError saying why not."""
+        request = urllib.request.Request(f"{self.http_url}/v2/repository/{action}", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=wait) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            raise SpecrtError(f"Triton refused {action}: {e.read().decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise SpecrtError(f"Triton did not answer {action}: {e}") from None
 
     def wait_ready(self, timeout: float = 300) -> None:
         """Wait until ready; raises SpecrtError with the log's tail if the server exits or `timeout` s pass."""
