@@ -49,6 +49,10 @@ class ServerPool:
         self._retired: dict[str, list[ServerStats]] = {}  # method -> final stats of servers given back
         self._lock = threading.Lock()
         self._closed = False
+        # the default kind (greedy) made now: a bundle that cannot run the default method (`auto` without plan.json,
+        # `ppd` without prompt tokens) is refused as the model loads, not at its first request
+        self._servers[(default_method, SamplingParams())] = pipe.server(default_method, max_batch,
+                                                                        sampling=SamplingParams())
 
     def submit(self, request: DecodeRequest) -> Request:
         """Queue one request on its kind's server (made now if it has none); raises Refused, naming the fields at fault,

@@ -141,6 +141,10 @@ def serve(cfg: ServeConfig) -> None:
     stopping, ready = threading.Event(), threading.Event()
 
     def _stop(signum, frame):
+        if stopping.is_set():  # a second Ctrl-C: stop now (the server's process group killed, stop() returns)
+            if server is not None:
+                server.kill()
+            return
         stopping.set()
         if not ready.is_set():  # still starting: stop starting (start() stops what it began)
             raise KeyboardInterrupt
@@ -174,9 +178,8 @@ def serve(cfg: ServeConfig) -> None:
                               f"{server.log_tail()}")
     except KeyboardInterrupt:
         pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    finally:  # under this process's own handlers still: a signal now hurries the stop rather than cutting it short
+        stopping.set()
         if revive is not None:
             revive.stop()
         if openai is not None:
@@ -185,3 +188,5 @@ def serve(cfg: ServeConfig) -> None:
             print("stopping tritonserver ...", file=sys.stderr, flush=True)
             code = server.stop()
             print(f"stopped (status {code})", file=sys.stderr)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -20,7 +20,8 @@ virtual environment of its own (`server_dir/python`): numpy 1.26 in front, then 
 a .pth file. The stub links libpython3.X.so.1.0, taken from this Python's own LIBDIR first.
 
 A server runs in a session of its own: stop() asks it to exit (SIGINT: Triton unloads its models and their stubs
-exit), waits `exit_timeout` seconds, then kills whatever is left of its process group, stubs included.
+exit), waits `exit_timeout` seconds, then kills whatever is left of its process group, stubs included. On Linux a
+server started from the main thread is also sent SIGTERM when the process that started it dies, stopped or not.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -164,6 +166,25 @@ def locate(server_dir: Path = Path("build/tritonserver"), tritonserver: Path | N
                        f"2.51.0 ({PYTRITON})")
 
 
+def _dies_with(parent: int):
+    """What the server's process runs before it execs (Linux): it gets SIGTERM (Triton's graceful exit) when the
+    thread that started it ends, so a process that dies without stopping its server (killed, or a script that never
+    called stop()) leaves none behind; stubs exit with their server. Only from the main thread, whose end is the
+    process's; elsewhere, and off Linux, nothing."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def child() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before that: no signal will come
+            os._exit(1)
+
+    return child
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct ports nothing listens on now (the OS's choice)."""
     socks = []
@@ -220,7 +241,7 @@ class TritonServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.files.env(),
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_dies_with(os.getpid()))
         return self
 
     def log_tail(self, lines: int = 15) -> str:
@@ -310,12 +331,18 @@ class TritonServer:
                 p.wait(self.exit_timeout + 10)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # the session's leftovers: a stub whose model never unloaded
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.kill()  # the session's leftovers: a stub whose model never unloaded
         p.wait()
         return p.returncode
+
+    def kill(self) -> None:
+        """Kill the server's process group (the server and its stubs) at once, without waiting (safe from a signal
+        handler: stop() then returns as soon as the server is gone)."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def __enter__(self) -> "TritonServer":
         if self.process is None:

@@ -222,16 +222,98 @@ def test_a_restarted_server_answers_the_same(files, repo, server, humaneval, ref
     assert not _stubs_of(repo)  # no stub process outlives its server
 
 
-def _stubs_of(repo) -> list[int]:
+def _stubs_of(repo, binary: bytes = b"triton_python_backend_stub") -> list[int]:
+    """Process ids of the Python-backend stubs (or, binary=b"tritonserver", the servers) over `repo`."""
     out = []
     for proc in Path("/proc").iterdir():
         try:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"triton_python_backend_stub") and str(repo).encode() in b" ".join(cmd):
+        if cmd and cmd[0].endswith(binary) and str(repo).encode() in b" ".join(cmd):
             out.append(int(proc.name))
     return out
+
+
+def _gone(repo, timeout: float) -> bool:
+    """Whether every server and stub over `repo` has exited within `timeout` seconds (those left are killed)."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while left := _stubs_of(repo) + _stubs_of(repo, b"tritonserver"):
+        if time.monotonic() > deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _serve(demo_bundle, repo, *args):
+    """`specrt serve` on the demo bundle, once it has printed that Ctrl-C stops it."""
+    import subprocess
+    import sys
+
+    from specrt.serving.tritonserver import free_ports
+
+    ports = free_ports(3)
+    proc = subprocess.Popen([sys.executable, "-m", "specrt", "serve", "--bundle", str(demo_bundle), "--out", str(repo),
+                             "--threads", "2", *(f"--{k}-port={v}" for k, v in zip(("http", "grpc", "metrics"), ports)),
+                             "--server-dir", str(ROOT / "build" / "tritonserver"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("Ctrl-C"):
+            return proc
+    proc.kill()
+    raise AssertionError(f"specrt serve ended before it was ready: {proc.communicate()[1]}")
+
+
+def test_a_second_ctrl_c_stops_serve_at_once_and_leaves_nothing_behind(files, demo_bundle, tmp_path):
+    """Ctrl-C twice, the second while Triton unloads: the stop is hurried (its process group killed), never cut
+    short with the server left running."""
+    import signal
+    import time
+
+    repo = tmp_path / "repo"
+    proc = _serve(demo_bundle, repo, "--openai-port", "0")
+    try:
+        assert _stubs_of(repo, b"tritonserver") and _stubs_of(repo)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "stopping tritonserver" in err, err
+    assert _gone(repo, 10), "a server or stub outlived `specrt serve`"
+
+
+def test_a_server_whose_starter_dies_exits_too(files, demo_bundle, tmp_path):
+    """The process that started a TritonServer killed (SIGKILL: no stop(), no atexit): the server and its stubs exit
+    on their own."""
+    import signal
+    import subprocess
+    import sys
+
+    from specrt.serving.triton import TritonConfig, write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(TritonConfig(bundle=demo_bundle, out=repo, method="sd", threads=2))
+    script = ("import sys; from pathlib import Path; from tests.serving.triton_helpers import start_server; "
+              "from specrt.serving.tritonserver import locate; "
+              f"start_server(locate(Path({str(ROOT / 'build' / 'tritonserver')!r})), Path({str(repo)!r}), "
+              f"Path({str(tmp_path)!r})); print('ready', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert _stubs_of(repo, b"tritonserver") and _stubs_of(repo)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert _gone(repo, 30), "the server outlived the process that started it"
 
 
 def test_specrt_serve_runs_until_ctrl_c_and_leaves_nothing_behind(files, demo_bundle, humaneval, reference, tmp_path):
@@ -286,3 +368,23 @@ def test_without_server_files_serve_says_what_to_install(demo_bundle, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "no Triton server files in" in r.stderr and "pip install --no-deps --target" in r.stderr
     assert "nvidia-pytriton==0.7.0" in r.stderr
+
+
+def test_a_default_method_the_bundle_cannot_run_is_refused_as_the_model_loads(files, demo_bundle, tmp_path):
+    """`--method auto` on a bundle never tuned: the model's load fails saying what to run, `specrt serve` exits 2 with
+    it, and nothing is left running (not a server answering every request with that error)."""
+    import subprocess
+    import sys
+
+    from specrt.serving.tritonserver import free_ports
+
+    repo = tmp_path / "repo"
+    ports = free_ports(3)
+    r = subprocess.run([sys.executable, "-m", "specrt", "serve", "--bundle", str(demo_bundle), "--out", str(repo),
+                        "--threads", "2", "--method", "auto", "--openai-port", "0",
+                        *(f"--{k}-port={v}" for k, v in zip(("http", "grpc", "metrics"), ports)),
+                        "--server-dir", str(ROOT / "build" / "tritonserver")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "BundleError: no plan.json in" in r.stderr and "specrt tune --bundle" in r.stderr
+    assert _gone(repo, 10)
