@@ -1,7 +1,7 @@
 """A draft cut from its target: the target's first N layers under its own embeddings, final norm and output head
 (self-speculation by early exit, as in Draft & Verify, Zhang et al., ACL 2024, without its layer skipping), for a
-target no small model shares a tokenizer with. No training: on SmolLM2-135M two layers agree with the target on about
-a quarter of tokens (docs/models.md), so `specrt models draft` is the draft to serve; a cut is the quick,
+target no small model shares a tokenizer with. No training: on SmolLM2-135M two layers agree with the target on 3% of
+its held-out predictions (docs/models.md), so `specrt models draft` is the draft to serve; a cut is the quick,
 reproducible stand-in for bundles whose methods draft without a model (anpd, ppd)."""
 
 from __future__ import annotations

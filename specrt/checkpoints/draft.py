@@ -1,7 +1,7 @@
 """`specrt models draft`: a new small draft for a target that has none, distilled on the target's own text.
 
 A real target (SmolLM2, Gemma 3) has no smaller sibling sharing its tokenizer here, and its first layers cut off make a
-useless draft (they agree with it on about a quarter of the tokens). So the draft is made:
+useless draft (two agree with it on 3% of its predictions). So the draft is made:
 
     shape   a Llama of `--hidden` x `--layers` (heads of 64) over the target's vocabulary, embeddings tied; what costs
             a small draft most on a real vocabulary is its output projection (49152 x hidden for SmolLM2)
