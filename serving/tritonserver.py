@@ -179,8 +179,8 @@ def _dies_with(parent: int):
 
     def child() -> None:
         prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before that: no signal will come, so it is sent now
-            os.kill(os.getpid(), signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before that: no signal will come (and this child, not yet
+            os.kill(os.getpid(), signal.SIGKILL)  # exec'd, keeps the parent's handlers: only SIGKILL is sure)
 
     return child
 
