@@ -252,6 +252,14 @@ class TritonServer:
         keep = [t for t in text if t.strip() and not t.startswith(("+", "|"))]  # not the startup tables
         return "\n".join(keep[-lines:])
 
+    def fatal_error(self) -> str | None:
+        """The error Triton exited with (its log's last `error: ` line, e.g. a model's failed load and why), if any."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        return next((t.removeprefix("error: ") for t in reversed(lines) if t.startswith("error: ")), None)
+
     def ready(self) -> bool:
         """Whether the server answers ready (every model it was asked to load, loaded)."""
         try:
@@ -313,8 +321,9 @@ class TritonServer:
         while not self.ready():
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
-                raise SpecrtError(f"tritonserver exited (status {code}) before it was ready; {self.log}:\n"
-                                  f"{self.log_tail()}")
+                why = self.fatal_error()
+                raise SpecrtError(f"tritonserver exited (status {code}) before it was ready"
+                                  f"{f': {why}' if why else ''}; {self.log}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise SpecrtError(f"tritonserver was not ready after {timeout:.0f} s; {self.log}:\n{self.log_tail()}")
             time.sleep(0.2)

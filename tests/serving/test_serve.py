@@ -386,5 +386,8 @@ def test_a_default_method_the_bundle_cannot_run_is_refused_as_the_model_loads(fi
                         "--server-dir", str(ROOT / "build" / "tritonserver")], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2, r.stderr
-    assert "BundleError: no plan.json in" in r.stderr and "specrt tune --bundle" in r.stderr
+    first = r.stderr.splitlines()[1]  # after the line saying what starts: the error, Triton's reason first
+    assert first.startswith("specrt: error: tritonserver exited (status 1) before it was ready: ") and \
+        "load failed for model 'specrt'" in first and "BundleError: no plan.json in" in first, r.stderr
+    assert "specrt tune --bundle" in first
     assert _gone(repo, 10)
