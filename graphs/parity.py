@@ -189,6 +189,17 @@ def in_graph_feeds(feeds: dict[str, np.ndarray], num_layers: int, rng: np.random
     return out
 
 
+def _unscored(outputs: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]] | None = None) -> list[dict]:
+    """`outputs` with the logits the reference leaves unscored (contract.UNSCORED_LOGIT) measured from that value: 0
+    where an output has it too, about 1e30 where it does not, so that no statistic over them overflows."""
+    out = []
+    for i, o in enumerate(outputs):
+        unscored = (reference or outputs)[i][contract.LOGITS] <= contract.UNSCORED_LOGIT / 2
+        logits = np.where(unscored, o[contract.LOGITS] - np.float32(contract.UNSCORED_LOGIT), o[contract.LOGITS])
+        out.append({**o, contract.LOGITS: logits} if unscored.any() else o)
+    return out
+
+
 def compare(candidate: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]], dtype: str,
             per_unit: float | None = None) -> ParityReport:
     """Each case's outputs (by name; `contract.LOGITS` first) of a candidate against a reference, through
@@ -205,12 +216,15 @@ def compare(candidate: list[dict[str, np.ndarray]], reference: list[dict[str, np
 
     per_unit = PARITY_TOL[dtype] if per_unit is None else per_unit
     names = list(reference[0])
-    scale = {n: max(float(np.abs(r[n]).max(initial=0.0)) for r in reference) for n in names}
+    # a head over some of the vocabulary leaves the rest at UNSCORED_LOGIT (contract.HEAD_VOCABULARY): not a scale
+    scale = {n: max(float(np.abs(r[n][r[n] > contract.UNSCORED_LOGIT / 2]).max(initial=0.0)) for r in reference)
+             for n in names}
     atol = {n: contract.parity_tolerance(per_unit, scale[n]) for n in names}
     cast = [{n: np.ascontiguousarray(c[n], dtype=np.float32) for n in names} for c in candidate]
     reference = [{n: np.ascontiguousarray(r[n], dtype=np.float32) for n in names} for r in reference]
-    results = RunResults([("candidate", [IterationResult(c, runner_name="candidate") for c in cast]),
-                          ("reference", [IterationResult(r, runner_name="reference") for r in reference])])
+    results = RunResults([
+        ("candidate", [IterationResult(c, runner_name="candidate") for c in _unscored(cast, reference)]),
+        ("reference", [IterationResult(r, runner_name="reference") for r in _unscored(reference)])])
     severity, colors = G_LOGGER.module_severity, G_LOGGER.colors
     G_LOGGER.module_severity, G_LOGGER.colors = G_LOGGER.CRITICAL, False  # the verdict is ours to say, in one line
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from specrt.contract import SUPPORTED_MODEL_TYPES, rotate_half_matrix
+from specrt.contract import HEAD_VOCABULARY, SUPPORTED_MODEL_TYPES, UNSCORED_LOGIT, rotate_half_matrix
 from specrt.errors import UnsupportedModelError
 from specrt.model.step_ops import grouped_matmul, merged_linear, rope, scatter_rows
 
@@ -139,6 +139,26 @@ class StepModule(nn.Module):
         self.layer_steps = [StepLayer(layer, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
                                       self.family) for layer in hf_model.model.layers]
         self._layer_calls = list(self.layer_steps)  # what forward calls: the layers, or their compiled versions
+        self.register_buffer("head_rows", None, persistent=False)
+        self.register_buffer("head_ids", None, persistent=False)
+        kept = getattr(config, HEAD_VOCABULARY, None)
+        if kept is not None:
+            self._keep_head_rows(kept)
+
+    def _keep_head_rows(self, kept) -> None:
+        """The LM head over the token ids `kept` only (contract.HEAD_VOCABULARY): their rows of the head's weight
+        [K, hidden] and the ids themselves [K], where their logits are scattered among the vocabulary's."""
+        head = self.hf.lm_head
+        vocab = head.weight.shape[0]
+        ids = torch.as_tensor(kept, dtype=torch.long)
+        if ids.ndim != 1 or not 0 < len(ids) < vocab or int(ids.min()) < 0 or int(ids.max()) >= vocab \
+                or len(torch.unique(ids)) != len(ids) or getattr(head, "bias", None) is not None:
+            raise UnsupportedModelError(f"{HEAD_VOCABULARY} must list distinct token ids below the vocabulary's "
+                                        f"{vocab}, fewer than all, for an LM head without a bias")
+        weight = head.weight.detach()
+        self.head_vocab = vocab
+        self.register_buffer("head_rows", weight[ids.to(weight.device)].clone(), persistent=False)
+        self.register_buffer("head_ids", ids.to(weight.device), persistent=False)
 
     def fuse_projections(self, which: str) -> None:
         """Merge each layer's projections that read one input (StepLayer.fuse_projections; which: "qkv", "all" or
@@ -234,10 +254,19 @@ class StepModule(nn.Module):
         return x, [tables[types[i] if types else None] for i in range(self.num_layers)]
 
     def _logits(self, x):
-        logits = self.hf.lm_head(self.hf.model.norm(x)).float()  # [B, T, V]
+        x = self.hf.model.norm(x)
+        kept = self.head_rows is not None
+        logits = (nn.functional.linear(x, self.head_rows) if kept else self.hf.lm_head(x)).float()  # [B, T, V or K]
         scaling, cap = self.family.logits_scaling, self.family.final_softcap
         logits = logits if scaling == 1.0 else logits / scaling
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        logits = logits if cap is None else torch.tanh(logits / cap) * cap
+        if not kept:
+            return logits
+        # [B, T, V]: every id unscored, then the K scored ones written in (a scatter of K columns; a gather of all V
+        # columns took ONNX Runtime 6x as long: one element copy per id)
+        rows = logits.shape[:-1]
+        return logits.new_full((*rows, self.head_vocab), UNSCORED_LOGIT).scatter(
+            -1, self.head_ids.expand(*rows, -1), logits)
 
 
 class StepLayer(nn.Module):

@@ -43,6 +43,11 @@ ATTENTION_MASK = "attention_mask"
 WRITE_INDICES = "write_indices"
 LOGITS = "logits"
 HOLE_POSITION = -1  # position_ids of a hole row (no real token has a negative position)
+# A draft's config may name the token ids its LM head scores (the most frequent in its target's text; FR-Spec, Zhao et
+# al. 2025): its logits stay [B, T, V], every other id at UNSCORED_LOGIT, which softmax takes to exactly 0 in float32
+# and which doubled or summed stays finite.
+HEAD_VOCABULARY = "specrt_head_vocabulary"
+UNSCORED_LOGIT = -1e30
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3_text")
 ROLES = ("target", "draft")
