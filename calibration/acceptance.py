@@ -59,6 +59,7 @@ from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp
 from specrt.bundle.manifest import BundleOptions, sha256_file
 from specrt.checkpoints.corpus import read_prompts, validation_prompts
 from specrt.config import config_dict, option
+from specrt.contract import UNSCORED_LOGIT
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.cost import best_trees, chain_expectation, tree_expectation
@@ -110,11 +111,13 @@ def draft_ranks(draft_runner, tokens: list[int], first: int) -> tuple[np.ndarray
 
 
 def nll_by_temperature(rows: np.ndarray, true: np.ndarray) -> np.ndarray:
-    """Summed -log softmax(rows / T)[true] over the rows [N, V], for each T in TEMPERATURES."""
+    """Summed -log softmax(rows / T)[true] over the rows [N, V], for each T in TEMPERATURES; a row whose true token
+    the draft leaves unscored (contract.HEAD_VOCABULARY) is left out: no temperature makes it draft that token."""
     from specrt.runtime.sampling import log_softmax
 
-    index = np.arange(len(true))
-    return np.array([-float(log_softmax(rows / t)[index, true].sum()) for t in TEMPERATURES])
+    scored = rows[np.arange(len(true)), true] > UNSCORED_LOGIT / 2
+    rows, index = rows[scored], np.arange(int(scored.sum()))
+    return np.array([-float(log_softmax(rows / t)[index, true[scored]].sum()) for t in TEMPERATURES])
 
 
 def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int,

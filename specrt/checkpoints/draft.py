@@ -4,7 +4,9 @@ A real target (SmolLM2, Gemma 3) has no smaller sibling sharing its tokenizer he
 useless draft (two agree with it on 3% of its predictions). So the draft is made:
 
     shape   a Llama of `--hidden` x `--layers` (heads of 64) over the target's vocabulary, embeddings tied; what costs
-            a small draft most on a real vocabulary is its output projection (49152 x hidden for SmolLM2)
+            a small draft most on a real vocabulary is its output projection (49152 x hidden for SmolLM2), so with
+            `--head-vocab N` its head scores only the N ids most frequent in the teacher's text (FR-Spec, Zhao et
+            al. 2025: contract.HEAD_VOCABULARY), the rest never drafted
     init    its embedding table is the target's projected on the target's top `--hidden` principal directions (the
             SVD of the target's table): the draft starts from the target's own geometry of tokens
     data    the teacher corpus (teacher.py): the target's greedy continuations of mixed prompts and Python source,
@@ -36,6 +38,7 @@ import numpy as np
 from specrt.checkpoints.prompt_mix import mixed_prompts
 from specrt.checkpoints.teacher import TeacherConfig, TeacherCorpus, build_corpus
 from specrt.config import option
+from specrt.contract import HEAD_VOCABULARY
 from specrt.errors import SpecrtError
 
 RECORD = "draft.json"
@@ -67,6 +70,9 @@ class DraftConfig(TeacherConfig):
                                             "to what the first ones' pace fits, the schedule with them; the record "
                                             "says so, and keys the draft by the steps it ran (gpu-session's budget)",
                                       gt=0)
+    head_vocab: int = option(8192, "the draft's LM head scores only this many token ids, those most frequent in the "
+                                   "teacher's text (its output projection is most of what it costs); 0, or a "
+                                   "vocabulary of no more ids: every id", ge=0)
     save_dtype: str = option("float32", "the dtype the draft is saved in (float16: half the size, what a lent GPU's "
                                         "call brings back)", choices=("float32", "float16"))
 
@@ -137,26 +143,59 @@ def _batch(corpus: TeacherCorpus, picks, seq_len: int, pad: int, rng: np.random.
     return ids, mask, np.concatenate(where), np.concatenate(rows)
 
 
-def _student_logp(draft, ids, mask, where):
-    """The draft's log-softmax [P, V] at the predicted positions only (the output projection skips the rest)."""
+def head_vocabulary(corpus: TeacherCorpus, vocab: int, size: int, first: list[int]) -> np.ndarray:
+    """The `size` token ids the draft's head scores: the ids `first` (its end tokens), then those most often in the
+    corpus's text or the target's best prediction, ties (ids never seen among them) by the lower id."""
+    counts = np.bincount(corpus.ids, minlength=vocab) + np.bincount(corpus.topk_ids[:, 0], minlength=vocab)
+    counts[[i for i in first if i is not None and 0 <= i < vocab]] = counts.max() + 1
+    return np.argsort(-counts, kind="stable")[:size].astype(np.int64)
+
+
+class Head:
+    """The draft's output projection over the ids it scores: all (`kept` None), or contract.HEAD_VOCABULARY's; the
+    teacher's top-k ids as its columns."""
+
+    def __init__(self, vocab: int, kept: np.ndarray | None = None):
+        self.kept = kept
+        self.spread = np.full(vocab, -1, dtype=np.int64)  # each id's column, -1 where not scored
+        self.spread[np.arange(vocab) if kept is None else kept] = np.arange(vocab if kept is None else len(kept))
+
+    def logp(self, draft, hidden):
+        """log-softmax [P, columns] of the draft's logits over the ids it scores."""
+        import torch
+
+        weight = draft.lm_head.weight
+        if self.kept is not None:
+            weight = weight[torch.from_numpy(self.kept).to(weight.device)]
+        return torch.log_softmax(torch.nn.functional.linear(hidden, weight).float(), dim=-1)
+
+    def ids(self, columns: np.ndarray) -> np.ndarray:
+        return columns if self.kept is None else self.kept[columns]
+
+
+def _student_logp(draft, head: Head, ids, mask, where):
+    """The draft's log-softmax [P, columns] at the predicted positions only (the output projection skips the rest)."""
     import torch
 
     on = draft.device
     hidden = draft.model(input_ids=torch.from_numpy(ids).to(on),
                          attention_mask=torch.from_numpy(mask).to(on)).last_hidden_state
     picked = hidden[torch.from_numpy(where[:, 0]).to(on), torch.from_numpy(where[:, 1]).to(on)]
-    return torch.log_softmax(draft.lm_head(picked).float(), dim=-1)
+    return head.logp(draft, picked)
 
 
-def distill_loss(logp, topk_ids, topk_logp):
-    """Cross-entropy of the draft's log-probabilities [P, V] against the target's top-k distribution, renormalized."""
+def distill_loss(logp, head: Head, topk_ids, topk_logp):
+    """Cross-entropy of the draft's log-probabilities [P, columns] against the target's top-k distribution,
+    renormalized over the ids the draft scores (a row with none of them weighs nothing)."""
     import torch
 
-    teacher = torch.softmax(torch.from_numpy(topk_logp.astype(np.float32)).to(logp.device), dim=-1)  # over the top k
-    return -(teacher * logp.gather(1, torch.from_numpy(topk_ids.astype(np.int64)).to(logp.device))).sum(-1).mean()
+    columns = torch.from_numpy(head.spread[topk_ids.astype(np.int64)]).to(logp.device)
+    teacher = torch.from_numpy(topk_logp.astype(np.float32)).to(logp.device).masked_fill(columns < 0, float("-inf"))
+    teacher = torch.nan_to_num(torch.softmax(teacher, dim=-1), nan=0.0)  # over the top k it scores
+    return -(teacher * logp.gather(1, columns.clamp(min=0))).sum(-1).mean()
 
 
-def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_len: int = 512) -> dict:
+def agreement(draft, head: Head, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_len: int = 512) -> dict:
     """Top-1 agreement with the target and the loss, over every prediction of the corpus, overall and by kind."""
     import torch
 
@@ -167,9 +206,9 @@ def agreement(draft, corpus: TeacherCorpus, pad: int, batch_size: int = 16, seq_
         for start in range(0, len(corpus), batch_size):
             picks = range(start, min(len(corpus), start + batch_size))
             ids, mask, where, rows = _batch(corpus, picks, seq_len, pad)
-            logp = _student_logp(draft, ids, mask, where)
-            loss += distill_loss(logp, corpus.topk_ids[rows], corpus.topk_logp[rows]).item() * len(rows)
-            same = logp.argmax(-1).cpu().numpy() == corpus.topk_ids[rows, 0]
+            logp = _student_logp(draft, head, ids, mask, where)
+            loss += distill_loss(logp, head, corpus.topk_ids[rows], corpus.topk_logp[rows]).item() * len(rows)
+            same = head.ids(logp.argmax(-1).cpu().numpy()) == corpus.topk_ids[rows, 0]
             for b, hit in zip(where[:, 0], same):
                 hits.setdefault(corpus.kinds[picks[b]], []).append(int(hit))
     draft.train()
@@ -219,11 +258,17 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
     draft = new_draft(target, cfg.hidden, cfg.layers, cfg.seed).to(cfg.device)
     del target
     pad = draft.config.pad_token_id if draft.config.pad_token_id is not None else 0
-    before = agreement(draft, val, pad)
+    vocab = draft.config.vocab_size
+    head = Head(vocab)
+    if 0 < cfg.head_vocab < vocab:
+        eos = draft.config.eos_token_id
+        head = Head(vocab, head_vocabulary(train, vocab, cfg.head_vocab, eos if isinstance(eos, list) else [eos]))
+        setattr(draft.config, HEAD_VOCABULARY, head.kept.tolist())
+    before = agreement(draft, head, val, pad)
     if made.get("key") == key:  # the same draft, another held-out set: measured again, not trained again
         draft = AutoModelForCausalLM.from_pretrained(dest, local_files_only=True, dtype=torch.float32).to(cfg.device)
         record = {**made, "teacher": {**made["teacher"], "validation": val_record}, "before": before,
-                  "after": agreement(draft, val, pad)}
+                  "after": agreement(draft, head, val, pad)}
         _write(draft, tokenizer, record, cfg, dest, train)
         return record
     opt = adamw(draft, cfg.lr, weight_decay=0.01)
@@ -236,7 +281,8 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, planned, min_ratio=0.1)
             picks = rng.integers(0, len(train), cfg.batch_size)
             ids, mask, where, rows = _batch(train, picks, cfg.seq_len, pad, rng, cfg.positions)
-            loss = distill_loss(_student_logp(draft, ids, mask, where), train.topk_ids[rows], train.topk_logp[rows])
+            loss = distill_loss(_student_logp(draft, head, ids, mask, where), head, train.topk_ids[rows],
+                                train.topk_logp[rows])
             optimizer_step(opt, loss, draft)
             if step % 50 == 0:
                 history.append({"step": step, "loss": round(loss.item(), 4)})
@@ -251,13 +297,16 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
         history.append({"step": step - 1, "loss": round(loss.item(), 4)})
     if planned < cfg.steps:  # keyed by what it ran: the same inputs without the limit train it whole
         key = draft_key(replace(cfg, steps=planned), train_record["key"])
-    after = agreement(draft, val, pad)
+    after = agreement(draft, head, val, pad)
+    scored = {} if head.kept is None else {"head_vocabulary": {
+        "size": len(head.kept), "scored_share_of_held_out_predictions": round(float(
+            (head.spread[val.topk_ids[:, 0]] >= 0).mean()), 4)}}
     record = {"key": key, "target": str(cfg.target), "config": {k: str(v) if isinstance(v, Path) else v
                                                                  for k, v in asdict(cfg).items()},
               "num_params": sum(p.numel() for p in draft.parameters()), "teacher": {"train": train_record,
                                                                                      "validation": val_record},
               "before": before, "after": after, "train_seconds": round(seconds, 1), "history": history,
-              "threads": torch.get_num_threads(), "device": str(draft.device), "steps_run": planned,
+              "threads": torch.get_num_threads(), "device": str(draft.device), "steps_run": planned, **scored,
               **({"time_limited": f"{planned} of {cfg.steps} steps: the time limit of {cfg.time_limit:g} s fitted "
                                   f"no more"} if planned < cfg.steps else {})}
     _write(draft, tokenizer, record, cfg, dest, train)

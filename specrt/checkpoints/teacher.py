@@ -29,12 +29,12 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class TeacherConfig(Config):
-    prompts: int = option(512, "prompts the target continues greedily (prompt_mix: code, prose, chat)", ge=0)
+    prompts: int = option(1536, "prompts the target continues greedily (prompt_mix: code, prose, chat)", ge=0)
     new_tokens: int = option(128, "tokens the target writes for each", ge=1)
     source_windows: int = option(128, "windows of Python source read teacher-forced", ge=0)
     window: int = option(256, "tokens per source window", ge=8)
     top_k: int = option(32, "the target's log-probabilities kept per position (its top k)", ge=1)
-    gen_batch: int = option(16, "prompts generated at once", ge=1)
+    gen_batch: int = option(48, "prompts generated at once", ge=1)
     seed: int = option(0, "seed of the prompts and windows drawn", ge=0)
 
 

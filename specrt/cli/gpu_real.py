@@ -3,8 +3,8 @@ from its carried GGUF); specrt/cli/gpu_session.py runs them.
 
     real     the target inflated to the shape (its function kept), exported with its distilled draft, compiled
              engines, kernels, and e2e on code and chat prompts: a real model's acceptance on a GPU
-    distill  a draft distilled on the GPU (`specrt models draft --device cuda`): the target writes twelve times the
-             text a 2-core CPU writes in 40 minutes, the draft trains on it, and the draft (float16) and its text come
+    distill  a draft distilled on the GPU (`specrt models draft --device cuda`): the target writes four times the
+             text a 2-core CPU writes in 30 minutes, the draft trains on it, and the draft (float16) and its text come
              back beside the call's archive, split in parts a lent machine returns (docs/gpu.md says how to join them)
 """
 
@@ -73,7 +73,7 @@ def distill_stages(cfg: SessionConfig) -> list[Stage]:
     if cfg.quick:
         sizes = ("--prompts", "6", "--new-tokens", "16", "--source-windows", "2", "--window", "64", "--gen-batch", "6",
                  "--steps", "3", "--batch-size", "2", "--val-prompts", "3")
-    else:  # 6144 of the 10734 training prompts the mix has (the CPU default is 512), each continued 128 tokens
+    else:  # 6144 of the 10734 training prompts the mix has (the CPU default is 1536), each continued 128 tokens
         sizes = ("--prompts", "6144", "--gen-batch", "192", "--source-windows", "1024", "--steps", "4000",
                  "--batch-size", "64", "--positions", "48", "--warmup-steps", "100")
     return [real_checkpoint(cfg),

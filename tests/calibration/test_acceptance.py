@@ -172,6 +172,7 @@ def test_ratio_interval_is_the_spread_of_the_pooled_rate_over_resampled_items():
 
 def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
     from specrt.calibration.acceptance import TEMPERATURES, nll_by_temperature
+    from specrt.contract import UNSCORED_LOGIT
 
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(4000, 50)) * 2.0
@@ -182,3 +183,11 @@ def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
         true = np.array([rng.choice(50, p=p) for p in probs])
         fitted = TEMPERATURES[int(np.argmin(nll_by_temperature(rows, true)))]
         assert abs(fitted / t0 - 1) < 0.1
+        # a draft whose head leaves ids unscored (contract.HEAD_VOCABULARY): the rows whose true token it cannot
+        # draft are left out, not counted as a likelihood of 1e-30-odd that no temperature can move
+        narrow = np.concatenate([rows, np.full((len(rows), 10), UNSCORED_LOGIT)], axis=1)
+        missed = np.concatenate([true, 50 + rng.integers(0, 10, 400)])
+        narrow = np.concatenate([narrow, narrow[:400]])
+        nll = nll_by_temperature(narrow, missed)
+        assert np.isfinite(nll).all() and nll.max() < 1e6
+        np.testing.assert_allclose(nll, nll_by_temperature(rows, true))

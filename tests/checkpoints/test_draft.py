@@ -143,3 +143,40 @@ def test_a_time_limit_cuts_the_steps_to_what_fits_and_keys_the_draft_by_them(mad
     roomy = make_draft(replace(full, out=tmp_path / "roomy", steps=30, time_limit=3600), progress=False)
     assert roomy["steps_run"] == 30 and "time_limited" not in roomy
     assert roomy["key"] == draft_key(replace(full, steps=30), roomy["teacher"]["train"]["key"])  # the limit not keyed
+
+
+def test_a_draft_whose_head_scores_the_most_frequent_ids_learns_and_drafts_losslessly(made, tmp_path):
+    from dataclasses import replace
+
+    import numpy as np
+
+    from specrt.checkpoints import teacher
+    from specrt.checkpoints.draft import make_draft
+    from specrt.contract import HEAD_VOCABULARY
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from specrt.runtime.pipeline import Pipeline
+
+    cfg, whole = made
+    small = replace(cfg, out=tmp_path / "small", head_vocab=512)
+    record = make_draft(small, progress=False)
+    config = json.loads((small.dest / "config.json").read_text())
+    kept = config[HEAD_VOCABULARY]
+    assert len(kept) == len(set(kept)) == 512 == record["head_vocabulary"]["size"]
+    assert kept[0] == config["eos_token_id"]  # its end token first, whatever its count
+    corpus, _ = teacher.build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
+                                     progress=False)
+    assert set(np.argsort(-np.bincount(corpus.ids))[:100].tolist()) <= set(kept)  # the text's most frequent ids
+    assert 0.5 < record["head_vocabulary"]["scored_share_of_held_out_predictions"] < 1
+    assert record["key"] != whole["key"]
+    assert record["after"]["top1_agreement"] > record["before"]["top1_agreement"] + 0.1, record
+
+    export_bundle(ExportConfig(target=cfg.target, draft=small.dest, tokenizer=cfg.tokenizer_dir, out=tmp_path / "b"),
+                  progress=False)
+    pipe = Pipeline.load(tmp_path / "b", threads=2)
+    prompts = ["def fibonacci(n):\n", "import os\n\n"]
+    ar = [o.token_ids for o in pipe.generate(prompts, method="autoregressive", max_new_tokens=24)]
+    got = pipe.generate(prompts, method="sd", max_new_tokens=24, batch_size=2)
+    assert [o.token_ids for o in got] == ar and sum(o.stats.accepted for o in got) > 0
+    every = make_draft(replace(small, out=tmp_path / "every", head_vocab=4096, steps=4), progress=False)
+    assert "head_vocabulary" not in every  # a vocabulary of no more ids: its head scores them all
+    assert HEAD_VOCABULARY not in json.loads((tmp_path / "every" / "config.json").read_text())
