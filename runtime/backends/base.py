@@ -35,7 +35,7 @@ import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
 from specrt.runtime.kv_cache import KVCache
-from specrt.runtime.sampling import log_softmax, top_k
+from specrt.runtime.sampling import logsumexp, top_k
 
 
 # what of a step's logits comes back to the host (module docstring)
@@ -65,10 +65,11 @@ class TopK:
 
 
 def top_log_probs(logits: np.ndarray, head: TopLogProbs) -> TopK:
-    """TopLogProbs on host logits: log softmax in float64, then the top k."""
-    x = log_softmax(logits / head.temperature)
+    """TopLogProbs on host logits: the top k of the tempered logits (log softmax ranks as they do), their log
+    probabilities in float64 from one logsumexp a row (not a log softmax of the whole vocabulary)."""
+    x = logits / head.temperature
     top = top_k(x, head.k).astype(np.int64)
-    return TopK(np.take_along_axis(x, top, axis=-1), top)
+    return TopK(np.take_along_axis(x, top, axis=-1).astype(np.float64) - logsumexp(x)[..., None], top)
 
 
 class Backend(ABC):
