@@ -7,9 +7,9 @@ Each setting of OrtBackend's `projections` (ort_fusions.fuse_projections: "qkv" 
 MLP's gate and up as well, "none"), with packed token rows (graphs/packed_rows.py, the default) and, with --packing
 packed,unpacked, without them (what a batch of one, which has no holes, pays for the packing's gathers), and with
 --huge-pages on,off, with the weights left in the pages they were loaded into (huge_pages.py), loads the
-bundle's target step graph (the exported one, a quantized variant with --quant, the in-graph one with --kv-update
-inplace) in one process. A timed run is a step of T new tokens after --context cached ones per setting, each T a
-median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
+bundle's target step graph (`--role draft`: the draft's; the exported one, a quantized variant with --quant, the
+in-graph one with --kv-update inplace) in one process. A timed run is a step of T new tokens after --context cached
+ones per setting, each T a median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
 random order in every run; a row's figure is the median over runs, and its ratio against the first setting's is the
 median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not compared here: the fusions
 are tested for the same function against the unfused graph. Writes JSON, Markdown and a plot.
@@ -40,7 +40,7 @@ from specrt.bundle.machine import resolve_threads
 from specrt.config import option
 from specrt.errors import InvalidRequestError, SpecrtError
 from specrt.plotting import pyplot, save_figure
-from specrt.contract import PROJECTIONS
+from specrt.contract import PROJECTIONS, ROLES
 
 PACKING = ("packed", "unpacked")
 PEER_STEPS = ("llama-cpp",)
@@ -55,6 +55,7 @@ class FusionsConfig(BenchConfig, PeerSources):
                                                        "qkv (the default), all (a float MLP's gate and up merged "
                                                        "too), none", choices=PROJECTIONS)
     tokens: tuple[int, ...] = option((1, 8), "new tokens per step (T): one row each per setting")
+    role: str = option("target", "whose step graph: the target's or the draft's", choices=ROLES)
     context: int = option(512, "cached tokens before each step", ge=0)
     repeats: int = option(15, "steps per timed run and T (their median is the run's figure)", ge=1)
     runs: int = option(6, "timed runs, settings interleaved in a new random order each, after one untimed", ge=1)
@@ -97,8 +98,10 @@ def run_fusions(cfg: FusionsConfig) -> dict:
     cfg = replace(cfg, threads=resolve_threads(cfg.threads))
     r = resolve(cfg.bundle, backend="ort", threads=cfg.threads, verify=cfg.verify_mode, quant=cfg.quant,
                 kv_update=cfg.kv_update)
-    entry = r.manifest.models["target"]
-    graph = Path(cfg.bundle) / (r.graphs.get("target") or entry.onnx)
+    if cfg.peers and cfg.role != "target":
+        raise InvalidRequestError("--peers times the peers' step of the target: give --role target")
+    entry = r.manifest.models[cfg.role]
+    graph = Path(cfg.bundle) / (r.graphs.get(cfg.role) or entry.onnx)
     settings = all_settings(cfg)
     backends = {s: load(cfg, entry, graph, *s) for s in tqdm(settings, desc="load", unit="setting")}
     peers = dict(llama_cpp_step(cfg.bundle, cfg, entry.dtype, cfg.quant, cfg.threads, cfg.context, max(cfg.tokens),
@@ -218,7 +221,8 @@ def setting(r: dict) -> str:
 
 def markdown(data: dict) -> str:
     c = data["config"]
-    lines = [f"### fusions `{data['label']}`: the target's step (`{data['graph']}`) by the ort backend's load-time "
+    role = c.get("role", "target")
+    lines = [f"### fusions `{data['label']}`: the {role}'s step (`{data['graph']}`) by the ort backend's load-time "
              f"rewrites, {c['threads']} threads, {c['context']} cached tokens, median of {c['runs']} interleaved runs "
              f"of {c['repeats']} steps ({data['date']})", "",
              "| setting | MatMuls merged away | new tokens | step (ms) | against the first row's |",
@@ -297,7 +301,7 @@ def plot(data: dict, path: Path) -> None:
         got = {r["tokens"]: r["step_ms"] for r in rows if setting(r) == p}
         ax.bar(np.arange(len(tokens)) + i * width, [got[t] for t in tokens], width, label=p)
     ax.set_xticks(np.arange(len(tokens)) + width * (len(settings) - 1) / 2, [f"T={t}" for t in tokens])
-    ax.set_ylabel("target step (ms, median)")
+    ax.set_ylabel(f"{data['config'].get('role', 'target')} step (ms, median)")
     ax.set_title(f"fusions {data['label']}")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, title="setting")
