@@ -9,10 +9,10 @@ packed,unpacked, without them (what a batch of one, which has no holes, pays for
 --huge-pages on,off, with the weights left in the pages they were loaded into (huge_pages.py), loads the
 bundle's target step graph (`--role draft`: the draft's; the exported one, a quantized variant with --quant, the
 in-graph one with --kv-update inplace) in one process. A timed run is a step of T new tokens after --context cached
-ones per setting, each T a median of --repeats steps as `specrt profile` times them (calibration.latency.step_times), the settings in a new
-random order in every run; a row's figure is the median over runs, and its ratio against the first setting's is the
-median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not compared here: the fusions
-are tested for the same function against the unfused graph. Writes JSON, Markdown and a plot.
+ones per setting, each T a median of --repeats steps as `specrt profile` times them (calibration.latency.step_times),
+the settings in a new random order in every run; a row's figure is the median over runs, and its ratio against the
+first setting's is the median over runs of the ratio within each (bench.report.paired_ratio). The tokens are not
+compared here: the fusions are tested for the same function against the unfused graph. Writes JSON, Markdown and a plot.
 
 --peers llama-cpp adds llama.cpp's step of the same target at the precision matching ours (the GGUF conversion bench
 e2e's llama-cpp rows decode; bench.peers.LlamaCppStep: T new tokens after --context cached ones, every row's logits

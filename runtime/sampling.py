@@ -39,7 +39,7 @@ def logsumexp(x: np.ndarray) -> np.ndarray:
     """log sum exp over the last axis, in float64: each row's maximum plus the log of the exps of the entries within
     NEGLIGIBLE of it. Every entry left out adds under 1e-16 to a sum of at least 1, so over any vocabulary (262144
     ids: under 3e-11) this is log_softmax's normalizer, at a comparison per entry and exps of only those near the top
-    (a trained model's few; a head over some of the vocabulary never its unscored ids)."""
+    (few where the model is sure; never a head's unscored ids, contract.HEAD_VOCABULARY)."""
     rows = x.reshape(-1, x.shape[-1])
     top = rows.max(axis=-1).astype(np.float64)
     out = np.empty(len(rows))
