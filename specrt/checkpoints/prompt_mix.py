@@ -7,6 +7,9 @@ Made offline and deterministically from this Python's standard library and a lis
     chat   through the tokenizer's own chat template (only where it has one): a function to write from its docstring's
            first sentence, a piece of code to explain, or a question about a topic
 
+Beside them, the teacher asks the target itself for requests (teacher.py, kind OWN_CHAT) from the opening of a user's
+turn that `user_turn` finds in the template.
+
 Each prompt comes from the train or the validation split: stdlib prompts by the corpus's path-hash split
 (corpus.is_validation), topic questions by a hash of the topic. Validation prompts are never trained on. None of them
 is a benchmark prompt (HumanEval's, or the chat prompts the bench poses).
@@ -21,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.checkpoints.corpus import is_validation, load_corpus
+from specrt.checkpoints.corpus import load_corpus
 from specrt.errors import SpecrtError
 
 KINDS = ("code", "prose", "chat")
+OWN_CHAT = "own-chat"  # a chat whose request the target wrote itself (teacher.py)
+MARK = "SPECRT-USER-TURN-7f3c"  # stands for a user's words where a template is cut at them
 TOPICS = (
     "photosynthesis", "the water cycle", "black holes", "the French Revolution", "machine learning", "compound interest",
     "the immune system", "plate tectonics", "the Roman Empire", "climate change", "vaccines", "the stock market",
@@ -68,12 +73,22 @@ def _file_items(text: str) -> tuple:
     return tuple(_docstring_items(text))
 
 
-def _chat(tokenizer, message: str) -> str:
+def as_chat(tokenizer, message: str) -> str:
     """One user turn through the (transformers) tokenizer's chat template, rendered by specrt.chat."""
     from specrt.chat import ChatTemplate
 
     template = ChatTemplate(tokenizer.chat_template, "tokenizer", dict(tokenizer.special_tokens_map))
     return template.render([{"role": "user", "content": message}])
+
+
+def user_turn(tokenizer) -> tuple[str, str] | None:
+    """(the text before a conversation's first user words, the text after them up to the assistant's turn) through the
+    tokenizer's chat template, or None where it has none: the target continues the first to write a request itself,
+    and the first token of the second ends it."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    before, _, after = as_chat(tokenizer, MARK).partition(MARK)
+    return (before, after) if after else None
 
 
 def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, list[str]]:
@@ -87,14 +102,14 @@ def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, li
             if what == "def" and 20 < len(head) < 1200 and not name.startswith("_"):
                 pools["code"].append(head + "\n")
                 if "chat" in pools and len(sentence) > 20:
-                    pools["chat"].append(_chat(tokenizer, f"Write a Python function `{name}` that does this: "
+                    pools["chat"].append(as_chat(tokenizer, f"Write a Python function `{name}` that does this: "
                                                           f"{sentence}."))
             if len(paragraph) > 160:
                 pools["prose"].append(paragraph[: len(paragraph) // 2].rsplit(" ", 1)[0])
     if "chat" in pools:
         for topic in TOPICS:
             if (int(hashlib.sha256(topic.encode()).hexdigest(), 16) % 10 == 0) == validation:
-                pools["chat"].extend(_chat(tokenizer, q.format(topic)) for q in QUESTIONS)
+                pools["chat"].extend(as_chat(tokenizer, q.format(topic)) for q in QUESTIONS)
     return pools
 
 

@@ -3,7 +3,9 @@
 A draft's drafts are accepted where it proposes what the target would emit, so it learns from text the target itself
 writes (sequence-level distillation, as DistillSpec's "on-policy" data and EAGLE's regenerated corpus): the target's
 greedy continuations of mixed prompts (prompt_mix.py: code, prose, chat through its template), beside windows of
-Python source read teacher-forced. At every position the target predicts, its top-k log-probabilities are kept (a
+Python source read teacher-forced. A chat model also answers requests it wrote itself: sampled from the opening of a
+user's turn in its own template, they are as varied as the traffic it was tuned for, where the mix's chats are mostly
+requests for code (Magpie, Xu et al. 2024, section 2.1; greedy answers here, not sampled ones). At every position the target predicts, its top-k log-probabilities are kept (a
 real vocabulary is too large to keep whole: 49152 floats a position for SmolLM2, 262144 for Gemma 3), read off the
 logits of the same forward passes that generate the text, so the text costs one pass of the target.
 
@@ -22,14 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
+from specrt.checkpoints.prompt_mix import OWN_CHAT, Prompt, as_chat, mixed_prompts, user_turn
 from specrt.config import Config, option
+from specrt.held_out import near_benchmark, words
 
 FORMAT = 1
+ASK_TOKENS = 48  # a self-asked request not ended within this many tokens is dropped
+VALIDATION_SHARE = 8  # one self-asked request in 8, by a hash of its words, is a held-out one; the rest train
 
 
 @dataclass(frozen=True)
 class TeacherConfig(Config):
-    prompts: int = option(1536, "prompts the target continues greedily (prompt_mix: code, prose, chat)", ge=0)
+    prompts: int = option(1024, "prompts the target continues greedily (prompt_mix: code, prose, chat)", ge=0)
+    own_chats: int = option(512, "requests the target writes itself from its chat template's opening of a user's "
+                                 "turn (sampled, Magpie), then answers greedily; none without a template", ge=0)
     new_tokens: int = option(128, "tokens the target writes for each", ge=1)
     source_windows: int = option(128, "windows of Python source read teacher-forced", ge=0)
     window: int = option(256, "tokens per source window", ge=8)
@@ -47,7 +55,7 @@ class TeacherCorpus:
     rows: np.ndarray  # [num sequences + 1] int64: sequence s's predictions are topk_*[rows[s]:rows[s + 1]]
     topk_ids: np.ndarray  # [num predictions, k] int32, best first
     topk_logp: np.ndarray  # [num predictions, k] float16: log-softmax of the target's logits at those ids
-    kinds: list[str]  # per sequence: code, prose, chat or source
+    kinds: list[str]  # per sequence: code, prose, chat, own-chat or source
 
     def __len__(self) -> int:
         return len(self.first)
@@ -142,6 +150,69 @@ def _generate(model, tokenizer, prompts: list[list[int]], cfg: TeacherConfig, ba
     return out
 
 
+def split_of(request: str) -> str:
+    """The split a self-asked request belongs to, by a hash of its words: the same request, drawn in either split's
+    sampling, is in one of them only."""
+    digest = hashlib.sha256(" ".join(sorted(words(request))).encode()).digest()
+    return "validation" if int.from_bytes(digest[:4], "little") % VALIDATION_SHARE == 0 else "train"
+
+
+def _dropped(text: str | None, tokens: list[int], markup: set[int], seen: set[frozenset]) -> str | None:
+    """Why a drawn request is not kept (None: it is): not ended, the template's markup in it, fewer than three words,
+    near a benchmark's prompt, or written before (the same words)."""
+    return ("unended" if text is None else "markup" if markup.intersection(tokens) else
+            "short" if len(words(text)) < 3 else "benchmark" if near_benchmark(text) else
+            "repeated" if words(text) in seen else None)
+
+
+def _ask(model, tokenizer, cfg: TeacherConfig, split: str, progress: bool) -> tuple[list[str], dict]:
+    """Up to cfg.own_chats requests of `split` that the target writes itself after the opening of a user's turn in its
+    chat template (temperature 1, no truncation, as Magpie samples), each ended by the template's own end of the turn
+    within ASK_TOKENS tokens; a request with the template's markup in it, of fewer than three words, written before,
+    or near a benchmark's chat prompt (held_out.near_benchmark) is dropped. Returns them and a record of the
+    drawing."""
+    import torch
+    from tqdm import tqdm
+
+    opening = user_turn(tokenizer)
+    if opening is None or not cfg.own_chats:
+        return [], {}
+    prefix = tokenizer.encode(opening[0], add_special_tokens=False)
+    end = tokenizer.encode(opening[1], add_special_tokens=False)[0]
+    eos = model.generation_config.eos_token_id
+    stops = {end, *(eos if isinstance(eos, list) else [eos])} - {None}
+    markup = set(tokenizer.all_special_ids) - {end}
+    torch.manual_seed(int.from_bytes(hashlib.sha256(f"{cfg.seed}:{split}".encode()).digest()[:4], "little"))
+    share = 1 / VALIDATION_SHARE if split == "validation" else 1 - 1 / VALIDATION_SHARE
+    most = int(4 * cfg.own_chats / share) + cfg.gen_batch  # draws at most: a model that rarely ends a turn stops here
+    asked, seen, drawn, elsewhere = [], set(), 0, 0
+    dropped = dict.fromkeys(("unended", "markup", "short", "benchmark", "repeated"), 0)
+    batch = torch.tensor([prefix] * cfg.gen_batch, dtype=torch.long, device=model.device)
+    with tqdm(total=cfg.own_chats, desc=f"self-asked requests ({split})", unit="req", disable=not progress) as bar:
+        while len(asked) < cfg.own_chats and drawn < most:
+            with torch.no_grad():
+                out = model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
+                                     top_p=1.0, top_k=0, max_new_tokens=ASK_TOKENS, eos_token_id=sorted(stops),
+                                     pad_token_id=end)[:, len(prefix):].tolist()
+            for row in out:
+                if len(asked) == cfg.own_chats:
+                    break
+                drawn += 1
+                stop = next((j for j, t in enumerate(row) if t in stops), None)
+                text = tokenizer.decode(row[:stop]).strip() if stop is not None and row[stop] == end else None
+                why = _dropped(text, row[:stop], markup, seen)
+                if why is not None:
+                    dropped[why] += 1
+                    continue
+                seen.add(words(text))
+                if split_of(text) != split:
+                    elsewhere += 1
+                    continue
+                asked.append(text)
+                bar.update(1)
+    return asked, {"requests": asked, "drawn": drawn, "dropped": dropped, "other_split": elsewhere}
+
+
 def _source_windows(model, windows: list[list[int]], cfg: TeacherConfig, bar) -> list[tuple]:
     """(window ids, 0, topk ids, topk logp) of each window, read teacher-forced in batches."""
     import torch
@@ -170,7 +241,6 @@ def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specrt.checkpoints.corpus import corpus_windows
-    from specrt.checkpoints.prompt_mix import mixed_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     prompts = mixed_prompts(tokenizer, cfg.prompts, split, cfg.seed)
@@ -184,6 +254,8 @@ def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: P
         torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=torch.float32).to(device).eval()
     t0 = time.perf_counter()
+    asked, asking = _ask(model, tokenizer, cfg, split, progress)
+    prompts = prompts + [Prompt(OWN_CHAT, as_chat(tokenizer, a)) for a in asked]
     with tqdm(total=len(prompts) + len(windows), desc=f"teacher corpus ({split})", unit="seq",
               disable=not progress) as bar:
         made = _generate(model, tokenizer, [encode(p.text) for p in prompts], cfg, bar) if prompts else []
@@ -199,7 +271,7 @@ def build_corpus(target: Path, tokenizer_dir: Path, cfg: TeacherConfig, cache: P
     record = {"format": FORMAT, "key": key, "split": split, "target": str(target), "config": asdict(cfg),
               "sequences": {k: kinds.count(k) for k in sorted(set(kinds))}, "tokens": int(len(corpus.ids)),
               "predictions": int(len(corpus.topk_ids)), "seconds": round(time.perf_counter() - t0, 1),
-              "threads": torch.get_num_threads(), "device": str(model.device)}
+              "threads": torch.get_num_threads(), "device": str(model.device), "asked": asking}
     Path(cache).mkdir(parents=True, exist_ok=True)
     corpus.save(path, record)
     return corpus, record

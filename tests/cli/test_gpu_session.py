@@ -162,7 +162,7 @@ def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_car
     distill = {s.name: s for s in stages(dataclasses.replace(cfg, call="distill"))}
     assert list(distill) == ["real", "distill"] and distill["distill"].brings == "draft"
     assert distill["distill"].deadline == "--time-limit"  # the session gives it the seconds left
-    assert ("--device", "cuda") == distill["distill"].argv[4:6] and "6144" in distill["distill"].argv
+    assert ("--device", "cuda") == distill["distill"].argv[4:6] and "4096" in distill["distill"].argv
     tuned = [s.name for s in stages(dataclasses.replace(cfg, call="tuned"))]
     assert tuned == ["inflate", "export", "copy-tuned", "build-tuned", "kernels-tuned", "e2e-tuned"]
 
@@ -215,9 +215,10 @@ def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_an
     made = json.loads((draft / RECORD).read_text())
     assert made["device"] == "cpu" and made["config"]["save_dtype"] == "float16"
     assert made["teacher"]["train"]["sequences"]["chat"] == 2  # 6 prompts, the kinds in turn
+    assert made["teacher"]["train"]["sequences"]["own-chat"] == 2  # and 2 requests it asked itself
     argv = next(s["argv"] for s in record["stages"] if s["stage"] == "distill")
     assert argv[-2] == "--time-limit" and 0 < float(argv[-1]) <= 900 - 60  # the budget left, less the margin
     with np.load(draft / TEXT) as z:
-        assert len(z["offsets"]) == 6 + 2 + 1 and z["offsets"][-1] == len(z["ids"])  # 6 prompts, 2 source windows
+        assert len(z["offsets"]) == 6 + 2 + 2 + 1 and z["offsets"][-1] == len(z["ids"])  # 6 prompts, 2 own, 2 source
     with tarfile.open(tmp_path / "out" / "gpu-distill.tar.gz") as tar:
         assert {"done/real.json", "done/distill.json", "logs/distill.log"} <= set(tar.getnames())
