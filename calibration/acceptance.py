@@ -120,6 +120,12 @@ def nll_by_temperature(rows: np.ndarray, true: np.ndarray) -> np.ndarray:
     return np.array([-float(log_softmax(rows / t)[index, true[scored]].sum()) for t in TEMPERATURES])
 
 
+def fitted_temperature(nll: np.ndarray) -> float:
+    """The temperature of TEMPERATURES whose summed NLL (nll_by_temperature's, over every prompt) is least; 1.0, the
+    draft's own logits, where no position was scored (a draft that never scores its target's tokens: no fit)."""
+    return float(TEMPERATURES[int(np.argmin(nll))]) if nll.any() else 1.0
+
+
 def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int,
                      starts: tuple[int, int | None] = (0, None)) -> tuple[np.ndarray, np.ndarray]:
     """(p [D, K], support [D]): acceptance of rank r at depth d given an accepted parent, and how many
@@ -263,7 +269,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     tokens = pipe.prompt_tokens if cfg.ppd_budgets != () else None
-    temperature = float(TEMPERATURES[int(np.argmin(nll))])
+    temperature = fitted_temperature(nll)
     positions = int(sum(len(r) for r in rank_seqs))
     result = Acceptance(
         stamp=Stamp.make(cfg.bundle),

@@ -171,7 +171,7 @@ def test_ratio_interval_is_the_spread_of_the_pooled_rate_over_resampled_items():
 
 
 def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
-    from specrt.calibration.acceptance import TEMPERATURES, nll_by_temperature
+    from specrt.calibration.acceptance import fitted_temperature, nll_by_temperature
     from specrt.contract import UNSCORED_LOGIT
 
     rng = np.random.default_rng(0)
@@ -181,7 +181,7 @@ def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
         probs = np.exp(x - x.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         true = np.array([rng.choice(50, p=p) for p in probs])
-        fitted = TEMPERATURES[int(np.argmin(nll_by_temperature(rows, true)))]
+        fitted = fitted_temperature(nll_by_temperature(rows, true))
         assert abs(fitted / t0 - 1) < 0.1
         # a draft whose head leaves ids unscored (contract.HEAD_VOCABULARY): the rows whose true token it cannot
         # draft are left out, not counted as a likelihood of 1e-30-odd that no temperature can move
@@ -191,3 +191,5 @@ def test_temperature_fit_recovers_the_temperature_that_generated_the_choices():
         nll = nll_by_temperature(narrow, missed)
         assert np.isfinite(nll).all() and nll.max() < 1e6
         np.testing.assert_allclose(nll, nll_by_temperature(rows, true))
+    # no position scored at all: nothing to fit, so the draft's own logits (not the grid's first temperature, 0.1)
+    assert fitted_temperature(nll_by_temperature(narrow[-400:], missed[-400:])) == 1.0
