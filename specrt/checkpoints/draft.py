@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.checkpoints.prompt_mix import OWN_CHAT, Prompt, as_chat, mixed_prompts
+from specrt.checkpoints.prompt_mix import OWN_CHAT, Prompt, as_chat, mixed_prompts, spread
 from specrt.checkpoints.teacher import TeacherConfig, TeacherCorpus, build_corpus
 from specrt.config import option
 from specrt.contract import HEAD_VOCABULARY
@@ -327,9 +327,9 @@ def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path, text: T
     draft.to("cpu", getattr(torch, cfg.save_dtype)).save_pretrained(tmp, safe_serialization=True)
     np.savez(tmp / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
     tokenizer.save_pretrained(tmp)
-    held_out = mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed)  # what `after` was measured on
-    held_out += [Prompt(OWN_CHAT, as_chat(tokenizer, r)) for r in
-                 record["teacher"]["validation"].get("asked", {}).get("requests", [])]
+    asked = record["teacher"]["validation"].get("asked", {}).get("requests", [])
+    held_out = spread(mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed),  # what `after` was measured on
+                      [Prompt(OWN_CHAT, as_chat(tokenizer, r)) for r in asked])
     (tmp / PROMPTS).write_text("".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in held_out))
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)

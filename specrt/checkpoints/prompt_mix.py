@@ -113,6 +113,18 @@ def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, li
     return pools
 
 
+def spread(mix: list[Prompt], others: list[Prompt]) -> list[Prompt]:
+    """The prompts of `mix` with `others` spread evenly among them, in order: a file's first n prompts (what `specrt
+    calibrate --prompts --num-prompts n` reads) hold both in proportion."""
+    every = max(1, len(mix) // max(1, len(others)))
+    out, rest = [], list(others)
+    for i, p in enumerate(mix, start=1):
+        out.append(p)
+        if rest and i % every == 0:
+            out.append(rest.pop(0))
+    return out + rest
+
+
 def mixed_prompts(tokenizer, num: int, split: str = "train", seed: int = 0) -> list[Prompt]:
     """`num` prompts of the split, as even a mix of KINDS as the tokenizer allows (no template: code and prose; a kind
     whose prompts run out leaves its turns to the others), drawn by a seeded generator. A validation prompt is never

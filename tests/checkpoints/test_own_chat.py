@@ -58,3 +58,14 @@ def test_the_real_target_asks_itself_requests_and_answers_them_into_its_corpus(s
         made[split] = {frozenset(words(r)) for r in requests}
     assert not made["train"] & made["validation"]
 
+
+
+def test_the_held_out_requests_are_spread_among_the_mix_so_a_files_first_prompts_hold_both():
+    from specrt.checkpoints.prompt_mix import OWN_CHAT, Prompt, spread
+
+    mix = [Prompt("code", f"m{i}") for i in range(8)]
+    own = [Prompt(OWN_CHAT, f"o{i}") for i in range(3)]
+    got = [p.text for p in spread(mix, own)]
+    assert got == ["m0", "m1", "o0", "m2", "m3", "o1", "m4", "m5", "o2", "m6", "m7"]
+    assert [p.text for p in spread(mix[:1], own)] == ["m0", "o0", "o1", "o2"]
+    assert spread(mix, []) == mix and spread([], own) == own
