@@ -103,7 +103,7 @@ def _pools(tokenizer, files, kinds: list[str], validation: bool) -> dict[str, li
                 pools["code"].append(head + "\n")
                 if "chat" in pools and len(sentence) > 20:
                     pools["chat"].append(as_chat(tokenizer, f"Write a Python function `{name}` that does this: "
-                                                          f"{sentence}."))
+                                                            f"{sentence}."))
             if len(paragraph) > 160:
                 pools["prose"].append(paragraph[: len(paragraph) // 2].rsplit(" ", 1)[0])
     if "chat" in pools:

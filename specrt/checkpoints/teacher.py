@@ -5,9 +5,11 @@ writes (sequence-level distillation, as DistillSpec's "on-policy" data and EAGLE
 greedy continuations of mixed prompts (prompt_mix.py: code, prose, chat through its template), beside windows of
 Python source read teacher-forced. A chat model also answers requests it wrote itself: sampled from the opening of a
 user's turn in its own template, they are as varied as the traffic it was tuned for, where the mix's chats are mostly
-requests for code (Magpie, Xu et al. 2024, section 2.1; greedy answers here, not sampled ones). At every position the target predicts, its top-k log-probabilities are kept (a
-real vocabulary is too large to keep whole: 49152 floats a position for SmolLM2, 262144 for Gemma 3), read off the
-logits of the same forward passes that generate the text, so the text costs one pass of the target.
+requests for code (Magpie, Xu et al. 2024, section 2.1; greedy answers here, not sampled ones).
+
+At every position the target predicts, its top-k log-probabilities are kept (a real vocabulary is too large to keep
+whole: 49152 floats a position for SmolLM2, 262144 for Gemma 3), read off the logits of the same forward passes that
+generate the text, so the text costs one pass of the target.
 
 The corpus is written atomically under its cache directory as `<key>.npz` with `<key>.json` beside it, the key a hash
 of everything it depends on (the target's weights, the tokenizer, the prompts, every setting), so a second
