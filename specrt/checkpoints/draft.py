@@ -48,11 +48,32 @@ TEXT = "teacher-text.npz"  # the training text's ids and offsets, as `specrt ngr
 
 
 @dataclass(frozen=True)
-class DraftConfig(TeacherConfig):
+class TargetTextConfig(TeacherConfig):
+    """What a draft made from a target's own text needs: the target, where its corpora are kept, the held-out set."""
     target: Path = option(Path("build/real/smollm2-135m"), "the target's Hugging Face checkpoint (with its tokenizer)")
     tokenizer: Path | None = option(None, "the target's tokenizer directory (default: the target's own)")
     out: Path | None = option(None, "where the draft goes (default: build/drafts/<target's directory name>)")
     cache: Path = option(Path("build/teacher"), "where teacher corpora are kept, by the key of what made them")
+    val_prompts: int = option(96, "held-out prompts the agreement is measured on", ge=1)
+    threads: int | None = option(None, "PyTorch's intra-op threads (default: PyTorch's own, every core)", ge=1)
+    head_vocab: int = option(8192, "the draft's LM head scores only this many token ids, those most frequent in the "
+                                   "teacher's text (its output projection is most of what it costs); 0, or a "
+                                   "vocabulary of no more ids: every id", ge=0)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.tokenizer if self.tokenizer is not None else self.target
+
+    def teacher(self, split: str) -> TeacherConfig:
+        own = {f: getattr(self, f) for f in TeacherConfig.__dataclass_fields__}
+        if split == "validation":
+            own.update(prompts=self.val_prompts, source_windows=max(1, self.source_windows // 8),
+                       own_chats=min(self.own_chats, self.val_prompts // 4))
+        return TeacherConfig(**own)
+
+
+@dataclass(frozen=True)
+class DraftConfig(TargetTextConfig):
     hidden: int = option(256, "the draft's hidden size (a multiple of 64)", ge=64)
     layers: int = option(4, "decoder layers", ge=1)
     steps: int = option(1500, "optimizer steps", ge=1)
@@ -62,34 +83,18 @@ class DraftConfig(TeacherConfig):
     seq_len: int = option(256, "tokens per sequence at most (longer ones are cut)", ge=8)
     lr: float = option(2e-3, "peak learning rate", gt=0)
     warmup_steps: int = option(50, "linear warm-up steps", ge=0)
-    val_prompts: int = option(96, "held-out prompts the agreement is measured on", ge=1)
-    threads: int | None = option(None, "PyTorch's intra-op threads (default: PyTorch's own, every core)", ge=1)
     device: str = option("cpu", "where the target writes its text and the draft trains: cpu, or cuda (a lent GPU: "
                                 "`specrt gpu-session --call distill`); recorded, not keyed")
     time_limit: float | None = option(None, "seconds (from the start) by which training ends: the steps are cut "
                                             "to what the first ones' pace fits, the schedule with them; the record "
                                             "says so, and keys the draft by the steps it ran (gpu-session's budget)",
                                       gt=0)
-    head_vocab: int = option(8192, "the draft's LM head scores only this many token ids, those most frequent in the "
-                                   "teacher's text (its output projection is most of what it costs); 0, or a "
-                                   "vocabulary of no more ids: every id", ge=0)
     save_dtype: str = option("float32", "the dtype the draft is saved in (float16: half the size, what a lent GPU's "
                                         "call brings back)", choices=("float32", "float16"))
 
     @property
-    def tokenizer_dir(self) -> Path:
-        return self.tokenizer if self.tokenizer is not None else self.target
-
-    @property
     def dest(self) -> Path:
         return self.out if self.out is not None else Path("build/drafts") / Path(self.target).name
-
-    def teacher(self, split: str) -> TeacherConfig:
-        own = {f: getattr(self, f) for f in TeacherConfig.__dataclass_fields__}
-        if split == "validation":
-            own.update(prompts=self.val_prompts, source_windows=max(1, self.source_windows // 8),
-                       own_chats=min(self.own_chats, self.val_prompts // 4))
-        return TeacherConfig(**own)
 
 
 def new_draft(target, hidden: int, layers: int, seed: int):
