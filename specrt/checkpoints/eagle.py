@@ -162,6 +162,8 @@ def acceptance(head, data: Features, embed, weight, kept, depth: int, batch_size
 
 
 def eagle_key(cfg: EagleConfig, teacher_key: str) -> str:
+    """What the head's weights depend on: the training corpus's key (the target's weights among its inputs) and the
+    settings (not where it goes, nor what it is measured on)."""
     settings = {k: v for k, v in asdict(cfg).items()
                 if k not in ("out", "cache", "threads", "target", "tokenizer", "val_prompts", "eval_depth")}
     return hashlib.sha256(json.dumps({"eagle": teacher_key, **settings}, sort_keys=True, default=str).encode()

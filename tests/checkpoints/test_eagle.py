@@ -56,7 +56,7 @@ def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
     cfg, record = made
     before, after = record["before"], record["after"]
     assert after["first_guess"] > before["first_guess"] + 0.1, record
-    assert after["accepted_per_round"] >= after["first_guess"] and after["depth"] == 3
+    assert after["accepted_per_round"] > after["first_guess"] + 0.05 and after["depth"] == 3  # deeper guesses land
     assert set(after["by_kind"]) == {"code", "prose"}  # source windows are not the target's writing
     assert json.loads((cfg.dest / RECORD).read_text()) == record
     config = json.loads((cfg.dest / "config.json").read_text())
