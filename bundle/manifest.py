@@ -73,6 +73,11 @@ class ModelEntry:
     dtype: str  # dtype of the K/V and activations, e.g. "float32"
     num_params: int
     sliding_window: int | None = None  # each token attends to the previous `sliding_window` positions only
+    # its step's last hidden state is an output (contract.HIDDEN): a target whose draft reads it
+    hidden: bool = False
+    # its step reads the hidden state of each token's position before (contract.FEATURES): a feature-level draft head
+    features: bool = False
+    hidden_size: int = 0  # the width of those hidden states (0 where neither)
 
 
 def sha256_file(path: Path) -> str:
@@ -188,7 +193,7 @@ def load_manifest(bundle: str | Path, verify: bool | str = True) -> Manifest:
     return manifest
 
 
-_ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None)), "str | None": (str, type(None))}
+_ENTRY_TYPES = {"str": str, "int": int, "int | None": (int, type(None)), "str | None": (str, type(None)), "bool": bool}
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,7 @@ class Manifest:
                 if f.name not in entry and f.default is MISSING:
                     raise bad(f"models.{role}.{f.name} is missing")
                 if f.name in entry and (not isinstance(entry[f.name], _ENTRY_TYPES[f.type])
-                                        or isinstance(entry[f.name], bool)):
+                                        or isinstance(entry[f.name], bool) != (f.type == "bool")):
                     raise bad(f"models.{role}.{f.name} is {entry[f.name]!r}, not {f.type}")
             unknown = set(entry) - {f.name for f in fields(ModelEntry)}
             if unknown:

@@ -56,13 +56,14 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
     from specrt.graphs.parity import check_parity, text_tokens
     from specrt.graphs.passes import graph_bytes
     from specrt.model.checkpoint import load_checkpoint, load_tokenizer
-    from specrt.model.step import StepModule
+    from specrt.model.eagle import step_module
 
     manifest = load_manifest(bundle, verify=False)
     entry = manifest.models[role]
     t0 = time.perf_counter()
     model = load_checkpoint(bundle / entry.hf_dir, entry.dtype)
-    done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="inplace")
+    done = export_step_graph(model, dest, exporter="dynamo", external_data=external_data, kv_update="inplace",
+                             hidden=entry.hidden)
     if entry.dtype == "bfloat16":  # ONNX Runtime has no bfloat16 kernels on the CPU: nothing here can check it
         parity = {"cases": 0, "checked": False, "why": "bfloat16: ONNX Runtime has no bfloat16 CPU kernels"}
     else:
@@ -70,7 +71,7 @@ def export_in_place(bundle: Path, role: str, dest: Path, external_data: str = "a
         opts.log_severity_level = 3  # TensorScatter warns on every copy the check's unbound outputs cause
         session = onnxruntime.InferenceSession(str(dest), opts, providers=["CPUExecutionProvider"])
         tokens = text_tokens(load_tokenizer(bundle / manifest.tokenizer), model.config.vocab_size)
-        report = check_parity(session, StepModule(model).eval(), tokens, kv_update="inplace")
+        report = check_parity(session, step_module(model, entry.hidden).eval(), tokens, kv_update="inplace")
         del session
         if not report.ok():
             raise SpecrtError(f"the {role}'s in-graph step graph does not match PyTorch: {report}")

@@ -79,11 +79,12 @@ def _example_inputs(step, dtype, kv_update: str = "runtime") -> tuple:
     pos = torch.arange(num_tokens).expand(batch, num_tokens).contiguous()
     past = [torch.zeros((batch, step.num_kv_heads, capacity, step.head_dim), dtype=dtype)
             for _ in range(2 * step.num_layers)]
+    features = (torch.zeros((batch, num_tokens, step.fc.out_features), dtype=dtype),) if step.reads_features else ()
     if kv_update == "inplace":  # mask over the cache's slots; the new tokens are written at slots 1..3 and 2..4
         mask = torch.ones((batch, num_tokens, capacity), dtype=torch.bool)
-        return (ids, pos, mask, torch.tensor([1, 2]), *past)
+        return (ids, pos, mask, torch.tensor([1, 2]), *features, *past)
     mask = torch.ones((batch, num_tokens, capacity + num_tokens), dtype=torch.bool)
-    return (ids, pos, mask, *past)
+    return (ids, pos, mask, *features, *past)
 
 
 def _export_torchscript(step, args, path: Path, opset: int) -> None:
@@ -93,15 +94,17 @@ def _export_torchscript(step, args, path: Path, opset: int) -> None:
     dyn = {contract.INPUT_IDS: {0: "batch", 1: "num_tokens"},
            contract.POSITION_IDS: {0: "batch", 1: "num_tokens"},
            contract.ATTENTION_MASK: {0: "batch", 1: "num_tokens", 2: "capacity_plus_tokens"},
-           contract.LOGITS: {0: "batch", 1: "num_tokens"}}
+           contract.LOGITS: {0: "batch", 1: "num_tokens"},
+           contract.FEATURES: {0: "batch", 1: "num_tokens"}, contract.HIDDEN: {0: "batch", 1: "num_tokens"}}
     for layer in range(num_layers):
         for name in (contract.past_key(layer), contract.past_value(layer)):
             dyn[name] = {0: "batch", 2: "capacity"}
         for name in (contract.new_key(layer), contract.new_value(layer)):
             dyn[name] = {0: "batch", 2: "num_tokens"}
     # over 2 GiB of weights the TorchScript exporter writes external data (a file per tensor) beside `path`
-    torch.onnx.export(step, args, str(path), input_names=contract.input_names(num_layers),
-                      output_names=contract.output_names(num_layers), dynamic_axes=dyn, opset_version=opset,
+    dyn = {k: v for k, v in dyn.items() if k in step.input_names + step.output_names}
+    torch.onnx.export(step, args, str(path), input_names=step.input_names,
+                      output_names=step.output_names, dynamic_axes=dyn, opset_version=opset,
                       dynamo=False, do_constant_folding=True)
 
 
@@ -114,11 +117,13 @@ def _export_dynamo(step, args, path: Path, opset: int, kv_update: str = "runtime
 
     batch, tokens, capacity = Dim("batch"), Dim("num_tokens"), Dim("capacity")
     past = tuple({0: batch, 2: capacity} for _ in range(2 * step.num_layers))
+    features = ({0: batch, 1: tokens},) if step.reads_features else ()
     if kv_update == "inplace":
-        dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: capacity}, {0: batch}, past)
+        dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: capacity}, {0: batch},
+               *features, past)
     else:
         dyn = ({0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens, 2: Dim("capacity_plus_tokens")},
-               past)
+               *features, past)
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "torchvision is not installed" and other notes on ops a step never uses
@@ -126,8 +131,7 @@ def _export_dynamo(step, args, path: Path, opset: int, kv_update: str = "runtime
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(step, args, dynamo=True, dynamic_shapes=dyn, opset_version=opset,
-                                        input_names=contract.input_names(step.num_layers, kv_update),
-                                        output_names=contract.output_names(step.num_layers, kv_update),
+                                        input_names=step.input_names, output_names=step.output_names,
                                         optimize=True, verbose=False)
     finally:
         quiet.setLevel(level)
@@ -135,20 +139,21 @@ def _export_dynamo(step, args, path: Path, opset: int, kv_update: str = "runtime
 
 
 def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto",
-                      external_data: str = "auto", kv_update: str = "runtime") -> dict:
+                      external_data: str = "auto", kv_update: str = "runtime", hidden: bool = False) -> dict:
     """Export the model's StepModule to `path` (and `path`.data when its weights go to external data), checked
     and shape-inferred. exporter "auto" is the dynamo exporter (torch.export + onnxscript), falling back to the
     TorchScript one where it fails. Returns what was done: {"exporter", "external_data", and "fallback": why}.
 
     kv_update "inplace": the InPlaceStepModule (contract.py's in-graph variant) at opset >= 24, dynamo only (the
-    TorchScript exporter has no TensorScatter)."""
+    TorchScript exporter has no TensorScatter). hidden: with the last hidden state as an output (contract.HIDDEN);
+    a feature-level draft head (model/eagle.py) is exported with its features and hidden state."""
     import shutil
     import tempfile
 
     import torch
 
     from specrt.graphs.passes import data_file, finalize_graph
-    from specrt.model.step import InPlaceStepModule, StepModule
+    from specrt.model.eagle import step_module
 
     if exporter not in EXPORTERS or external_data not in EXTERNAL_DATA or kv_update not in contract.KV_UPDATES:
         raise SpecrtError(f"exporter must be one of {EXPORTERS}, external_data one of {EXTERNAL_DATA} and kv_update "
@@ -158,7 +163,7 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
             raise SpecrtError("the in-graph KV update is exported by the dynamo exporter only (TorchScript has no "
                               "TensorScatter)")
         exporter, opset = "dynamo", max(opset, IN_GRAPH_OPSET)
-    step = (InPlaceStepModule if kv_update == "inplace" else StepModule)(model).eval()
+    step = step_module(model, hidden, kv_update=kv_update).eval()
     dtype = next(model.parameters()).dtype
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     external = external_data == "always" or (external_data == "auto" and weight_bytes > EXTERNAL_DATA_BYTES)
@@ -191,14 +196,16 @@ def export_step_graph(model, path: Path, opset: int = 18, exporter: str = "auto"
     return done
 
 
-def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str) -> ModelEntry:
+def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str, hidden: bool) -> ModelEntry:
     c = model.config
+    features = getattr(model, "fc", None) is not None
     return ModelEntry(
         role=role, onnx=onnx_rel, hf_dir=hf_rel, model_type=c.model_type,
         num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
         vocab_size=c.vocab_size, max_positions=c.max_position_embeddings, sliding_window=sliding_window(c), dtype=dtype,
         num_params=sum(p.numel() for p in model.parameters()),
+        hidden=hidden or features, features=features, hidden_size=c.hidden_size if hidden or features else 0,
     )
 
 
@@ -259,7 +266,7 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> Manifest:
     return manifest
 
 
-def _check_graph(role: str, path: Path, model, dtype: str, external: bool, tokens) -> dict:
+def _check_graph(role: str, path: Path, model, dtype: str, external: bool, tokens, hidden: bool = False) -> dict:
     """Parity of the step graph in ONNX Runtime against the PyTorch step module on feeds from real text (`tokens`)
     with the model's own caches, random trees and ragged batches (graphs.parity). A bfloat16 graph is checked as its
     float32 copy (ONNX Runtime has no bfloat16 kernels on the CPU) against the module in float32 on the same bfloat16
@@ -268,7 +275,7 @@ def _check_graph(role: str, path: Path, model, dtype: str, external: bool, token
 
     from specrt.graphs.parity import check_parity
     from specrt.graphs.passes import data_file, upcast_bfloat16
-    from specrt.model.step import StepModule
+    from specrt.model.eagle import step_module
 
     check_dtype = dtype
     if dtype == "bfloat16":
@@ -278,7 +285,7 @@ def _check_graph(role: str, path: Path, model, dtype: str, external: bool, token
         model.float()
     try:
         sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        report = check_parity(sess, StepModule(model).eval(), tokens)
+        report = check_parity(sess, step_module(model, hidden).eval(), tokens)
         del sess
     finally:
         if dtype == "bfloat16":
@@ -300,10 +307,17 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> Manifest:
 
     from specrt.graphs.parity import text_tokens
 
+    from specrt.model.eagle import assemble_eagle, eagle_shape
+
     tokenizer = load_tokenizer(cfg.tokenizer_dir())
-    draft_tok = load_tokenizer(cfg.draft) if has_tokenizer(cfg.draft) else None
-    check_pair(load_config(cfg.target), load_config(cfg.draft), tokenizer, draft_tok)
-    target, draft = load_checkpoint(cfg.target, cfg.dtype), load_checkpoint(cfg.draft, cfg.dtype)
+    # a feature-level draft head reads the target's hidden states through the target's own tables: paired by making
+    head = eagle_shape(cfg.draft) is not None
+    if not head:
+        draft_tok = load_tokenizer(cfg.draft) if has_tokenizer(cfg.draft) else None
+        check_pair(load_config(cfg.target), load_config(cfg.draft), tokenizer, draft_tok)
+    target = load_checkpoint(cfg.target, cfg.dtype)
+    draft = assemble_eagle(cfg.draft, target, getattr(torch, cfg.dtype)) if head \
+        else load_checkpoint(cfg.draft, cfg.dtype)
     stages.update()
     tokenizer.save_pretrained(dest / "tokenizer")
     models, export, parity = {}, {}, {}
@@ -313,7 +327,8 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> Manifest:
         how = {}
         if cfg.onnx:
             stages.set_postfix_str(f"{role}: step graph ({cfg.exporter} exporter)")
-            how = export_step_graph(model, dest / onnx_rel, cfg.opset, cfg.exporter, cfg.external_data)
+            how = export_step_graph(model, dest / onnx_rel, cfg.opset, cfg.exporter, cfg.external_data,
+                                    hidden=head and role == "target")
             if "fallback" in how:
                 tqdm.write(f"{role}: the dynamo exporter cannot export it ({how['fallback']}); exported with the "
                            "TorchScript exporter")
@@ -321,11 +336,11 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> Manifest:
         stages.set_postfix_str(f"{role}: checkpoint copy")
         model.save_pretrained(dest / hf_rel, safe_serialization=True)
         stages.update()
-        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype)
+        models[role] = _entry(role, model, onnx_rel, hf_rel, cfg.dtype, head and role == "target")
         if cfg.check and cfg.onnx:
             stages.set_postfix_str(f"{role}: parity in ONNX Runtime")
             parity[role] = _check_graph(role, dest / onnx_rel, model, cfg.dtype, how["external_data"],
-                                        text_tokens(tokenizer, model.config.vocab_size))
+                                        text_tokens(tokenizer, model.config.vocab_size), head and role == "target")
         stages.update()
         export[role] = {"export_seconds": round(time.perf_counter() - t0, 2), "source": src.name, **how}
     onnx_files = [f for role in contract.ROLES for f in (f"{role}.onnx", f"{role}.onnx.data") if (dest / f).is_file()]

@@ -127,7 +127,9 @@ def real_feeds(module, tokens: np.ndarray, rng: np.random.Generator, dims: tuple
     holds the module's own K/V of the window (a prefill of `capacity` tokens; slots past the length hold later text's
     K/V, masked out), then a random tree of `num_tokens` new tokens continuing the text at the true positions.
     `module`: the reference, a function of the step's inputs as torch tensors on `device`; `dims`: its (layers,
-    KV heads, head dim); `full`: the first sequence's cache is full (its length is `capacity`)."""
+    KV heads, head dim); `full`: the first sequence's cache is full (its length is `capacity`). A module that
+    reads_features (a draft head: model/eagle.py) gets standard normal features of its width, in the cache's prefill
+    too."""
     span = capacity + num_tokens + 1
     stream = np.resize(tokens, max(len(tokens), span + 1))  # repeated where the text is shorter than a window
     starts = rng.integers(0, len(stream) - span + 1, size=batch)
@@ -147,15 +149,18 @@ def real_feeds(module, tokens: np.ndarray, rng: np.random.Generator, dims: tuple
         mask[b, :, capacity:] = tree
         positions[b] = lengths[b] + depth
     feeds = {contract.INPUT_IDS: ids, contract.POSITION_IDS: positions, contract.ATTENTION_MASK: mask}
-    past = prefill_cache(module, windows[:, :capacity], dims, np.dtype(dtype), device)
+    width = module.fc.out_features if getattr(module, "reads_features", False) else 0
+    if width:
+        feeds[contract.FEATURES] = rng.standard_normal((batch, num_tokens, width)).astype(dtype)
+    past = prefill_cache(module, windows[:, :capacity], dims, np.dtype(dtype), device, width)
     feeds.update(zip(contract.input_names(dims[0])[3:], past))
     return feeds
 
 
-def prefill_cache(module, ids: np.ndarray, dims: tuple[int, int, int], dtype: np.dtype, device: str = "cpu"
-                  ) -> list[np.ndarray]:
+def prefill_cache(module, ids: np.ndarray, dims: tuple[int, int, int], dtype: np.dtype, device: str = "cpu",
+                  features: int = 0) -> list[np.ndarray]:
     """The module's K/V [B, Hkv, S, D] of `ids` [B, S] in `dtype` (past_key.0, past_value.0, ...): one causal step
-    from an empty cache."""
+    from an empty cache (`features`: the width of a draft head's features, standard normal ones fed)."""
     import torch
 
     num_layers, num_kv_heads, head_dim = dims
@@ -167,7 +172,9 @@ def prefill_cache(module, ids: np.ndarray, dims: tuple[int, int, int], dtype: np
     pos = torch.arange(length).expand(batch, length)
     with torch.inference_mode():
         past = [torch.from_numpy(empty).to(device)] * (2 * num_layers)
-        out = module(torch.from_numpy(ids).to(device), pos.to(device), causal.to(device), *past)
+        fed = [torch.from_numpy(np.random.default_rng(length).standard_normal((batch, length, features))
+                                .astype(dtype)).to(device)] if features else []
+        out = module(torch.from_numpy(ids).to(device), pos.to(device), causal.to(device), *fed, *past)
     return [t.float().cpu().numpy().astype(dtype, copy=False) for t in out[1:1 + 2 * num_layers]]
 
 
@@ -181,6 +188,8 @@ def in_graph_feeds(feeds: dict[str, np.ndarray], num_layers: int, rng: np.random
     out = {contract.INPUT_IDS: feeds[contract.INPUT_IDS], contract.POSITION_IDS: feeds[contract.POSITION_IDS],
            contract.ATTENTION_MASK: contract.in_graph_mask(mask, lengths, capacity + num_tokens),
            contract.WRITE_INDICES: lengths}
+    if contract.FEATURES in feeds:
+        out[contract.FEATURES] = feeds[contract.FEATURES]
     for layer in range(num_layers):
         for name in (contract.past_key(layer), contract.past_value(layer)):
             past = feeds[name]
@@ -262,7 +271,7 @@ def check_parity(session, step_module, tokens: np.ndarray, num_cases: int = 6, s
     rng = np.random.default_rng(seed)
     m = step_module
     dtype = str(next(m.parameters()).dtype).removeprefix("torch.")
-    names = contract.output_names(m.num_layers, kv_update)
+    names = contract.output_names(m.num_layers, kv_update, m.hidden)
     shapes = [(1, 1, 0), (2, 5, 0)] + [
         (int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40))) for _ in range(max(0, num_cases - 2))
     ][:num_cases]
@@ -274,13 +283,14 @@ def check_parity(session, step_module, tokens: np.ndarray, num_cases: int = 6, s
         feeds = real_feeds(m, tokens, rng, (m.num_layers, m.num_kv_heads, m.head_dim), batch, num_tokens, capacity,
                            np.dtype(dtype), full=case >= num_cases)
         with torch.no_grad():
-            ref = m(*(torch.from_numpy(feeds[n]) for n in contract.input_names(m.num_layers)))
+            ref = m(*(torch.from_numpy(feeds[n]) for n in m.input_names))
         wanted = [r.float().numpy() for r in ref]
         if kv_update == "inplace":
             feeds = in_graph_feeds(feeds, m.num_layers, rng)
             slots = feeds[contract.WRITE_INDICES][:, None] + np.arange(num_tokens)  # [B, T]
-            for i, new in enumerate(wanted[1:]):  # the past with the module's new K/V written at each sequence's slots
-                present = feeds[contract.input_names(m.num_layers, kv_update)[4 + i]].astype(np.float32)
+            past = contract.input_names(m.num_layers, kv_update, m.reads_features)[-2 * m.num_layers:]
+            for i, new in enumerate(wanted[1:1 + 2 * m.num_layers]):  # the past, the module's new K/V written in
+                present = feeds[past[i]].astype(np.float32)
                 present[np.arange(batch)[:, None], :, slots] = new.transpose(0, 2, 1, 3)
                 wanted[1 + i] = present
         candidate.append(dict(zip(names, session.run(names, feeds))))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrt.contract import TOKENIZER_FILES
+from specrt.contract import EAGLE_HEAD, TOKENIZER_FILES
 from specrt.errors import SpecrtError, UnsupportedModelError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -43,11 +43,22 @@ def load_checkpoint(path: Path, dtype: str = "float32", device: str = "cpu"):
 
     if dtype not in DTYPES:
         raise SpecrtError(f"unsupported dtype {dtype!r} (choose from {', '.join(DTYPES)})")
-    load_config(path)
+    from transformers.utils import logging
+
+    head = getattr(load_config(path), EAGLE_HEAD, None) is not None  # a feature-level draft head (model/eagle.py)
+    level = logging.get_verbosity()
+    if head:  # its fc.weight is put back below, not a weight transformers should report as unexpected
+        logging.set_verbosity_error()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     except (OSError, RuntimeError, ValueError) as e:
         raise SpecrtError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
+    finally:
+        logging.set_verbosity(level)
+    if head:
+        from specrt.model.eagle import attach_fc
+
+        attach_fc(model, path)
     return text_model(model).eval().to(device)
 
 

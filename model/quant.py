@@ -163,12 +163,14 @@ def quantize_step(step_module: nn.Module, scheme: str) -> QuantReport:
     return QuantReport(scheme, quantized, kept, before, module_bytes(step_module), round(time.perf_counter() - t0, 3))
 
 
-def load_step_module(hf_dir, dtype: str, device: str, prompt_embeddings=None, quant: str | None = None):
+def load_step_module(hf_dir, dtype: str, device: str, prompt_embeddings=None, quant: str | None = None,
+                     hidden: bool = False):
     """(StepModule of the checkpoint in hf_dir, in eval mode on `device`, QuantReport or None): what the torch
-    and static backends run; `quant` one of TORCH_SCHEMES or None (the weights as exported)."""
+    and static backends run; `quant` one of TORCH_SCHEMES or None (the weights as exported); `hidden`: its last hidden
+    state an output too (a draft head's step always has it: model/eagle.py)."""
     from specrt.model.checkpoint import load_checkpoint
-    from specrt.model.step import StepModule
+    from specrt.model.eagle import step_module
 
     prompts = None if prompt_embeddings is None else torch.from_numpy(prompt_embeddings)
-    module = StepModule(load_checkpoint(hf_dir, dtype, device), prompts).eval()
+    module = step_module(load_checkpoint(hf_dir, dtype, device), hidden, prompts).eval()
     return module, None if quant is None else quantize_step(module, quant)

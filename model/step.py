@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from specrt import contract
 from specrt.contract import HEAD_VOCABULARY, SUPPORTED_MODEL_TYPES, UNSCORED_LOGIT, rotate_half_matrix
 from specrt.errors import UnsupportedModelError
 from specrt.model.step_ops import grouped_matmul, merged_linear, rope, scatter_rows
@@ -110,12 +111,17 @@ def _rotate_half_matrix(head_dim: int) -> torch.Tensor:
 
 
 class StepModule(nn.Module):
-    """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer.
+    """forward(input_ids, position_ids, attention_mask, *past) -> (logits, *new_kv), flat per layer; with `hidden`,
+    (logits, *new_kv, hidden): the last hidden state [B, T, H] after the final norm too (contract.HIDDEN).
 
     Each decoder layer runs as a StepLayer (`layer_steps`), the unit `compile_layers` hands to torch.compile."""
 
-    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None):
+    reads_features = False  # its step takes contract.FEATURES (model/eagle.py)
+    kv_update = "runtime"  # who writes the new K/V into the cache (contract.KV_UPDATES): InPlaceStepModule's graph
+
+    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None, hidden: bool = False):
         super().__init__()
+        self.hidden = hidden
         config = hf_model.config
         check_supported(config)
         self.hf = hf_model
@@ -212,14 +218,26 @@ class StepModule(nn.Module):
             x = torch.where(prompt[..., None], prompts, words)
         return x if scale == 1.0 else x * scale
 
+    @property
+    def input_names(self) -> list[str]:
+        return contract.input_names(self.num_layers, self.kv_update, self.reads_features)
+
+    @property
+    def output_names(self) -> list[str]:
+        return contract.output_names(self.num_layers, self.kv_update, self.hidden)
+
     def forward(self, input_ids, position_ids, attention_mask, *past, room: bool = False):
         # input_ids, position_ids: [B, T]; attention_mask: [B, T, S + T] bool
         # past: past_key.0, past_value.0, past_key.1, ... each [B, Hkv, S, D]; with room, [B, Hkv, S + T, D], the
         # new rows written into the last T slots (StepLayer.forward)
-        x, ropes = self._begin(input_ids, position_ids)
+        return self._step(self.embed(input_ids), position_ids, attention_mask, past, room)
+
+    def _step(self, x, position_ids, attention_mask, past, room: bool):
+        """The step from the new tokens' input rows x [B, T, hidden] on."""
+        ropes = self._ropes(x, position_ids)
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
-        cached = past[0].shape[2] - (input_ids.shape[1] if room else 0)
+        cached = past[0].shape[2] - (position_ids.shape[1] if room else 0)
         biases = self._window_biases(bias, position_ids, cached) if self.family.layer_windows else {}
         new_kv = []
         for layer_idx, layer in enumerate(self._layer_calls):
@@ -227,7 +245,8 @@ class StepModule(nn.Module):
             x, k, v = layer(x, *ropes[layer_idx], biases.get(window, bias), self.rotate_half, past[2 * layer_idx],
                             past[2 * layer_idx + 1], room)
             new_kv += [k, v]
-        return (self._logits(x), *new_kv)
+        x = self.hf.model.norm(x)
+        return (self._logits(x), *new_kv) + ((x,) if self.hidden else ())
 
     def _window_biases(self, bias, position_ids, cached: int) -> dict:
         """{window: bias} for the family's windowed layers: `bias` with every key `window` or more positions before
@@ -239,9 +258,8 @@ class StepModule(nn.Module):
         return {w: bias.masked_fill((distance >= w)[:, None, None], torch.finfo(torch.float32).min)
                 for w in set(self.family.layer_windows) if w is not None}
 
-    def _begin(self, input_ids, position_ids):
-        """(x [B, T, hidden], [(cos, sin) [B, 1, 1, T, D] of each layer]) of the new tokens."""
-        x = self.embed(input_ids)  # [B, T, hidden]
+    def _ropes(self, x, position_ids):
+        """[(cos, sin) [B, 1, 1, T, D] of each layer] of the new tokens (x: their rows [B, T, hidden])."""
         model, types = self.hf.model, self.family.layer_ropes
         if not types:
             tables = {None: model.rotary_emb(x, position_ids)}  # [B, T, D] each
@@ -251,10 +269,10 @@ class StepModule(nn.Module):
         else:
             tables = {t: model.rotary_emb(x, position_ids, t) for t in set(types)}
         tables = {t: (cos[:, None, None], sin[:, None, None]) for t, (cos, sin) in tables.items()}
-        return x, [tables[types[i] if types else None] for i in range(self.num_layers)]
+        return [tables[types[i] if types else None] for i in range(self.num_layers)]
 
     def _logits(self, x):
-        x = self.hf.model.norm(x)
+        """The LM head's logits of the final norm's output x."""
         kept = self.head_rows is not None
         logits = (nn.functional.linear(x, self.head_rows) if kept else self.hf.lm_head(x)).float()  # [B, T, V or K]
         scaling, cap = self.family.logits_scaling, self.family.final_softcap
@@ -404,8 +422,10 @@ class InPlaceStepModule(StepModule):
     (softmax_precision) whatever the weights' dtype.
     """
 
-    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None):
-        super().__init__(hf_model, prompt_embeddings)
+    kv_update = "inplace"
+
+    def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None, hidden: bool = False):
+        super().__init__(hf_model, prompt_embeddings, hidden)
         f = self.family
         if f.attn_softcap is not None or f.layer_windows:
             raise UnsupportedModelError(f"model_type={hf_model.config.model_type!r}: the in-graph KV update's Attention "
@@ -413,9 +433,10 @@ class InPlaceStepModule(StepModule):
                                         "KV update (the exported step graphs)")
 
     def forward(self, input_ids, position_ids, attention_mask, write_indices, *past):
-        x, ropes = self._begin(input_ids, position_ids)
-        mask = attention_mask[:, None]  # [B, 1, T, C]
-        present = []
+        return self._step_in_place(self.embed(input_ids), position_ids, attention_mask, write_indices, past)
+
+    def _step_in_place(self, x, position_ids, attention_mask, write_indices, past):
+        ropes, mask, present = self._ropes(x, position_ids), attention_mask[:, None], []  # mask: [B, 1, T, C]
         for layer_idx, step in enumerate(self.layer_steps):
             q, k, v = step.qkv(x, *ropes[layer_idx], self.rotate_half)
             keys = scatter_rows(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
@@ -424,4 +445,5 @@ class InPlaceStepModule(StepModule):
             out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=step.layer.self_attn.scaling,
                                            softmax_precision=1)[0]  # [B, H, T, D]; 1: ONNX's FLOAT
             x = step.end(x, out.transpose(1, 2))
-        return (self._logits(x), *present)
+        x = self.hf.model.norm(x)
+        return (self._logits(x), *present) + ((x,) if self.hidden else ())

@@ -32,7 +32,12 @@ class MethodContext:
     prompt_tokens: object  # PPD's PromptTokens where the target holds them, else None
     prompt_tokens_refused: str  # why PPD cannot run where there are none
 
-    def draft_runner(self):
+    def draft_runner(self, method: str, head: bool = False):
+        """A runner of the draft model for `method`; `head`: the method also drafts with a feature-level head (EAGLE:
+        ModelEntry.features), which needs the target's hidden states and is refused by the others."""
+        if self.draft.entry.features and not head:
+            raise InvalidRequestError(f"{method} drafts with a draft model's own steps, and this bundle's draft is a "
+                                      "head on the target's hidden states (EAGLE): use sd or tree")
         return self.draft.runner()
 
     def ppd_tree(self, batch_size: int):

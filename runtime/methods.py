@@ -28,8 +28,8 @@ from typing import ClassVar
 
 from specrt.config import option
 from specrt.errors import BundleError, InvalidRequestError
-from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, DynamicTreeDrafter, MergedDrafter, NgramDrafter,
-                                     PromptTokenDrafter)
+from specrt.runtime.drafters import (BeamDrafter, DraftModelDrafter, DynamicTreeDrafter, EagleDrafter, MergedDrafter,
+                                     NgramDrafter, PromptTokenDrafter)
 from specrt.runtime.drafters.dynamic import tree_shape
 from specrt.runtime.drafters.merge import MERGE_MIN_PROB
 from specrt.runtime.method_base import METHODS, Built, Method, MethodContext, make_method, register
@@ -125,7 +125,10 @@ class MergeOptions(NgramOptions):
 def static_tree_built(ctx: MethodContext, spec: TreeSpec | dict[int, TreeSpec], params: SamplingParams) -> Built:
     """The draft model filling a static tree (or, by live batch size, one of several: DraftModelDrafter)."""
     largest = max(map(len, spec.values())) if isinstance(spec, dict) else len(spec)
-    return Built(DraftModelDrafter(ctx.draft_runner(), spec, ctx.bucket), make_verifier(params), largest + 1)
+    # a draft head reads the target's hidden states beside its tokens (ModelEntry.features): EAGLE's drafter
+    kind = EagleDrafter if ctx.draft.entry.features else DraftModelDrafter
+    return Built(kind(ctx.draft_runner("sd and tree", head=True), spec, ctx.bucket), make_verifier(params),
+                 largest + 1)
 
 
 @register
@@ -218,7 +221,7 @@ class Dynamic(MergeOptions):
     def build(self, ctx, params, batch_size):
         width, depth = self.shape
         temperature = self.draft_temperature or ctx.evidence.draft_temperature()
-        drafter = DynamicTreeDrafter(ctx.draft_runner(), self.num_draft_tokens, width, depth, ctx.bucket,
+        drafter = DynamicTreeDrafter(ctx.draft_runner(self.name), self.num_draft_tokens, width, depth, ctx.bucket,
                                      temperature)
         return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), ctx, params, batch_size)
 
@@ -268,7 +271,8 @@ class Mtad(Method):
         return max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
 
     def build(self, ctx, params, batch_size):
-        drafter = BeamDrafter(ctx.draft_runner(), self.num_beams, self.num_draft_tokens, ctx.bucket, self.verify_beams)
+        drafter = BeamDrafter(ctx.draft_runner(self.name), self.num_beams, self.num_draft_tokens, ctx.bucket,
+                              self.verify_beams)
         return Built(drafter, JointLikelihoodVerifier(self.tau), self.round_tokens())
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from specrt.errors import InvalidRequestError
 from specrt.runtime.backends import Runner
 from specrt.runtime.drafters import Drafter
 from specrt.runtime.sampling import SamplingParams, rng_of
@@ -166,8 +167,9 @@ class Scheduler:
         ran = list(live)
         cache = self.target.new_cache(len(live), self.bucket)
         cache.compute_holes = self.padded
+        hidden = self._hidden_reader()
         t0 = time.perf_counter()
-        steps = prefill(self.target, cache, [s.tokens[:-1] for s in live])
+        steps = prefill(self.target, cache, [s.tokens[:-1] for s in live], on_hidden=hidden)
         if self.drafter is not None:
             self.drafter.start(live)
         self._prefilled(live, steps, t0)
@@ -201,7 +203,7 @@ class Scheduler:
             new = waiting.take(max_batch - len(live)) if len(live) < max_batch else []
             if new:
                 t0 = time.perf_counter()
-                steps = admit(self.target, cache, [s.tokens[:-1] for s in new])
+                steps = admit(self.target, cache, [s.tokens[:-1] for s in new], on_hidden=hidden)
                 if self.drafter is not None:
                     self.drafter.admit(new)
                 self._prefilled(new, steps, t0)
@@ -209,6 +211,17 @@ class Scheduler:
                 ran += new
         for s in ran:
             s.stats.seconds.total = time.perf_counter() - t_start
+
+    def _hidden_reader(self):
+        """The drafter's target_hidden where it reads the target's hidden states (a draft head), else None; refused
+        where the target's steps do not give them."""
+        if self.drafter is None or not self.drafter.reads_target_hidden:
+            return None
+        if not self.target.emits_hidden:
+            raise InvalidRequestError(f"this draft head reads the target's hidden states: the target's step on the "
+                                      f"{self.target.backend.name} backend does not give them (export the bundle with "
+                                      "the head as its draft; run it on the ort or torch backend)")
+        return self.drafter.target_hidden
 
     def _draft(self, live: list[SeqState], params: SamplingParams, rngs) -> tuple[list[DraftTree], RoundTimes]:
         """Each live sequence's draft tree for this round, and what drafting cost."""
@@ -241,6 +254,9 @@ class Scheduler:
         if self.drafter is not None:
             if self.drafter.reads_target_logits:  # a drafter that reads them takes them where they lie
                 self.drafter.target_logits(self.target.last_logits)
+            if self.drafter.reads_target_hidden:  # the rows committed: the root's and the accepted path's
+                self.drafter.target_hidden(self.target.last_hidden, [np.asarray([0] + [n + 1 for n in v.path])
+                                                                     for v in verdicts])
             self.drafter.commit(live, verdicts)
         return verdicts
 

@@ -26,26 +26,44 @@ from specrt.runtime.kv_cache import KVCache
 PREFILL_CHUNK = 256
 
 
-def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head="logits", last: bool = False):
+def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head="logits", last: bool = False,
+              features: Sequence[np.ndarray] | None = None, on_hidden=None):
     """Feed each sequence's rows causally after its cached prefix and append all their K/V.
 
     Used for prefill and for draft-model steps; returns logits [B, T, V] (valid until the runner's
     next step), or what `head` keeps of them (Runner.step); `last`: of each sequence's last row only ([B, V]).
+    `features`: a draft head's, one [n_b, H] array per sequence (pack_features); `on_hidden(hidden, rows)`: called
+    after the step with its hidden states (Runner.last_hidden) and each sequence's rows, where the runner gives them.
     """
     counts = [len(r) for r in rows]
     cache.reserve(int(max(cache.lengths + np.asarray(counts))))
     start = cache.positions()
     positions = [start[b] + np.arange(n) for b, n in enumerate(counts)]
     ids, pos, mask = pack_step(cache, rows, positions)
-    logits, new_kv = runner.step(ids, pos, mask, cache, head, [n - 1 for n in counts] if last else None)
+    fed = {} if features is None else {"features": pack_features(features, ids.shape[1])}
+    logits, new_kv = runner.step(ids, pos, mask, cache, head, [n - 1 for n in counts] if last else None, **fed)
     cache.append(new_kv, counts)
+    if on_hidden is not None and runner.last_hidden is not None:
+        on_hidden(runner.last_hidden, [np.arange(n) for n in counts])
     return logits
 
 
-def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | None = None) -> int:
+def pack_features(features: Sequence[np.ndarray], num_tokens: int) -> np.ndarray:
+    """[B, num_tokens, H] float32 of one [n_b, H] array per sequence (n_b <= num_tokens), zeros in the holes."""
+    width = max(f.shape[-1] for f in features)
+    out = np.zeros((len(features), num_tokens, width), np.float32)
+    for b, f in enumerate(features):
+        out[b, :len(f)] = f
+    return out
+
+
+def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | None = None, features=None,
+            on_hidden=None) -> int:
     """Feed each sequence's rows after its cached prefix, `chunk` tokens per sequence per step (default
     PREFILL_CHUNK, or the runner's max_step_tokens if smaller; 0: all in one step), appending their K/V;
-    logits are not kept. Returns the number of steps.
+    logits are not kept. Returns the number of steps. `features` (a draft head's: one [len(rows[b]), H] array per
+    sequence) and `on_hidden(hidden, rows)`, where the runner gives hidden states: as feed_rows, chunk by chunk (the
+    rows of each chunk counted from the chunk's first).
 
     Chunks bound a step's shape whatever the prompt length, so the backend's working memory is bounded
     too (an ONNX Runtime arena sized by a 1900-token prefill stays that size)."""
@@ -55,26 +73,34 @@ def prefill(runner, cache: KVCache, rows: Sequence[np.ndarray], chunk: int | Non
     size = (PREFILL_CHUNK if chunk is None else chunk) or longest
     size = min(size, getattr(runner, "max_step_tokens", None) or size)
     for start in range(0, longest, size):
-        feed_rows(runner, cache, [r[start:start + size] for r in rows], head="discard")  # no logits to the host
+        fed = None if features is None else [f[start:start + size] for f in features]
+        feed_rows(runner, cache, [r[start:start + size] for r in rows], "discard", features=fed,  # no logits to host
+                  on_hidden=on_hidden)
     return -(-longest // size)
 
 
-def admit(runner, cache: KVCache, rows: Sequence[np.ndarray]) -> int:
+def admit(runner, cache: KVCache, rows: Sequence[np.ndarray], features=None, on_hidden=None) -> int:
     """Add one sequence per entry of `rows` after the cache's sequences, their rows prefilled (continuous
     batching); returns the prefill steps. The running sequences are not stepped: a dynamic cache prefills the
     new ones in a cache of their own, then takes it over; a static one (fixed addresses) prefills each alone in
     its engine's admission cache (Runner.admission_cache: a store of its own whose slots are then copied in, or
     the batch store's next free row). An engine without one prefills them in place, the running sequences
-    stepped as empty rows (a step as wide as the whole batch)."""
+    stepped as empty rows (a step as wide as the whole batch). `features`, `on_hidden`: as prefill's, for the new
+    sequences (on_hidden takes `first=` too: the batch row of the step's first sequence)."""
     if cache.is_static and not runner.backend.admits_alone:
         old = cache.batch
         cache.add_rows(len(rows))
-        return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows))
-    steps = 0
-    for group in [[r] for r in rows] if cache.is_static else [list(rows)]:  # the admission cache holds one
+        fed = None if features is None else [np.zeros((0, features[0].shape[-1]), np.float32)] * old + list(features)
+        return prefill(runner, cache, [np.zeros(0, np.int64)] * old + list(rows), features=fed,
+                       on_hidden=on_hidden and (lambda hidden, at: on_hidden(hidden, at, first=0)))
+    steps, first = 0, cache.batch
+    groups = [[b] for b in range(len(rows))] if cache.is_static else [list(range(len(rows)))]  # admission: one each
+    for group in groups:
         fresh = runner.admission_cache(cache) if cache.is_static else runner.new_cache(len(group), cache.bucket)
         fresh.compute_holes = cache.compute_holes
-        steps += prefill(runner, fresh, group)
+        tap = on_hidden and (lambda hidden, at, f=first + group[0]: on_hidden(hidden, at, first=f))
+        steps += prefill(runner, fresh, [rows[b] for b in group], features=features and [features[b] for b in group],
+                         on_hidden=tap)
         cache.extend(fresh)
     return steps
 

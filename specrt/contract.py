@@ -30,6 +30,14 @@ Cache slot s of a sequence holds the K/V of its position s (the runtime appends 
 position 0): a family whose layers window their attention differently (Gemma 2) derives each layer's window in the
 graph from that and position_ids, on top of attention_mask.
 
+A step may carry one more input and one more output (EAGLE, Li et al. 2024: a draft head on the target's own hidden
+state), each named in a graph only where its model has them:
+
+    hidden           [B, T, H]       float  output: the last hidden state of each new token, after the final norm
+                                            (what the LM head reads); a target's where its draft reads it
+    features         [B, T, H]       float  input: a feature-level draft head's (EAGLE_HEAD) hidden state of the
+                                            position before each new token: the target's, or its own guess of it
+
 Binding names are built here and nowhere else.
 """
 
@@ -42,12 +50,17 @@ POSITION_IDS = "position_ids"
 ATTENTION_MASK = "attention_mask"
 WRITE_INDICES = "write_indices"
 LOGITS = "logits"
+HIDDEN = "hidden"
+FEATURES = "features"
 HOLE_POSITION = -1  # position_ids of a hole row (no real token has a negative position)
 # A draft's config may name the token ids its LM head scores (the most frequent in its target's text; FR-Spec, Zhao et
 # al. 2025): its logits stay [B, T, V], every other id at UNSCORED_LOGIT, which softmax takes to exactly 0 in float32
 # and which doubled or summed stays finite.
 HEAD_VOCABULARY = "specrt_head_vocabulary"
 UNSCORED_LOGIT = -1e30
+# a feature-level draft head's checkpoint (`specrt models eagle`) says so in its config.json under this key: its shape,
+# and the target whose hidden states it reads
+EAGLE_HEAD = "specrt_eagle"
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3_text")
 ROLES = ("target", "draft")
@@ -110,18 +123,19 @@ def parity_tolerance(per_unit: float, scale: float) -> float:
     return per_unit * max(1.0, scale)
 
 
-def input_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
-    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK] + ([WRITE_INDICES] if kv_update == "inplace" else [])
+def input_names(num_layers: int, kv_update: str = "runtime", features: bool = False) -> list[str]:
+    names = [INPUT_IDS, POSITION_IDS, ATTENTION_MASK] + ([WRITE_INDICES] if kv_update == "inplace" else []) \
+        + ([FEATURES] if features else [])
     for layer in range(num_layers):
         names += [past_key(layer), past_value(layer)]
     return names
 
 
-def output_names(num_layers: int, kv_update: str = "runtime") -> list[str]:
+def output_names(num_layers: int, kv_update: str = "runtime", hidden: bool = False) -> list[str]:
     names = [LOGITS]
     for layer in range(num_layers):
         names += [present_key(layer), present_value(layer)] if kv_update == "inplace" else [new_key(layer), new_value(layer)]
-    return names
+    return names + ([HIDDEN] if hidden else [])
 
 
 def in_graph_mask(attention_mask: np.ndarray, starts: np.ndarray, capacity: int, out: np.ndarray | None = None

@@ -38,6 +38,25 @@ def fp16_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def eagle_head(tmp_path_factory):
+    """(EagleConfig, record) of an EAGLE head trained briefly on the demo target's text (~20 s)."""
+    from specrt.checkpoints.eagle import EagleConfig, make_eagle
+
+    root = tmp_path_factory.mktemp("eagle")
+    cfg = EagleConfig(target=DEMO_DIR / "target", tokenizer=DEMO_DIR / "tokenizer", out=root / "eagle",
+                      cache=root / "cache", prompts=48, new_tokens=32, source_windows=8, window=64, top_k=4,
+                      gen_batch=8, steps=120, batch_size=8, lr=3e-3, val_prompts=8, threads=2, head_vocab=512,
+                      depth=2, eval_depth=3)
+    return cfg, make_eagle(cfg, progress=False)
+
+
+@pytest.fixture(scope="session")
+def eagle_bundle(eagle_head, tmp_path_factory):
+    """The demo target with that head as its draft (the target's step gives its hidden states)."""
+    return _export(tmp_path_factory.mktemp("bundle") / "eagle", draft=eagle_head[0].dest, exporter="torchscript")
+
+
+@pytest.fixture(scope="session")
 def humaneval():
     from specrt.bench.prompts import humaneval_prompts
 

@@ -16,6 +16,10 @@
                         reduces them there, so only what the head keeps crosses to the host ([B, T] int64 instead
                         of [B, T, V] float32: with a 128K vocabulary, 8 bytes a row instead of 512 KB)
         new_kv          [L, 2, B, Hkv, T, D] (the backend's array kind; valid until this runner's next step)
+    runner.step(..., features=[B, T, H])         a draft head's step (ModelEntry.features; contract.FEATURES)
+    runner.last_hidden                           [B, T, H] the last step's hidden states where its graph gives them
+                                                 (ModelEntry.hidden), as the backend holds them, valid until its next
+                                                 step; else None
 
 A Backend is the loaded model (an ONNX Runtime session, a torch module): shared, thread-safe. A Runner
 is one caller's handle on it, never shared between threads: the Pipeline makes one per generate call,
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.bundle.manifest import ModelEntry
+from specrt.errors import InvalidRequestError
 from specrt.runtime.kv_cache import KVCache
 from specrt.runtime.sampling import logsumexp, top_k
 
@@ -89,6 +94,10 @@ class Backend(ABC):
     # its step computes logits only for the rows asked (_run's rows [B, R]: [B, R, V] logits), so a prefill runs no
     # LM head and a draft fed several rows one row's (OrtBackend: graphs/logit_rows.py)
     selects_rows: bool = False
+    # it feeds a draft head's features and returns a step's hidden states where the graph has them (ModelEntry.features,
+    # ModelEntry.hidden): _run takes features= and returns (logits, new_kv, hidden)
+    feature_steps: bool = False
+    gives_hidden: bool = False  # its steps return their hidden states (the graph or module it runs has them)
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
@@ -130,7 +139,8 @@ class Backend(ABC):
     def _run(self, binding, input_ids, position_ids, attention_mask, cache: KVCache):
         """The backend-specific step (see the module docstring), with the runner's binding: (logits [B, T, V] as the
         backend holds them, new_kv); _head brings them to the host. A backend that selects_rows takes `rows=` [B, R]
-        too (the rows of each sequence whose logits it computes: [B, R, V])."""
+        too (the rows of each sequence whose logits it computes: [B, R, V]); one with feature_steps takes `features=`
+        where its graph reads them and returns (logits, new_kv, hidden [B, T, H] or None)."""
 
     def _wait(self) -> None:
         """Wait until the steps this backend queued have ended (Runner.wait): its steps end before they return."""
@@ -217,20 +227,38 @@ class Runner:
         # head brought to the host (None after a "discard" step; [B, 1, V] after a step with `pick` on a backend that
         # selects_rows): valid until the next step (a drafter reads rows of them where they lie)
         self.last_logits = None
+        self.last_hidden = None  # the last step's hidden states [B, T, H] where its graph gives them (module docstring)
+
+    @property
+    def emits_hidden(self) -> bool:
+        """Whether its steps give their hidden states (last_hidden): what a feature-level draft head reads."""
+        return self.backend.gives_hidden
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-             head: "str | TopLogProbs" = "logits", pick: np.ndarray | None = None):
+             head: "str | TopLogProbs" = "logits", pick: np.ndarray | None = None, features=None):
         """Run one step; returns (logits [B, T, V] numpy, or what `head` keeps of them (HEADS), new_kv [L, 2, B, Hkv,
         T, D]). `pick` [B]: one row of each sequence (e.g. its last fed token's), the only one the head reads:
-        logits [B, V] (or what the head keeps of them), chosen where the logits lie."""
+        logits [B, V] (or what the head keeps of them), chosen where the logits lie. `features` [B, T, H]: a draft
+        head's (ModelEntry.features), required there and refused elsewhere."""
         if head not in HEADS and not isinstance(head, TopLogProbs):
             raise ValueError(f"head must be one of {', '.join(HEADS)} or a TopLogProbs, got {head!r}")
         rows = {}  # the rows whose logits are read, where the backend computes only those
         if self.backend.selects_rows and (head == "discard" or pick is not None):
             rows["rows"] = np.zeros((len(input_ids), 0), np.int64) if pick is None \
                 else np.asarray(pick, dtype=np.int64)[:, None]
+        reads = getattr(self.entry, "features", False)
+        if (features is not None) != reads:
+            raise InvalidRequestError(f"the {self.entry.role}'s step {'reads' if reads else 'has no'} features (a "
+                                      "draft head's input: the hidden state before each new token)")
+        if features is not None:
+            if not self.backend.feature_steps:
+                raise InvalidRequestError(f"the {self.backend.name} backend does not run draft heads that read "
+                                          "features")
+        fed = {} if features is None else {"features": features}
         t0 = time.perf_counter()
-        logits, new_kv = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache, **rows)
+        logits, new_kv, *hidden = self.backend._run(self._binding, input_ids, position_ids, attention_mask, cache,
+                                                    **rows, **fed)
+        self.last_hidden = hidden[0] if hidden else None
         t1 = time.perf_counter()
         self.last_logits = None if head == "discard" else logits  # a prefill's are not kept alive past its step
         if pick is not None:  # (the one row computed, where the backend chose it)

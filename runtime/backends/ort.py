@@ -69,6 +69,8 @@ class _Binding:
         self.bound_out = None  # (logits, new_kv) arrays bound as outputs
         self.mask = _GrowingBuffer(np.bool_)  # kv_update "inplace": the mask over the cache's slots
         self.rows = {}  # the rows whose logits a step computes (graphs/logit_rows.py): alive while bound
+        self.hidden = _GrowingBuffer()  # contract.HIDDEN, where the graph gives it
+        self.features = None  # contract.FEATURES as bound: alive while bound
 
     def bind_in(self, name: str, arr: np.ndarray) -> None:
         self.io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
@@ -79,6 +81,7 @@ class _Binding:
 
 class OrtBackend(Backend):
     name = "ort"
+    feature_steps = True
     fused_norms = 0  # RMSNorms fused into ONNX Runtime's SimplifiedLayerNormalization kernel (ort_fusions.py)
     merged_matmuls = 0  # MatMuls merged into another that reads the same input (ort_fusions.py)
     grouped_attention = 0  # in-graph layers run by ONNX Runtime's GroupQueryAttention kernel (ort_attention.py)
@@ -119,6 +122,8 @@ class OrtBackend(Backend):
             try:
                 with HugePages(huge_pages) as pages:
                     self.session = self._session(Path(onnx_path), threads, spin, grouped)
+                # a bundle's target graph has them where its draft is a head; its in-graph variant has none
+                self.gives_hidden = any(o.name == contract.HIDDEN for o in self.session.get_outputs())
                 self.huge_pages = pages  # what was collapsed into huge pages (.bytes), or why nothing was (.reason)
                 return
             except Exception as e:  # onnxruntime raises its own exception types
@@ -220,9 +225,9 @@ class OrtBackend(Backend):
     def _new_binding(self) -> _Binding:
         return _Binding(self.session, np.dtype(self.entry.dtype))
 
-    def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None):
+    def _run(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None, features=None):
         if self.kv_update == "inplace":
-            return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache, rows)
+            return self._run_in_place(binding, input_ids, position_ids, attention_mask, cache, rows, features)
         # Bindings persist across a runner's steps: only what changed since its last step is re-bound
         # (token inputs every step; the cache after it grew or shrank; outputs when B or T changed).
         e = self.entry
@@ -241,8 +246,20 @@ class OrtBackend(Backend):
                 binding.bind_out(contract.new_key(layer), new_kv[layer, 0])
                 binding.bind_out(contract.new_value(layer), new_kv[layer, 1])
             binding.bound_out = (logits, new_kv)
+        hidden = self._bind_hidden(binding, batch, num_tokens, features)
         self.session.run_with_iobinding(binding.io)
-        return logits, new_kv
+        return logits, new_kv, hidden
+
+    def _bind_hidden(self, binding: _Binding, batch: int, num_tokens: int, features):
+        """Bind a draft head's features and the hidden states output where the graph has them; the latter's array."""
+        if features is not None:
+            binding.features = np.ascontiguousarray(features, dtype=np.float32)
+            binding.bind_in(contract.FEATURES, binding.features)
+        if not self.gives_hidden:
+            return None
+        hidden = binding.hidden.view((batch, num_tokens, self.entry.hidden_size))
+        binding.bind_out(contract.HIDDEN, hidden)  # every step: its view moves with B and T (a call, not a copy)
+        return hidden
 
     def _bind_cache(self, binding: _Binding, cache, in_place: bool) -> None:
         """Bind the cache's layers as past_key/past_value (and, in place, as present_key/present_value), unless
@@ -267,7 +284,8 @@ class OrtBackend(Backend):
             binding.bind_in(name, array)
         return position_ids.shape[1] if rows is None else np.shape(rows)[1]
 
-    def _run_in_place(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None):
+    def _run_in_place(self, binding: _Binding, input_ids, position_ids, attention_mask, cache, rows=None,
+                      features=None):
         e = self.entry
         batch, num_tokens = input_ids.shape
         starts = cache.lengths.copy()
@@ -284,5 +302,6 @@ class OrtBackend(Backend):
         if out is None or out[0].shape != logits.shape or out[0].ctypes.data != logits.ctypes.data:
             binding.bind_out(contract.LOGITS, logits)
             binding.bound_out = (logits, None)
+        hidden = self._bind_hidden(binding, batch, num_tokens, features)
         self.session.run_with_iobinding(binding.io)
-        return logits, CacheRows(cache, starts, num_tokens)
+        return logits, CacheRows(cache, starts, num_tokens), hidden

@@ -13,6 +13,7 @@ from specrt.runtime.backends.base import Backend, torch_head, torch_input, torch
 
 class TorchBackend(Backend):
     name = "torch"
+    feature_steps = True
 
     def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, prompt_embeddings=None,
                  quant: str | None = None):
@@ -25,23 +26,25 @@ class TorchBackend(Backend):
         self.torch = torch
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
-        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, quant)
+        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, quant, entry.hidden)
+        self.gives_hidden = self.module.hidden
 
     def allocate(self, shape):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-    def _run(self, binding, input_ids, position_ids, attention_mask, cache):
+    def _run(self, binding, input_ids, position_ids, attention_mask, cache, features=None):
         torch = self.torch
         e = self.entry
         past = []
         for layer in range(e.num_layers):
             past += cache.layer_views(layer)
+        fed = [] if features is None else [torch_input(torch, features, self.device, np.float32)]
         with torch.inference_mode():
             out = self.module(torch_input(torch, input_ids, self.device),
                               torch_input(torch, position_ids, self.device),
-                              torch_input(torch, attention_mask, self.device, np.bool_), *past)
-            new_kv = torch.stack(out[1:]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
-        return out[0], new_kv
+                              torch_input(torch, attention_mask, self.device, np.bool_), *fed, *past)
+            new_kv = torch.stack(out[1:1 + 2 * e.num_layers]).unflatten(0, (e.num_layers, 2))  # [L, 2, B, Hkv, T, D]
+        return out[0], new_kv, (out[-1] if self.gives_hidden else None)
 
     _wait = torch_wait
     _head = staticmethod(torch_head)  # the argmax on the device: [B, T] int64 crosses, not the logits

@@ -8,6 +8,10 @@ Protocol (the Scheduler calls these, in order, on the live sequences `seqs`):
                                      backend, a tensor there) and each sequence's step row of every node of the
                                      drafter's tree (root first; None: row i + 1 for node i): drafters that draft
                                      from the target's own outputs read them here (PPD's prompt tokens)
+    target_hidden(hidden, rows, first=0)  the target's hidden states [B, T, H] (where its runner holds them) and each
+                                     sequence's step rows the target committed, in order: every prefill row, then
+                                     each round's root and accepted path; `first`: the batch row of hidden's first
+                                     sequence (admissions). Drafters that draft from them read them here (a head)
     commit(seqs, verdicts)           after verification, before the emitted tokens are appended
     keep(rows)                       sequences at other rows finished and left the batch
 
@@ -32,7 +36,7 @@ import numpy as np
 
 from specrt.runtime.backends import Runner
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.step_inputs import admit, feed_rows, pack_step, prefill
+from specrt.runtime.step_inputs import admit, feed_rows, pack_features, pack_step, prefill
 from specrt.runtime.tree import DraftTree
 
 
@@ -76,6 +80,14 @@ class Drafter(ABC):
         """Whether target_logits reads them (the scheduler hands them over; what crosses to the host is the
         drafter's to choose)."""
         return type(self).target_logits is not Drafter.target_logits
+
+    def target_hidden(self, hidden, rows, first: int = 0) -> None:
+        """The target's hidden states of the rows it committed (module docstring; drafters that read them:
+        reads_target_hidden)."""
+
+    @property
+    def reads_target_hidden(self) -> bool:
+        return type(self).target_hidden is not Drafter.target_hidden
 
     def commit(self, seqs, verdicts) -> None:
         pass
@@ -135,12 +147,13 @@ class ModelDrafter(Drafter):
         self._anchor = cache.lengths.copy()
         return root
 
-    def _step_nodes(self, rows, depths, vis, blocks, head: str = "logits"):
+    def _step_nodes(self, rows, depths, vis, blocks, head: str = "logits", features=None):
         """Feed one level of scratch nodes: rows[b] [n_b] tokens at depths[b] [n_b] (>= 1) below the root,
         each seeing the scratch rows marked in vis[b] [n_b, scratch rows so far] (None: all of them) and,
         among the new tokens, what blocks[b] [n_b, n_b] says (one array: the same for every sequence).
-        `rows` may also be one [B, n] array of a "device-argmax" head's tokens (pack_step). Returns (logits [B, max
-        n_b, V], or what `head` keeps of them (Runner.step: e.g. their argmax [B, max n_b]), first slot [B])."""
+        `rows` may also be one [B, n] array of a "device-argmax" head's tokens (pack_step). `features`: a draft
+        head's, one [n_b, H] array per sequence. Returns (logits [B, max n_b, V], or what `head` keeps of them
+        (Runner.step: e.g. their argmax [B, max n_b]), first slot [B])."""
         cache, batch = self.cache, len(rows)
         first_slot = cache.lengths.copy()
         cache.reserve(int(max(first_slot + np.asarray([len(r) for r in rows]))))
@@ -148,7 +161,8 @@ class ModelDrafter(Drafter):
         scratch = None if vis is None else [(int(self._anchor[b]), vis[b]) for b in range(batch)]
         blocks = [blocks] * batch if isinstance(blocks, np.ndarray) else blocks
         ids, pos, mask = pack_step(cache, rows, positions, blocks, scratch)
-        logits, new_kv = self.runner.step(ids, pos, mask, cache, head)
+        fed = {} if features is None else {"features": pack_features(features, ids.shape[1])}
+        logits, new_kv = self.runner.step(ids, pos, mask, cache, head, **fed)
         cache.append(new_kv, [len(r) for r in rows])
         return logits, first_slot
 

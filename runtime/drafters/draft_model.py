@@ -76,6 +76,10 @@ class DraftModelDrafter(ModelDrafter):
             return
         tokens[:, child] = top_k(rows, k)[:, which, rank]  # [B, P, k] best first
 
+    def _node_inputs(self, expand: np.ndarray) -> dict:
+        """What a step feeding the nodes `expand` takes besides their tokens (a head's features: EagleDrafter)."""
+        return {}
+
     def _propose(self, seqs, params, rng):
         batch = len(seqs)
         self._layout = self.layout_for(batch)
@@ -94,7 +98,8 @@ class DraftModelDrafter(ModelDrafter):
         for expand, vis, block in self._layout.plan:
             logits, first_slot = self._step_nodes([tokens[b, expand] for b in range(batch)],
                                                   [spec.depths[expand]] * batch,
-                                                  None if spec.is_chain else [vis] * batch, block, head)
+                                                  None if spec.is_chain else [vis] * batch, block, head,
+                                                  **self._node_inputs(expand))
             self._slots[:, expand] = first_slot[:, None] + np.arange(len(expand))[None, :]
             self._fill(expand, logits[:, : len(expand)], tokens, probs, params, rng)
         if spec.is_chain:
@@ -110,7 +115,7 @@ class DraftModelDrafter(ModelDrafter):
         drafted = [last]
         for expand, _, block in self._layout.plan:  # one node a level
             last, first_slot = self._step_nodes(last, [self._layout.spec.depths[expand]] * batch, None, block,
-                                                "device-argmax")
+                                                "device-argmax", **self._node_inputs(expand))
             self._slots[:, expand] = first_slot[:, None]
             drafted.append(last)
         tokens = self.runner.to_host(np.concatenate(drafted, axis=1) if isinstance(last, np.ndarray)

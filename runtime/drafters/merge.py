@@ -109,6 +109,16 @@ class MergedDrafter(Drafter):
             if d.reads_target_logits:
                 d.target_logits(logits, [np.concatenate(([0], self._maps[b][k] + 1)) for b in range(len(self._maps))])
 
+    @property
+    def reads_target_hidden(self) -> bool:
+        return any(d.reads_target_hidden for d in self.drafters)
+
+    def target_hidden(self, hidden, rows, first: int = 0) -> None:
+        """The rows the target committed are the same whichever drafter's nodes they were: each reader gets them."""
+        for d in self.drafters:
+            if d.reads_target_hidden:
+                d.target_hidden(hidden, rows, first)
+
     def commit(self, seqs, verdicts) -> None:
         for k, d in enumerate(self.drafters):
             own = []

@@ -31,11 +31,10 @@ import numpy as np
 from specrt.checkpoints.draft import TargetTextConfig, head_vocabulary
 from specrt.checkpoints.teacher import TeacherCorpus, build_corpus
 from specrt.config import option
-from specrt.contract import HEAD_VOCABULARY
+from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
 from specrt.errors import SpecrtError
 
 RECORD = "eagle.json"
-KIND = "specrt_eagle"  # config.json's key: the head's shape and what it reads
 
 
 @dataclass(frozen=True)
@@ -266,7 +265,8 @@ def _write(head, kept: np.ndarray, record: dict, dest: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(tmp / "model.safetensors"))
-    write_json_atomic(tmp / "config.json", {KIND: {**head.shape, "target": record["target"], "key": record["key"]},
+    write_json_atomic(tmp / "config.json", {EAGLE_HEAD: {**head.shape, "target": record["target"],
+                                                         "key": record["key"]},
                                             HEAD_VOCABULARY: kept.tolist()})
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)

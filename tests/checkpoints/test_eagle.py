@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-from specrt.checkpoints import DEMO_DIR
-
 SHAPE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
          "intermediate_size": 96, "rms_norm_eps": 1e-5, "rope_theta": 1e4}
 
@@ -38,19 +36,13 @@ def test_every_depth_at_once_is_each_chain_fed_in_turn():
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    from specrt.checkpoints.eagle import EagleConfig, make_eagle
-
-    root = tmp_path_factory.mktemp("eagle")
-    cfg = EagleConfig(target=DEMO_DIR / "target", tokenizer=DEMO_DIR / "tokenizer", out=root / "eagle",
-                      cache=root / "cache", prompts=48, new_tokens=32, source_windows=8, window=64, top_k=4,
-                      gen_batch=8, steps=120, batch_size=8, lr=3e-3, val_prompts=8, threads=2, head_vocab=512,
-                      depth=2, eval_depth=3)
-    return cfg, make_eagle(cfg, progress=False)
+def made(eagle_head):
+    return eagle_head
 
 
 def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
-    from specrt.checkpoints.eagle import KIND, RECORD, make_eagle
+    from specrt.checkpoints.eagle import RECORD, make_eagle
+    from specrt.contract import EAGLE_HEAD as KIND
     from specrt.contract import HEAD_VOCABULARY
 
     cfg, record = made
@@ -71,7 +63,8 @@ def test_the_saved_head_is_the_trained_one_by_hugging_face_names(made):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from specrt.checkpoints.eagle import KIND, Features, acceptance, target_features
+    from specrt.checkpoints.eagle import Features, acceptance, target_features
+    from specrt.contract import EAGLE_HEAD as KIND
     from specrt.checkpoints.eagle_head import EagleHead
     from specrt.checkpoints.teacher import build_corpus
     from specrt.contract import HEAD_VOCABULARY
