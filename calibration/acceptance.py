@@ -57,6 +57,7 @@ import numpy as np
 from specrt.bundle import artifacts
 from specrt.bundle.artifacts import Acceptance, CurvePoint, MeasuredTree, Stamp
 from specrt.bundle.manifest import BundleOptions, sha256_file
+from specrt.calibration.chains import chain_ranks
 from specrt.checkpoints.corpus import read_prompts, validation_prompts
 from specrt.config import config_dict, option
 from specrt.contract import UNSCORED_LOGIT
@@ -130,20 +131,23 @@ def depth_rank_table(rank_seqs: list[np.ndarray], max_depth: int, max_rank: int,
                      starts: tuple[int, int | None] = (0, None)) -> tuple[np.ndarray, np.ndarray]:
     """(p [D, K], support [D]): acceptance of rank r at depth d given an accepted parent, and how many
     start positions each depth's estimate rests on; `starts`: the output positions [first, last) a round may
-    start at (last None: to the end)."""
+    start at (last None: to the end). A draft model's ranks are one per output token (teacher-forced: a round's
+    depth d reads what teacher forcing does); a draft head's [D, T], one row per depth (chains.chain_ranks)."""
     counts = np.zeros((max_depth, max_rank))
     support = np.zeros(max_depth)
     first, last = starts
     for ranks in rank_seqs:
-        hit = ranks < max_rank
-        for s in range(first, len(ranks) if last is None else min(last, len(ranks))):
-            for d in range(max_depth):
-                if s + d >= len(ranks):
+        chains = ranks.ndim == 2  # a head's: ranks[d, s] at depth d + 1 of the chain from s (calibration/chains.py)
+        length = ranks.shape[-1]
+        for s in range(first, length if last is None else min(last, length)):
+            for d in range(min(max_depth, len(ranks)) if chains else max_depth):
+                if s + d >= length:
                     break
+                rank = ranks[d, s] if chains else ranks[s + d]
                 support[d] += 1
-                if not hit[s + d]:
+                if rank >= max_rank:
                     break
-                counts[d, ranks[s + d]] += 1
+                counts[d, rank] += 1
     return counts / np.maximum(support, 1)[:, None], support
 
 
@@ -261,21 +265,29 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         cut = -cfg.prompt_tokens if cfg.prompt_tokens else 0
         prompts = [pipe.encode(p)[cut:] for p in read_prompts(cfg.prompts, cfg.num_prompts)]
     rank_seqs, nll = [], np.zeros(len(TEMPERATURES))
+    head = pipe.draft.entry.features  # a draft head on the target's hidden states (EAGLE): its chains, depth by depth
     for prompt in tqdm(prompts, desc="calibrate", unit="prompt", disable=not progress):
         out = pipe.generate([prompt], method="autoregressive", max_new_tokens=cfg.new_tokens)[0]
+        text = prompt + out.token_ids
         with pipe.draft.runner() as draft:
-            ranks, prompt_nll = draft_ranks(draft, prompt + out.token_ids, len(prompt))
+            if head:
+                with pipe.target.runner() as target:
+                    ranks, rows = chain_ranks(target, draft, text, len(prompt), cfg.max_depth)
+                prompt_nll = nll_by_temperature(rows.astype(np.float64), np.asarray(text[len(text) - len(rows):]))
+            else:
+                ranks, prompt_nll = draft_ranks(draft, text, len(prompt))
         rank_seqs.append(ranks)
         nll += prompt_nll
     p, support = depth_rank_table(rank_seqs, cfg.max_depth, cfg.max_rank)
     tokens = pipe.prompt_tokens if cfg.ppd_budgets != () else None
     temperature = fitted_temperature(nll)
-    positions = int(sum(len(r) for r in rank_seqs))
+    positions = int(sum(r.shape[-1] for r in rank_seqs))
+    firsts = [r[0] if r.ndim == 2 else r for r in rank_seqs]  # every position's first-guess rank
     result = Acceptance(
         stamp=Stamp.make(cfg.bundle),
         config={**config_dict(cfg), **({"prompts_sha256": sha256_file(cfg.prompts)} if cfg.prompts else {})},
         num_positions=positions,
-        rank_histogram=tuple(np.bincount(np.minimum(np.concatenate(rank_seqs), cfg.max_rank),
+        rank_histogram=tuple(np.bincount(np.minimum(np.concatenate(firsts), cfg.max_rank),
                                          minlength=cfg.max_rank + 1).tolist()),
         depth_rank=tuple(tuple(row) for row in p.round(6).tolist()),
         depth_support=tuple(support.astype(int).tolist()),
@@ -285,7 +297,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         draft_nll_at_draft_temperature=round(float(nll.min()) / positions, 6),
         trees=tuple(best_trees(p, cfg.max_nodes)),
         measured={kind.name: tuple(measure_kind(pipe, prompts, kind, sizes, cfg.new_tokens, temperature, progress))
-                  for kind in SPECULATION.values() if kind.calibration
+                  for kind in SPECULATION.values() if kind.calibration and (kind.draft_head or not head)
                   for sizes in [measured_sizes(cfg, kind, pipe)] if sizes},
         ppd_source=tokens.identity() if tokens else None,
         position_bucket=POSITION_BUCKET,

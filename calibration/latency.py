@@ -153,6 +153,13 @@ def step_args(runner, batch: int, num_tokens: int, context: int, bucket: int = 1
     return (*pack_step(cache, rows, [context + np.arange(num_tokens)] * batch), cache)
 
 
+def head_features(runner, batch: int, num_tokens: int) -> dict:
+    """Runner.step's features= where the runner's step reads them (a draft head: ModelEntry.features; zeros, which
+    cost what any do), else nothing."""
+    entry = runner.entry
+    return {"features": np.zeros((batch, num_tokens, entry.hidden_size), np.float32)} if entry.features else {}
+
+
 def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,
                before=None, bucket: int = 128, head: str = "logits") -> list[float]:
     """Seconds of `repeats` steps of `num_tokens` new tokens per sequence after `context` cached ones (in a cache
@@ -161,13 +168,14 @@ def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, 
     precedes every step (the target before the draft, as in a decode round). Timed as the runner counts its own
     time (Runner.busy_seconds), by which decode rounds tell model time from host work."""
     args = step_args(runner, batch, num_tokens, context, bucket)
+    fed = head_features(runner, batch, num_tokens)
     other = step_args(before, batch, 1, context, bucket) if before is not None else None
     times = []
     for i in range(warmup + repeats):
         if other is not None:
             before.step(*other, head="argmax")
         busy = runner.busy_seconds
-        runner.step(*args, head=head)
+        runner.step(*args, head=head, **fed)
         if i >= warmup:  # the model's time as decoding counts it (Runner.busy_seconds: a host-side head is host work)
             times.append(runner.busy_seconds - busy)
     return times
@@ -186,7 +194,8 @@ def prefill_times(runner, batch: int, num_tokens: int, repeats: int, warmup: int
         cache = runner.new_cache(batch, bucket)
         cache.reserve(num_tokens)
         t0 = time.perf_counter()
-        feed_rows(runner, cache, rows, head="discard")  # as prefill: no logits to the host
+        fed = head_features(runner, batch, num_tokens).get("features")
+        feed_rows(runner, cache, rows, head="discard", features=None if fed is None else list(fed))  # as prefill
         runner.wait()  # ... and on a GPU, not over until the device has run it
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -284,10 +293,11 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
     (SpeculationKind.host_profile; fewer above batch 1; PPD's only where the bundle's prompt tokens built those
     trees), none wider than the target's largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
+    head = pipe.draft.entry.features  # a draft head runs no draft model's beam search (SpeculationKind.draft_head)
     built = {t.budget for t in pipe.prompt_tokens.trees} if pipe.prompt_tokens is not None else set()
     out = []
     for b in batch_sizes:
-        for kind in (k for k in SPECULATION.values() if k.host_profile):
+        for kind in (k for k in SPECULATION.values() if k.host_profile and (k.draft_head or not head)):
             h = kind.host_profile
             sizes = [n for n in (h.sizes if b == 1 else h.batched_sizes) if not h.prompt_tokens or n in built]
             out += [(kind.name, b, n) for n in sizes if not largest or n + 1 + h.extra_rows <= largest]

@@ -332,9 +332,15 @@ def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path, text: T
     draft.to("cpu", getattr(torch, cfg.save_dtype)).save_pretrained(tmp, safe_serialization=True)
     np.savez(tmp / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
     tokenizer.save_pretrained(tmp)
-    asked = record["teacher"]["validation"].get("asked", {}).get("requests", [])
-    held_out = spread(mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed),  # what `after` was measured on
-                      [Prompt(OWN_CHAT, as_chat(tokenizer, r)) for r in asked])
-    (tmp / PROMPTS).write_text("".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in held_out))
+    write_held_out(tmp, tokenizer, cfg, record)
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)
+
+
+def write_held_out(directory: Path, tokenizer, cfg: TargetTextConfig, record: dict) -> None:
+    """The held-out prompts a draft's record was measured on (`after`), as `specrt calibrate --prompts` reads them,
+    into directory/PROMPTS."""
+    asked = record["teacher"]["validation"].get("asked", {}).get("requests", [])
+    held_out = spread(mixed_prompts(tokenizer, cfg.val_prompts, "validation", cfg.seed),
+                      [Prompt(OWN_CHAT, as_chat(tokenizer, r)) for r in asked])
+    (directory / PROMPTS).write_text("".join(json.dumps({"prompt": p.text, "kind": p.kind}) + "\n" for p in held_out))

@@ -13,7 +13,8 @@ once more by the target teacher-forced for its hidden states n_p and greedy toke
             the target's greedy token, and the guesses a chain of `--eval-depth` gets accepted per round, by kind
 
 The directory holds `config.json` (the head's shape, its head vocabulary, what target it reads), `model.safetensors`
-(fc, model.layers.0.*, model.norm) and `eagle.json` (the record, keyed by what made it: run again with the same
+(fc, model.layers.0.*, model.norm), `validation-prompts.jsonl` (the held-out prompts, for `specrt calibrate
+--prompts`) and `eagle.json` (the record, keyed by what made it: run again with the same
 inputs, it is kept), written whole or not at all.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.checkpoints.draft import TargetTextConfig, head_vocabulary
+from specrt.checkpoints.draft import TargetTextConfig, head_vocabulary, write_held_out
 from specrt.checkpoints.teacher import TeacherCorpus, build_corpus
 from specrt.config import option
 from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
@@ -240,7 +241,7 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
               "before": before, "after": acceptance(head, val, embed, weight, kept, cfg.eval_depth),
               "feature_seconds": round(feature_seconds, 1), "train_seconds": round(time.perf_counter() - t0, 1),
               "history": history, "threads": torch.get_num_threads()}
-    _write(head, kept, record, cfg.dest)
+    _write(head, kept, record, cfg)
     return record
 
 
@@ -254,12 +255,14 @@ def summary(record: dict) -> str:
             f"{b['accepted_per_round']:.3f} -> {a['accepted_per_round']:.3f}")
 
 
-def _write(head, kept: np.ndarray, record: dict, dest: Path) -> None:
-    """The head's weights, its config and its record into `dest`, whole or not at all."""
+def _write(head, kept: np.ndarray, record: dict, cfg: EagleConfig) -> None:
+    """The head's weights, its config, its held-out prompts and its record into cfg.dest, whole or not at all."""
     from safetensors.torch import save_file
+    from transformers import AutoTokenizer
 
     from specrt.files import replace_dir, write_json_atomic
 
+    dest = cfg.dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{record['key']}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -268,5 +271,6 @@ def _write(head, kept: np.ndarray, record: dict, dest: Path) -> None:
     write_json_atomic(tmp / "config.json", {EAGLE_HEAD: {**head.shape, "target": record["target"],
                                                          "key": record["key"]},
                                             HEAD_VOCABULARY: kept.tolist()})
+    write_held_out(tmp, AutoTokenizer.from_pretrained(cfg.tokenizer_dir, local_files_only=True), cfg, record)
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)

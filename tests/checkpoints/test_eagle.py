@@ -41,6 +41,7 @@ def made(eagle_head):
 
 
 def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
+    from specrt.checkpoints.draft import PROMPTS
     from specrt.checkpoints.eagle import RECORD, make_eagle
     from specrt.contract import EAGLE_HEAD as KIND
     from specrt.contract import HEAD_VOCABULARY
@@ -51,6 +52,8 @@ def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
     assert after["accepted_per_round"] > after["first_guess"] + 0.05 and after["depth"] == 3  # deeper guesses land
     assert set(after["by_kind"]) == {"code", "prose"}  # source windows are not the target's writing
     assert json.loads((cfg.dest / RECORD).read_text()) == record
+    held_out = [json.loads(line) for line in (cfg.dest / PROMPTS).read_text().splitlines()]  # for calibrate --prompts
+    assert len(held_out) >= cfg.val_prompts and all(p["prompt"] for p in held_out)
     config = json.loads((cfg.dest / "config.json").read_text())
     assert len(config[HEAD_VOCABULARY]) == 512 and config[KIND]["key"] == record["key"]
     stamp = (cfg.dest / "model.safetensors").stat().st_mtime_ns

@@ -88,3 +88,68 @@ def test_the_head_and_its_target_run_with_the_in_graph_kv_update(eagle_bundle, t
         got = p.generate(PROMPTS, method=method, max_new_tokens=40, batch_size=3, **options)
         assert [r.token_ids for r in got] == want
         assert sum(r.stats.accepted for r in got) > 0
+
+
+def test_the_heads_steps_are_timed_as_a_drafts(loaded):
+    from specrt.calibration.latency import prefill_times, step_times
+
+    with loaded["ort"].draft.runner() as head:
+        assert len(step_times(head, 2, 3, 16, repeats=2, warmup=1)) == 2
+        assert len(prefill_times(head, 1, 8, repeats=2, warmup=1)) == 2
+
+
+def test_a_heads_chain_ranks_are_what_each_chain_guesses_fed_its_own_hidden_states(loaded, eagle_bundle):
+    """calibration/chains.py's every chain at once, against each chain run on its own through the torch modules."""
+    import torch
+
+    from specrt.calibration.chains import chain_ranks
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.eagle import step_module
+
+    p = loaded["torch"]
+    text = p.encode(PROMPTS[2])
+    first = len(text)
+    text += list(p.generate(PROMPTS[2], method="autoregressive", max_new_tokens=24).token_ids)
+    with p.target.runner() as target, p.draft.runner() as head:
+        ranks, rows = chain_ranks(target, head, text, first, 3)
+    assert ranks.shape == (3, len(text) - first) and rows.shape[0] == len(text) - first
+    t = step_module(load_checkpoint(eagle_bundle / "hf/target"), hidden=True).eval()
+    h = step_module(load_checkpoint(eagle_bundle / "hf/draft")).eval()
+    ids = torch.tensor(text)[None]
+    causal = lambda n: torch.ones(1, n, n, dtype=torch.bool).tril()  # noqa: E731
+    empty = lambda m: [torch.zeros(1, m.num_kv_heads, 0, m.head_dim)] * (2 * m.num_layers)  # noqa: E731
+    with torch.no_grad():
+        hidden = t(ids, torch.arange(len(text))[None], causal(len(text)), *empty(t))[-1][0]
+        for s in (0, 5, 11):
+            q = first + s - 2  # the last entry from the target's hidden states: its guess is output token s
+            feats, tokens = list(hidden[:q + 1]), text[1:q + 2]
+            for d in range(3):
+                n = len(tokens)
+                out = h(torch.tensor(tokens)[None], torch.arange(n)[None], causal(n), torch.stack(feats)[None],
+                        *empty(h))
+                logits, true = out[0][0, -1], text[q + d + 2]
+                assert ranks[d, s] == int((logits > logits[true]).sum()), (s, d)
+                feats.append(out[-1][0, -1])  # the chain feeds its own guess of the next hidden state
+                tokens.append(text[q + d + 2])
+
+
+def test_calibrate_profile_and_tune_a_head_bundle_and_auto_runs_what_they_chose(eagle_bundle, tmp_path):
+    import shutil
+
+    from specrt.calibration.acceptance import CalibrationConfig, calibrate
+    from specrt.calibration.latency import ProfileConfig, profile
+    from specrt.calibration.tune import TuneConfig, tune
+    from specrt.runtime.pipeline import Pipeline
+
+    b = shutil.copytree(eagle_bundle, tmp_path / "b")
+    acc = calibrate(CalibrationConfig(bundle=b, num_prompts=3, new_tokens=24, max_depth=3, max_rank=3, max_nodes=6,
+                                      ngram_sizes=(5,)), progress=False)
+    assert set(acc.measured) == {"ngram"}  # the draft model's beam search (dynamic trees) is not the head's
+    assert acc.depth_rank[0][0] > 0 and 0 < acc.chain_expected_accepted[0] <= acc.chain_expected_accepted[2]
+    profile(ProfileConfig(bundle=b, batch_sizes=(1,), contexts=(32,), num_tokens=(1, 2, 4, 8), repeats=1, warmup=0,
+                          passes=1), progress=False)
+    plan = tune(TuneConfig(bundle=b, batch_sizes=(1,)))
+    assert plan.choices[1].best.kind in ("autoregressive", "tree", "chain", "ngram")
+    pipe = Pipeline.load(b, threads=2)
+    want = [r.token_ids for r in pipe.generate(PROMPTS, method="autoregressive", max_new_tokens=24)]
+    assert [r.token_ids for r in pipe.generate(PROMPTS, method="auto", max_new_tokens=24, batch_size=2)] == want
