@@ -157,7 +157,8 @@ def head_features(runner, batch: int, num_tokens: int) -> dict:
     """Runner.step's features= where the runner's step reads them (a draft head: ModelEntry.features; zeros, which
     cost what any do), else nothing."""
     entry = runner.entry
-    return {"features": np.zeros((batch, num_tokens, entry.hidden_size), np.float32)} if entry.features else {}
+    reads = getattr(entry, "features", False)
+    return {"features": np.zeros((batch, num_tokens, entry.hidden_size), np.float32)} if reads else {}
 
 
 def step_times(runner, batch: int, num_tokens: int, context: int, repeats: int, warmup: int,

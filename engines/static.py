@@ -75,10 +75,11 @@ def check_engine_step(backend, rng: np.random.Generator, shapes, tokens: np.ndar
             if not in_graph and room < capacity:  # the step's mask spans the whole cache, unseen past the room
                 step_mask = np.zeros((batch, num_tokens, capacity + num_tokens), dtype=bool)
                 step_mask[:, :, :room], step_mask[:, :, capacity:] = mask[:, :, :room], mask[:, :, room:]
-            static_logits, _ = runner.step(ids, pos, step_mask, cache)
+            fed = [feeds[contract.FEATURES]] if contract.FEATURES in feeds else []  # a draft head's
+            static_logits, _ = runner.step(ids, pos, step_mask, cache, **({"features": fed[0]} if fed else {}))
             with torch.inference_mode(), module.eager() if hasattr(module, "eager") else nullcontext():
                 past = [torch.from_numpy(feeds[n]).to(backend.device) for n in contract.input_names(e.num_layers)[3:]]
-                eager = module(*(torch.from_numpy(a).to(backend.device) for a in (ids, pos, mask)), *past)[0]
+                eager = module(*(torch.from_numpy(a).to(backend.device) for a in (ids, pos, mask, *fed)), *past)[0]
             # a copy: an engine's output buffer is the next step's too
             candidate.append({contract.LOGITS: np.array(static_logits, dtype=np.float32, copy=True)})
             reference.append({contract.LOGITS: eager.float().cpu().numpy()})

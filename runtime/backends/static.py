@@ -91,14 +91,19 @@ class _Shape:
         # [Bb, Hkv, span + Tp, D] each: the store's first span slots, then Tp where the step writes its new rows (past
         # every sequence's length: all lie within the span), so that attention reads them all in place (room)
         self.past = [kv[layer, k, :batch, :, :span + tokens] for layer in range(e.num_layers) for k in (0, 1)]
+        # a draft head's features [Bb, Tp, H] (ModelEntry.features)
+        self.features = [torch.zeros((batch, tokens, e.hidden_size), dtype=backend.dtype, device=backend.device)] \
+            if e.features else []
         self.graph = None
-        self.out = None  # (logits [Bb, Tp, V], new_kv [L, 2, Bb, Hkv, Tp, D]) of the captured graph
+        self.out = None  # (logits [Bb, Tp, V], new_kv [L, 2, Bb, Hkv, Tp, D], hidden [Bb, Tp, H] or None) of the graph
 
     def forward(self):
         torch = self.backend.torch
+        layers = self.backend.entry.num_layers
         with torch.inference_mode():
-            out = self.backend.module(self.ids, self.pos, self.mask, *self.past, room=True)
-            return out[0], torch.stack(out[1:]).unflatten(0, (self.backend.entry.num_layers, 2))
+            out = self.backend.module(self.ids, self.pos, self.mask, *self.features, *self.past, room=True)
+            hidden = out[-1] if self.backend.gives_hidden else None
+            return out[0], torch.stack(out[1:1 + 2 * layers]).unflatten(0, (layers, 2)), hidden
 
     def capture(self, stream, pool) -> None:
         """Warm up on the capture stream (libraries create their handles outside the capture), then capture.
@@ -158,6 +163,7 @@ class StaticTorchBackend(EngineBackend):
     name = "static"
     static_cache = True
     admits_alone = True
+    feature_steps = True
 
     def __init__(self, entry: ModelEntry, hf_dir: Path, device: str, threads: int, engines: EngineSet,
                  prompt_embeddings=None):
@@ -171,7 +177,9 @@ class StaticTorchBackend(EngineBackend):
         self.device = torch.device(device)
         self.dtype = getattr(torch, entry.dtype)
         # the engines' quantization scheme (`specrt build --quant`): the projections as 8-bit linears
-        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, engines.quant)
+        self.module, self.quant = load_step_module(hf_dir, entry.dtype, device, prompt_embeddings, engines.quant,
+                                                   entry.hidden)
+        self.gives_hidden = self.module.hidden
         self.module.fuse_projections(engines.projections)
         if engines.compile is not None:
             _compile_layers(torch, self.module, engines)
@@ -220,7 +228,7 @@ class StaticTorchBackend(EngineBackend):
         return KVCache(self.allocate, e.num_layers, 1, e.num_kv_heads, e.head_dim, self.engines.capacity,
                        window=e.sliding_window, static=slot.admission)
 
-    def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache):
+    def _run(self, slot: _Slot, input_ids, position_ids, attention_mask, cache: KVCache, features=None):
         torch = self.torch
         batch, num_tokens = input_ids.shape
         capacity = self.engines.capacity
@@ -248,5 +256,10 @@ class StaticTorchBackend(EngineBackend):
             copy_input(torch, shape.ids[:batch, :num_tokens], input_ids)
         copy_input(torch, shape.pos, pos)
         copy_input(torch, shape.mask, mask, np.bool_)
-        logits, new_kv = shape.run()
-        return logits[:batch, :num_tokens], new_kv[:, :, :batch, :, :num_tokens]
+        if features is not None:  # holes read zeros
+            fed = np.zeros(shape.features[0].shape, np.float32)
+            fed[:batch, :num_tokens] = features if isinstance(features, np.ndarray) else features.cpu().numpy()
+            copy_input(torch, shape.features[0], fed, np.float32)
+        logits, new_kv, hidden = shape.run()
+        return (logits[:batch, :num_tokens], new_kv[:, :, :batch, :, :num_tokens],
+                None if hidden is None else hidden[:batch, :num_tokens])

@@ -153,3 +153,24 @@ def test_calibrate_profile_and_tune_a_head_bundle_and_auto_runs_what_they_chose(
     pipe = Pipeline.load(b, threads=2)
     want = [r.token_ids for r in pipe.generate(PROMPTS, method="autoregressive", max_new_tokens=24)]
     assert [r.token_ids for r in pipe.generate(PROMPTS, method="auto", max_new_tokens=24, batch_size=2)] == want
+
+
+def test_the_head_runs_on_static_engines_lossless_and_as_the_eager_steps_draft(eagle_bundle, loaded, tmp_path):
+    """The static engines (`specrt build`; eager on the CPU, CUDA graphs on a GPU) feed the head its features and give
+    the target's hidden states at fixed addresses: a batch that fills a bucket and leaves the static cache, and
+    requests admitted alone, draft what the eager torch steps draft."""
+    import shutil
+
+    from specrt.engines.build import BuildConfig, build
+    from specrt.runtime.pipeline import Pipeline
+
+    b = shutil.copytree(eagle_bundle, tmp_path / "b")
+    build(BuildConfig(bundle=b, device="cpu", threads=2, token_profiles=(1, 4, 16), batch_buckets=(1, 2),
+                      capacity=128, spans=(64,)), progress=False)
+    static = Pipeline.load(b, backend="static", threads=2)
+    want = [r.token_ids for r in loaded["torch"].generate(PROMPTS, method="autoregressive", max_new_tokens=32)]
+    for options in ({"num_draft_tokens": 2}, {"num_draft_tokens": 3, "ngram_tokens": 3}):
+        got = static.generate(PROMPTS, method="sd", max_new_tokens=32, batch_size=2, **options)
+        assert [r.token_ids for r in got] == want
+        eager = loaded["torch"].generate(PROMPTS, method="sd", max_new_tokens=32, batch_size=2, **options)
+        assert sum(r.stats.accepted for r in got) == sum(r.stats.accepted for r in eager) > 0
