@@ -217,7 +217,7 @@ class Scheduler:
         where the target's steps do not give them."""
         if self.drafter is None or not self.drafter.reads_target_hidden:
             return None
-        if not self.target.emits_hidden:
+        if not self.target.gives_hidden:
             raise InvalidRequestError(f"this draft head reads the target's hidden states: the target's step on the "
                                       f"{self.target.backend.name} backend does not give them (export the bundle with "
                                       "the head as its draft; run it on the ort or torch backend)")

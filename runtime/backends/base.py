@@ -230,7 +230,7 @@ class Runner:
         self.last_hidden = None  # the last step's hidden states [B, T, H] where its graph gives them (module docstring)
 
     @property
-    def emits_hidden(self) -> bool:
+    def gives_hidden(self) -> bool:
         """Whether its steps give their hidden states (last_hidden): what a feature-level draft head reads."""
         return self.backend.gives_hidden
 

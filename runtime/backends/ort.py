@@ -122,7 +122,7 @@ class OrtBackend(Backend):
             try:
                 with HugePages(huge_pages) as pages:
                     self.session = self._session(Path(onnx_path), threads, spin, grouped)
-                # a bundle's target graph has them where its draft is a head; its in-graph variant has none
+                # a target's graphs have them where its draft is a head (ModelEntry.hidden)
                 self.gives_hidden = any(o.name == contract.HIDDEN for o in self.session.get_outputs())
                 self.huge_pages = pages  # what was collapsed into huge pages (.bytes), or why nothing was (.reason)
                 return

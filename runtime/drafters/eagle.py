@@ -19,6 +19,7 @@ import numpy as np
 
 from specrt.runtime.drafters.draft_model import DraftModelDrafter
 from specrt.runtime.step_inputs import admit, feed_rows, prefill
+from specrt.runtime.tree import DraftTree
 
 
 def host_rows(hidden, rows) -> list[np.ndarray]:
@@ -78,6 +79,13 @@ class EagleDrafter(DraftModelDrafter):
         first = self.cache.batch
         tokens, features = self._entries(new, first, hold_last=True)
         admit(self.runner, self.cache, tokens, features=features)
+
+    def _propose(self, seqs, params, rng):
+        if not any(len(r) for rows in self._pending[:len(seqs)] for r in rows):
+            # no entry to guess from anywhere (one-token prompts: the target has committed no position yet)
+            self._anchor = self.cache.lengths.copy()
+            return [DraftTree.empty() for _ in seqs]
+        return super()._propose(seqs, params, rng)
 
     def _feed_pending(self, seqs, head: str = "logits"):
         tokens, features = self._entries(seqs, 0, hold_last=False)

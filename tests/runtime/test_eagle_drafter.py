@@ -39,6 +39,15 @@ def test_the_head_is_lossless_alone_and_in_batches_that_fill_and_drain(loaded, b
     assert sum(r.stats.accepted for r in batched) > 0
 
 
+def test_one_token_prompts_draft_nothing_until_the_target_has_committed_a_position(loaded):
+    p = loaded["ort"]
+    prompts = [[5], [5, 6, 7], [9]]
+    want = [r.token_ids for r in p.generate(prompts, method="autoregressive", max_new_tokens=16)]
+    for batch_size in (1, 3):
+        got = p.generate(prompts, method="sd", max_new_tokens=16, batch_size=batch_size)
+        assert [r.token_ids for r in got] == want
+
+
 def test_each_rounds_first_guess_is_the_heads_guess_from_the_targets_hidden_states(loaded, eagle_bundle):
     import torch
 
