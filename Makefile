@@ -45,15 +45,16 @@ real: $(STAMP)
 
 # A real target's bundle (REAL=smollm2-135m | gemma3-270m): the checkpoint, a draft distilled from it on its own text
 # (`specrt models draft`, about 40 minutes on 2 cores, cached; or REAL_DRAFT=DIR, one a lent GPU distilled:
-# docs/gpu.md, call distill), the export, its in-graph graphs, the n-gram prior from the draft's text, calibration on
-# the draft's held-out mixed prompts, a batch-1 profile and plan, as bench-peers prepares the inflated pair
+# docs/gpu.md, call distill; or an EAGLE head, `specrt models eagle`: REAL_DRAFT=build/eagles/$(REAL)), the export,
+# its in-graph graphs, the n-gram prior from the draft's text, calibration on the draft's held-out mixed prompts, a
+# batch-1 profile and plan, as bench-peers prepares the inflated pair
 REAL      ?= smollm2-135m
 REAL_OUT  ?= build/real-bundles/$(REAL)
 REAL_DRAFT ?= build/drafts/$(REAL)
 real-bundle: $(STAMP)
 	$(BIN)/specrt models real $(REAL)
-	test -f $(REAL_DRAFT)/draft.json || $(BIN)/specrt models draft --target build/real/$(REAL) --out $(REAL_DRAFT) \
-		--threads $(THREADS)
+	test -f $(REAL_DRAFT)/draft.json || test -f $(REAL_DRAFT)/eagle.json || \
+		$(BIN)/specrt models draft --target build/real/$(REAL) --out $(REAL_DRAFT) --threads $(THREADS)
 	test -f $(REAL_OUT)/manifest.json || $(BIN)/specrt export --target build/real/$(REAL) --draft $(REAL_DRAFT) \
 		--out $(REAL_OUT)
 	test -f $(REAL_OUT)/inplace.json || $(BIN)/specrt inplace --bundle $(REAL_OUT)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt import contract
-from specrt.files import UMASK, replace_dir
+from specrt.files import UMASK, check_replaceable, replace_dir
 from specrt.bundle.manifest import MANIFEST, Manifest, ModelEntry, hash_tree, write_manifest
 from specrt.checkpoints import DEMO_DIR
 from specrt.config import Config, option
@@ -209,15 +209,6 @@ def _entry(role: str, model, onnx_rel: str, hf_rel: str, dtype: str, hidden: boo
     )
 
 
-def _check_destination(out: Path) -> None:
-    """Refuse to replace a directory that is not a bundle and not empty: nothing of the user's is lost."""
-    if out.exists() and not out.is_dir():
-        raise SpecrtError(f"{out} exists and is not a directory")
-    if out.is_dir() and not (out / MANIFEST).is_file() and any(out.iterdir()):
-        raise SpecrtError(f"{out} is a non-empty directory that is not a specrt bundle: refusing to replace it "
-                          "(choose another --out, or empty it)")
-
-
 def _remove_stale_temporaries(parent: Path) -> None:
     """Temporary directories left by exports that were killed (their process is gone)."""
     for d in parent.glob(f"{TMP_PREFIX}*"):
@@ -251,7 +242,7 @@ def export_bundle(cfg: ExportConfig, progress: bool = True) -> Manifest:
 
     check_inputs(cfg)
     out = Path(cfg.out)
-    _check_destination(out)
+    check_replaceable(out, MANIFEST, "a specrt bundle")
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=out.parent))

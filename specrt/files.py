@@ -120,6 +120,19 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+def check_replaceable(dest: Path, marker: str, what: str) -> None:
+    """Refuse, before any work, to replace `dest` where it is not a directory, or is a non-empty one without `marker`
+    (the file that says its writer made it; `what`: what that is, in words): nothing of the user's is lost."""
+    from specrt.errors import SpecrtError
+
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise SpecrtError(f"{dest} exists and is not a directory")
+    if dest.is_dir() and not (dest / marker).is_file() and any(dest.iterdir()):
+        raise SpecrtError(f"{dest} is a non-empty directory that is not {what}: refusing to replace it (choose another "
+                          "--out, or empty it)")
+
+
 def replace_dir(new: Path, dest: Path) -> None:
     """Put directory `new` in place of `dest` (which may not exist); the old content is deleted after."""
     new, dest = Path(new), Path(dest)

@@ -40,6 +40,7 @@ from specrt.checkpoints.teacher import TeacherConfig, TeacherCorpus, build_corpu
 from specrt.config import option
 from specrt.contract import HEAD_VOCABULARY
 from specrt.errors import SpecrtError
+from specrt.files import check_replaceable
 
 RECORD = "draft.json"
 PROMPTS = "validation-prompts.jsonl"  # the held-out prompts, as `specrt calibrate --prompts` reads them
@@ -244,6 +245,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
     started = time.perf_counter()
     if not (Path(cfg.target) / "config.json").is_file():
         raise SpecrtError(f"target {cfg.target} is not a Hugging Face checkpoint directory (no config.json)")
+    check_replaceable(cfg.dest, RECORD, "a draft `specrt models draft` made")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     try:

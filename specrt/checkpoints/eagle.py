@@ -34,6 +34,7 @@ from specrt.checkpoints.teacher import TeacherCorpus, build_corpus
 from specrt.config import option
 from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
 from specrt.errors import SpecrtError
+from specrt.files import check_replaceable
 
 RECORD = "eagle.json"
 
@@ -183,6 +184,7 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
 
     if not (Path(cfg.target) / "config.json").is_file():
         raise SpecrtError(f"target {cfg.target} is not a Hugging Face checkpoint directory (no config.json)")
+    check_replaceable(cfg.dest, RECORD, "a head `specrt models eagle` made")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     train_corpus, train_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",

@@ -95,3 +95,21 @@ def test_a_target_that_is_not_a_checkpoint_is_refused(tmp_path):
 
     with pytest.raises(SpecrtError, match="not a Hugging Face checkpoint"):
         make_eagle(EagleConfig(target=tmp_path, cache=tmp_path / "cache"), progress=False)
+
+
+def test_neither_writer_replaces_a_directory_it_did_not_make(made, tmp_path):
+    from dataclasses import replace
+
+    from specrt.checkpoints.draft import DraftConfig, make_draft
+    from specrt.checkpoints.eagle import make_eagle
+    from specrt.errors import SpecrtError
+
+    cfg, _ = made
+    with pytest.raises(SpecrtError, match="is a non-empty directory that is not a draft"):  # the head's directory
+        make_draft(DraftConfig(target=cfg.target, tokenizer=cfg.tokenizer, out=cfg.dest, cache=cfg.cache), False)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(SpecrtError, match="is a non-empty directory that is not a head"):
+        make_eagle(replace(cfg, out=mine), progress=False)
+    assert (mine / "notes.txt").read_text() == "mine" and (cfg.dest / "eagle.json").is_file()
