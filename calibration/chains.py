@@ -36,7 +36,8 @@ def target_hidden(target, tokens: np.ndarray) -> np.ndarray:
     from specrt.runtime.step_inputs import prefill
 
     rows = []
-    prefill(target, target.new_cache(1), [tokens], on_hidden=lambda hidden, at, first=0: rows.extend(host_rows(hidden, at)))
+    prefill(target, target.new_cache(1), [tokens],
+            on_hidden=lambda hidden, at, first=0: rows.extend(host_rows(hidden, at)))
     return np.concatenate(rows)
 
 
@@ -63,19 +64,22 @@ def chain_ranks(target, head, tokens: list[int], first: int, max_depth: int) -> 
     starts = np.arange(first - 2, n - 2)  # the entry whose depth-1 guess is output token s, for every s
     valid = starts >= 0
     ranks[0, valid] = _ranks(logits[starts[valid]], tokens[starts[valid] + 2])
-    q = np.arange(entries)
-    for d in range(2, max_depth + 1):  # one step: a row per start q, token x_{q+d} beside its chain's last output
-        past = cache.lengths[0]
-        cache.reserve(past + entries)
-        mask = np.zeros((1, entries, cache.capacity + entries), dtype=bool)
-        mask[0, :, :entries] = q[None, :] <= q[:, None]  # the text's entries <= q (slots 0 .. N - 2) ...
-        for k in range(d - 2):  # ... its chain's rows of depths 2 .. d - 1 ...
-            mask[0, q, entries * (k + 1) + q] = True
-        mask[0, q, cache.capacity + q] = True  # ... and itself
-        ids = np.where(q + d < n, tokens[np.minimum(q + d, n - 1)], 0)[None]
-        step, new_kv = head.step(ids, (q + d - 1)[None], mask, cache, features=last[None])
-        cache.append(new_kv, [entries])
-        last = host_rows(head.last_hidden, [q])[0]
+    for d in range(2, max_depth + 1):  # a row per start q, token x_{q+d} beside its chain's last output
+        guesses, outs = [], []
+        for i in range(0, entries, size):  # in steps the backend takes; the chunks' rows land in order, so start q's
+            q = np.arange(i, min(i + size, entries))  # depth-k row sits at slot entries * (k - 1) + q
+            cache.reserve(int(cache.lengths[0]) + len(q))
+            mask = np.zeros((1, len(q), cache.capacity + len(q)), dtype=bool)
+            mask[0, :, :entries] = np.arange(entries)[None, :] <= q[:, None]  # the text's entries <= q ...
+            for k in range(d - 2):  # ... its chain's rows of depths 2 .. d - 1 ...
+                mask[0, np.arange(len(q)), entries * (k + 1) + q] = True
+            mask[0, np.arange(len(q)), cache.capacity + np.arange(len(q))] = True  # ... and itself
+            ids = np.where(q + d < n, tokens[np.minimum(q + d, n - 1)], 0)[None]
+            step, new_kv = head.step(ids, (q + d - 1)[None], mask, cache, features=last[q][None])
+            cache.append(new_kv, [len(q)])
+            guesses.append(np.array(step[0], np.float32))
+            outs += host_rows(head.last_hidden, [np.arange(len(q))])
+        step, last = np.concatenate(guesses), np.concatenate(outs)
         keep = valid & (starts + d + 1 < n)  # row q guesses x_{q+d+1}: output token s + d - 1 of the chain from s
-        ranks[d - 1, keep] = _ranks(np.asarray(step[0])[starts[keep]], tokens[starts[keep] + d + 1])
+        ranks[d - 1, keep] = _ranks(step[starts[keep]], tokens[starts[keep] + d + 1])
     return ranks, logits[starts[valid]]

@@ -65,10 +65,12 @@ def assemble_eagle(head_dir: Path, target, dtype: torch.dtype = torch.float32):
     weights = load_file(str(head_dir / "model.safetensors"))
     model = LlamaForCausalLM(llama)  # on the host: its rotary table is a buffer no state dict holds
     state = {k: v for k, v in weights.items() if k != FC}
-    state["model.embed_tokens.weight"] = embed.detach()
-    if not tied:
-        state["lm_head.weight"] = head.detach()
-    model.load_state_dict(state, strict=not tied, assign=True)
+    state["model.embed_tokens.weight"], state["lm_head.weight"] = embed.detach(), head.detach()
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:  # a weight missing, unexpected or of another shape
+        raise SpecrtError(f"{head_dir}/model.safetensors is not the head its config.json describes: "
+                          f"{str(e).strip().splitlines()[0]}") from None
     if tied:
         model.tie_weights()
     model.fc = nn.Linear(2 * shape["hidden_size"], shape["hidden_size"], bias=False, device="cpu")

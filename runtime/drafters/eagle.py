@@ -96,6 +96,8 @@ class EagleDrafter(DraftModelDrafter):
         return root
 
     def _node_inputs(self, expand: np.ndarray) -> dict:
+        """Each fed node's features: its parent's hidden output. DraftModelDrafter calls this right before
+        _step_nodes feeds `expand`, which then keeps their own hidden outputs for their children."""
         parents = self._layout.spec.parents[expand]
         self._fed = expand
         batch = len(self._hidden[-1])

@@ -183,3 +183,30 @@ def test_the_head_runs_on_static_engines_lossless_and_as_the_eager_steps_draft(e
         assert [r.token_ids for r in got] == want
         eager = loaded["torch"].generate(PROMPTS, method="sd", max_new_tokens=32, batch_size=2, **options)
         assert sum(r.stats.accepted for r in got) == sum(r.stats.accepted for r in eager) > 0
+    # calibration's chains in steps of at most the largest profile (16 rows) rank as the eager steps' one step each
+    from specrt.calibration.chains import chain_ranks
+
+    text = static.encode(PROMPTS[2]) + list(want[2])
+    ranks = []
+    for p in (static, loaded["torch"]):
+        with p.target.runner() as target, p.draft.runner() as head:
+            ranks.append(chain_ranks(target, head, text, len(text) - len(want[2]), 3)[0])
+    assert static.target.max_step_tokens == 16 < len(text) and (ranks[0] == ranks[1]).all()
+
+
+def test_a_head_short_of_a_weight_is_refused_by_name(eagle_head, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specrt.errors import SpecrtError
+    from specrt.model.checkpoint import load_checkpoint
+    from specrt.model.eagle import assemble_eagle
+
+    cfg, _ = eagle_head
+    broken = shutil.copytree(cfg.dest, tmp_path / "broken")
+    weights = load_file(str(broken / "model.safetensors"))
+    del weights["model.norm.weight"]
+    save_file(weights, str(broken / "model.safetensors"))
+    with pytest.raises(SpecrtError, match="is not the head its config.json describes"):
+        assemble_eagle(broken, load_checkpoint(cfg.target))
