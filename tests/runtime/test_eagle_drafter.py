@@ -210,3 +210,20 @@ def test_a_head_short_of_a_weight_is_refused_by_name(eagle_head, tmp_path):
     save_file(weights, str(broken / "model.safetensors"))
     with pytest.raises(SpecrtError, match="is not the head its config.json describes"):
         assemble_eagle(broken, load_checkpoint(cfg.target))
+
+
+def test_the_heads_parity_check_catches_a_graph_that_ignores_its_features(eagle_bundle):
+    import onnxruntime
+    import torch
+
+    from specrt.graphs.parity import check_parity, text_tokens
+    from specrt.model.checkpoint import load_checkpoint, load_tokenizer
+    from specrt.model.eagle import step_module
+
+    session = onnxruntime.InferenceSession(str(eagle_bundle / "draft.onnx"), providers=["CPUExecutionProvider"])
+    head = step_module(load_checkpoint(eagle_bundle / "hf/draft")).eval()
+    tokens = text_tokens(load_tokenizer(eagle_bundle / "tokenizer"), head.hf.config.vocab_size)
+    assert check_parity(session, head, tokens).ok()
+    with torch.no_grad():
+        head.fc.weight[:, head.fc.out_features:] = 0  # the module now ignores its features: as a wrong graph would
+    assert not check_parity(session, head, tokens).ok()
