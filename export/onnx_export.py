@@ -298,7 +298,8 @@ def _build(cfg: ExportConfig, dest: Path, stages) -> Manifest:
 
     from specrt.graphs.parity import text_tokens
 
-    from specrt.model.eagle import assemble_eagle, eagle_shape
+    from specrt.contract import eagle_shape
+    from specrt.model.eagle import assemble_eagle
 
     tokenizer = load_tokenizer(cfg.tokenizer_dir())
     # a feature-level draft head reads the target's hidden states through the target's own tables: paired by making

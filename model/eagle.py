@@ -18,21 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
+from specrt.contract import EAGLE_FC as FC, EAGLE_HEAD, HEAD_VOCABULARY, eagle_shape
 from specrt.errors import SpecrtError
 from specrt.model.step import InPlaceStepModule, StepModule
-
-FC = "fc.weight"  # the head's projection of [embedding; features], beside the Llama layer's weights
-
-
-def eagle_shape(path: Path) -> dict | None:
-    """The head's shape from a checkpoint directory's config.json (contract.EAGLE_HEAD), None for any other model."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    shape = config.get(EAGLE_HEAD) if isinstance(config, dict) else None
-    return shape if isinstance(shape, dict) else None
 
 
 def assemble_eagle(head_dir: Path, target, dtype: torch.dtype = torch.float32):

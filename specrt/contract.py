@@ -43,6 +43,9 @@ Binding names are built here and nowhere else.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 INPUT_IDS = "input_ids"
@@ -61,9 +64,20 @@ UNSCORED_LOGIT = -1e30
 # a feature-level draft head's checkpoint (`specrt models eagle`) says so in its config.json under this key: its shape,
 # and the target whose hidden states it reads
 EAGLE_HEAD = "specrt_eagle"
+EAGLE_FC = "fc.weight"  # its projection of [embedding; features], beside the Llama layer's weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3_text")
 ROLES = ("target", "draft")
+
+
+def eagle_shape(path: Path) -> dict | None:
+    """The head's shape from a checkpoint directory's config.json (contract.EAGLE_HEAD), None for any other model."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    shape = config.get(EAGLE_HEAD) if isinstance(config, dict) else None
+    return shape if isinstance(shape, dict) else None
 
 
 def prompt_token_id(vocab: int, num_ensemble: int, distance: int, ept: int) -> int:

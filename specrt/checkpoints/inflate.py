@@ -15,11 +15,14 @@ weight traffic of a ~150M-parameter model:
   multiply exact zeros. So the model costs what a dense model of its size costs, and no two layers
   hold byte-identical tensors that an exporter could merge into one cache-resident buffer.
 
-Logits equal the original's up to float rounding (tests/checkpoints/test_inflate.py).
+Logits equal the original's up to float rounding (tests/checkpoints/test_inflate.py). The target's hidden state after
+its final norm is the original's in dims [0, d) and zero beyond, so an EAGLE head that reads it is grown by the same
+rules (inflate_head) and drafts for the inflated target what it drafts for the original.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from specrt.checkpoints import DEMO_DIR, copy_tokenizer
 from specrt.config import Config, option
+from specrt.contract import EAGLE_FC as FC, EAGLE_HEAD, eagle_shape
 from specrt.errors import SpecrtError
 from specrt.files import replace_dir, write_json_atomic
 
@@ -38,7 +42,9 @@ PRESETS = {"150m": (768, 3072, 16, 12), "1b": (2048, 5632, 22, 32), "7b": (4096,
 
 @dataclass(frozen=True)
 class InflateConfig(Config):
-    src: Path = option(DEMO_DIR / "target", "Hugging Face Llama checkpoint to inflate (default: the demo target)")
+    src: Path = option(DEMO_DIR / "target", "Hugging Face Llama checkpoint to inflate (default: the demo target), or "
+                                            "an EAGLE head (`specrt models eagle`), grown as its target is by the same "
+                                            "options")
     out: Path = option(Path("build/inflated/target"), "where the inflated checkpoint goes")
     preset: str = option("150m", "the shape: 150m (CPU benches), 1b or 7b (GPU benches); the four sizes below override "
                                  "it", choices=tuple(PRESETS))
@@ -67,91 +73,173 @@ class InflateConfig(Config):
         return hidden, intermediate, layers, heads
 
 
+def _fit(cfg: InflateConfig, old: tuple[int, int, int, int], head_dim: int, groups: int) -> tuple[int, int, int, int]:
+    """The configured (hidden, intermediate, layers, heads) for a source of sizes `old`, refused where they would
+    shrink it or do not divide into its heads."""
+    big, intermediate, num_layers, num_heads = cfg.sizes(head_dim, groups)
+    if any(n < o for n, o in zip((big, intermediate, num_layers, num_heads), old)):
+        raise SpecrtError("inflate can only grow a model (hidden, intermediate, layers and heads must not shrink)")
+    if num_heads * head_dim != big or num_heads % groups:
+        raise SpecrtError(f"num_heads * head_dim ({num_heads} * {head_dim}) must equal hidden_size ({big}) "
+                          f"and num_heads must be a multiple of the GQA group size {groups}")
+    return big, intermediate, num_layers, num_heads
+
+
+def _copy_layer(layer, src: dict, pre: str, scale: float) -> None:
+    """Decoder layer `pre` of the source's weights `src` into the first dims of the inflated `layer` (its other weights
+    random already): its heads first, its MLP units first, added heads' values and added units' up projections
+    reading nothing, and nothing written to the residual stream's added dims."""
+    attn, mlp = layer.self_attn, layer.mlp
+    d = src[pre + "input_layernorm.weight"].shape[0]
+    q_rows, kv_rows = src[pre + "self_attn.q_proj.weight"].shape[0], src[pre + "self_attn.k_proj.weight"].shape[0]
+    inter = src[pre + "mlp.gate_proj.weight"].shape[0]
+    attn.o_proj.weight[d:] = 0  # never write the added dims of the residual stream
+    mlp.down_proj.weight[d:] = 0
+    layer.input_layernorm.weight[:d] = src[pre + "input_layernorm.weight"] * scale
+    layer.post_attention_layernorm.weight[:d] = src[pre + "post_attention_layernorm.weight"] * scale
+    attn.q_proj.weight[:q_rows, :d] = src[pre + "self_attn.q_proj.weight"]
+    attn.k_proj.weight[:kv_rows, :d] = src[pre + "self_attn.k_proj.weight"]
+    attn.v_proj.weight[:kv_rows, :d] = src[pre + "self_attn.v_proj.weight"]
+    attn.v_proj.weight[kv_rows:, :d] = 0  # added heads: zero values
+    attn.o_proj.weight[:d, :q_rows] = src[pre + "self_attn.o_proj.weight"]
+    mlp.gate_proj.weight[:inter, :d] = src[pre + "mlp.gate_proj.weight"]
+    mlp.up_proj.weight[:inter, :d] = src[pre + "mlp.up_proj.weight"]
+    mlp.up_proj.weight[inter:, :d] = 0  # added units: zero up projection
+    mlp.down_proj.weight[:d, :inter] = src[pre + "mlp.down_proj.weight"]
+
+
+def _built(make, cfg: InflateConfig, device):
+    """`make()`'s module built in the configured dtype on `device`, every weight N(0, std) (cfg.seed)."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    default_dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(getattr(torch, cfg.dtype))
+        with torch.device(device):
+            module = make().eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, cfg.std)
+    return module
+
+
 def inflate_model(model, cfg: InflateConfig):
     """A new LlamaForCausalLM computing the same logits as `model`, at the configured size."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     old = model.config
-    head_dim = getattr(old, "head_dim", None) or old.hidden_size // old.num_attention_heads
-    groups = old.num_attention_heads // old.num_key_value_heads
-    big, intermediate, num_layers, num_heads = cfg.sizes(head_dim, groups)
-    d = old.hidden_size
     if old.model_type != "llama":
         raise SpecrtError(f"inflate handles Llama checkpoints, got model_type={old.model_type!r}")
-    if big < d or intermediate < old.intermediate_size or num_layers < old.num_hidden_layers \
-            or num_heads < old.num_attention_heads:
-        raise SpecrtError("inflate can only grow a model (hidden, intermediate, layers and heads must not shrink)")
-    if num_heads * head_dim != big or num_heads % groups:
-        raise SpecrtError(f"num_heads * head_dim ({num_heads} * {head_dim}) must equal hidden_size ({big}) "
-                          f"and num_heads must be a multiple of the GQA group size {groups}")
+    head_dim = getattr(old, "head_dim", None) or old.hidden_size // old.num_attention_heads
+    groups = old.num_attention_heads // old.num_key_value_heads
+    d = old.hidden_size
+    big, intermediate, num_layers, num_heads = _fit(
+        cfg, (d, old.intermediate_size, old.num_hidden_layers, old.num_attention_heads), head_dim, groups)
     new_cfg = LlamaConfig(**{**old.to_dict(), "hidden_size": big, "intermediate_size": intermediate,
                              "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
                              "num_key_value_heads": num_heads // groups, "head_dim": head_dim,
                              "rms_norm_eps": old.rms_norm_eps * d / big, "dtype": cfg.dtype})
-    torch.manual_seed(cfg.seed)
-    device = next(model.parameters()).device  # built where the source is: on a GPU, in seconds
-    default_dtype = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(getattr(torch, cfg.dtype))
-        with torch.device(device):
-            new = LlamaForCausalLM(new_cfg).eval()
-    finally:
-        torch.set_default_dtype(default_dtype)
+    # built where the source is: on a GPU, in seconds
+    new = _built(lambda: LlamaForCausalLM(new_cfg), cfg, next(model.parameters()).device)
     scale = math.sqrt(d / big)
     src = dict(model.named_parameters())
 
     with torch.no_grad():
-        for p in new.parameters():
-            p.normal_(0.0, cfg.std)
         new.model.embed_tokens.weight[:, d:] = 0
         new.model.embed_tokens.weight[:, :d] = src["model.embed_tokens.weight"]
         new.lm_head.weight[:, :d] = model.lm_head.weight  # the embeddings where they are tied (SmolLM2's)
         new.model.norm.weight[:d] = src["model.norm.weight"] * scale
-        q_rows, kv_rows = old.num_attention_heads * head_dim, old.num_key_value_heads * head_dim
-        inter = old.intermediate_size
         for i, layer in enumerate(new.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.o_proj.weight[d:] = 0  # never write the added dims of the residual stream
-            mlp.down_proj.weight[d:] = 0
             if i >= old.num_hidden_layers:  # an added layer: values and up projections read zeros only
-                attn.v_proj.weight[:, :d] = 0
-                mlp.up_proj.weight[:, :d] = 0
+                layer.self_attn.o_proj.weight[d:] = 0
+                layer.mlp.down_proj.weight[d:] = 0
+                layer.self_attn.v_proj.weight[:, :d] = 0
+                layer.mlp.up_proj.weight[:, :d] = 0
                 continue
-            pre = f"model.layers.{i}."
-            layer.input_layernorm.weight[:d] = src[pre + "input_layernorm.weight"] * scale
-            layer.post_attention_layernorm.weight[:d] = src[pre + "post_attention_layernorm.weight"] * scale
-            attn.q_proj.weight[:q_rows, :d] = src[pre + "self_attn.q_proj.weight"]
-            attn.k_proj.weight[:kv_rows, :d] = src[pre + "self_attn.k_proj.weight"]
-            attn.v_proj.weight[:kv_rows, :d] = src[pre + "self_attn.v_proj.weight"]
-            attn.v_proj.weight[kv_rows:, :d] = 0  # added heads: zero values
-            attn.o_proj.weight[:d, :q_rows] = src[pre + "self_attn.o_proj.weight"]
-            mlp.gate_proj.weight[:inter, :d] = src[pre + "mlp.gate_proj.weight"]
-            mlp.up_proj.weight[:inter, :d] = src[pre + "mlp.up_proj.weight"]
-            mlp.up_proj.weight[inter:, :d] = 0  # added units: zero up projection
-            mlp.down_proj.weight[:d, :inter] = src[pre + "mlp.down_proj.weight"]
+            _copy_layer(layer, src, f"model.layers.{i}.", scale)
     new.generation_config = model.generation_config
     return new
 
 
-def inflate(cfg: InflateConfig) -> Path:
+def inflate_head(cfg: InflateConfig, device: str) -> tuple[dict, dict]:
+    """A trained EAGLE head (`specrt models eagle`'s directory, cfg.src) grown by the options that grow its target:
+    its layer as inflate_model grows a target's, its final norm scaled alike, and its `fc` [D, 2D] reading the first
+    d dims of the embedding and of the features where the head's read them and writing the first d only. Beside its
+    target inflated by the same options it computes what the head computes beside the original: the same logits,
+    and hidden states of the same first d dims, the rest exactly zero. Returns (weights, config.json)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = json.loads((cfg.src / "config.json").read_text())
+    shape = config[EAGLE_HEAD]
+    d, head_dim = shape["hidden_size"], shape["head_dim"]
+    groups = shape["num_attention_heads"] // shape["num_key_value_heads"]
+    big, intermediate, _, num_heads = _fit(
+        cfg, (d, shape["intermediate_size"], 1, shape["num_attention_heads"]), head_dim, groups)
+    grown = {"hidden_size": big, "intermediate_size": intermediate, "num_attention_heads": num_heads,
+             "num_key_value_heads": num_heads // groups, "rms_norm_eps": shape["rms_norm_eps"] * d / big}
+    llama = LlamaConfig(**{k: v for k, v in {**shape, **grown}.items() if k not in ("target", "key")},
+                        num_hidden_layers=1)
+    layer = _built(lambda: LlamaDecoderLayer(llama, 0), cfg, device)
+    src = {k: v.to(device=device, dtype=torch.float32)
+           for k, v in load_file(str(cfg.src / "model.safetensors")).items()}
+    scale = math.sqrt(d / big)
+    dtype = getattr(torch, cfg.dtype)
+    with torch.no_grad():
+        _copy_layer(layer, src, "model.layers.0.", scale)
+        norm = torch.empty(big, device=device).normal_(0.0, cfg.std)
+        norm[:d] = src["model.norm.weight"] * scale
+        fc = torch.empty(big, 2 * big, device=device).normal_(0.0, cfg.std)
+        fc[d:] = 0  # the residual stream's added dims stay zero
+        fc[:d, :d], fc[:d, big:big + d] = src[FC][:, :d], src[FC][:, d:]  # [embedding; features], each's first d
+    weights = {f"model.layers.0.{k}": v for k, v in layer.state_dict().items()}
+    weights.update({"model.norm.weight": norm, FC: fc})
+    weights = {k: v.to(dtype).contiguous().cpu() for k, v in weights.items()}
+    return weights, {**config, EAGLE_HEAD: {**shape, **grown, "inflated_from": str(cfg.src)}}
+
+
+def inflate(cfg: InflateConfig) -> Path:
+    """The checkpoint cfg.src inflated into cfg.out, whole or not at all, with inflate.json: a target (inflate_model,
+    its tokenizer copied), or an EAGLE head (inflate_head: the files beside its weights copied)."""
+    import torch
 
     if not (cfg.src / "config.json").is_file():
         raise SpecrtError(f"{cfg.src} is not a Hugging Face checkpoint directory (no config.json)")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecrtError(f"device {device!r}: PyTorch {torch.__version__} finds no CUDA device on this machine")
-    model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True, dtype=torch.float32).eval().to(device)
-    new = inflate_model(model, cfg)
-    c = new.config
-    sizes = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads)
     tmp = cfg.out.parent / f".{cfg.out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    new.save_pretrained(tmp, safe_serialization=True)
-    copy_tokenizer(cfg.src, tmp)
-    num_params = sum(p.numel() for p in new.parameters())
+    if eagle_shape(cfg.src) is not None:
+        from safetensors.torch import save_file
+
+        weights, config = inflate_head(cfg, device)
+        tmp.mkdir(parents=True)
+        save_file(weights, str(tmp / "model.safetensors"))
+        for f in cfg.src.iterdir():  # its training record and held-out prompts: the function they measured is kept
+            if f.is_file() and f.name not in ("config.json", "model.safetensors", "inflate.json"):
+                shutil.copyfile(f, tmp / f.name)
+        write_json_atomic(tmp / "config.json", config)
+        shape = config[EAGLE_HEAD]
+        sizes = (shape["hidden_size"], shape["intermediate_size"], 1, shape["num_attention_heads"])
+        num_params = sum(v.numel() for v in weights.values())
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(cfg.src, local_files_only=True,
+                                                     dtype=torch.float32).eval().to(device)
+        new = inflate_model(model, cfg)
+        c = new.config
+        sizes = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads)
+        new.save_pretrained(tmp, safe_serialization=True)
+        copy_tokenizer(cfg.src, tmp)
+        num_params = sum(p.numel() for p in new.parameters())
     write_json_atomic(tmp / "inflate.json", {"src": str(cfg.src), "num_params": num_params, "device": device,
                                              "sizes": sizes, **{k: v for k, v in cfg.__dict__.items()
                                                                 if k not in ("src", "out")}})

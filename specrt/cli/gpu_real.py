@@ -1,8 +1,9 @@
 """What a gpu-session call is (its config, its stages), and the calls on the real target (SmolLM2-135M-Instruct,
 from its carried GGUF); specrt/cli/gpu_session.py runs them.
 
-    real     the target inflated to the shape (its function kept), exported with its distilled draft, compiled
-             engines, kernels, and e2e on code and chat prompts: a real model's acceptance on a GPU
+    real     the target inflated to the shape (its function kept), exported with its distilled draft (or its EAGLE
+             head, inflated alike), compiled engines, kernels, and e2e on code and chat prompts: a real model's
+             acceptance on a GPU
     distill  a draft distilled on the GPU (`specrt models draft --device cuda`): the target writes four times the
              text a 2-core CPU writes in 30 minutes, the draft trains on it, and the draft (float16) and its text come
              back beside the call's archive, split in parts a lent machine returns (docs/gpu.md says how to join them)
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.config import Config, option
+from specrt.contract import eagle_shape
 from specrt.files import write_atomic
 
 CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "batch", "ppd", "quant", "export")
@@ -44,7 +46,9 @@ class SessionConfig(Config):
                                                                                   "SmolLM2-135M-Instruct's GGUF file "
                                                                                   "(carried: docs/gpu.md)")
     real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried, or "
-                                                         "OUT/draft after call distill on the same machine")
+                                                         "OUT/draft after call distill on the same machine; or an "
+                                                         "EAGLE head (`specrt models eagle`), carried, inflated as the "
+                                                         "target is")
     real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
                                                                    "bundle's ngram-prior.npz), carried; none: no prior")
 
@@ -85,22 +89,30 @@ def distill_stages(cfg: SessionConfig) -> list[Stage]:
 
 def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:
     """Call real: SmolLM2-135M-Instruct from its GGUF, inflated to the shape (its function kept), exported with its
-    distilled draft, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
+    distilled draft or its EAGLE head, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
     out, d = cfg.out, cfg.device
     bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
     prior = cfg.real_prior.is_file()
+    # a head reads the target's hidden states: grown as the target is, and drafting in sd's chains (with the n-gram
+    # drafts merged in: sd-ngram) where a draft model also drafts dynamic trees
+    head = eagle_shape(cfg.real_draft) is not None
+    draft = str(out / "real-head") if head else str(cfg.real_draft)
     e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
-           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + "dynamic-ngram", "--baselines", "hf")
+           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + ("sd-ngram" if head else "dynamic-ngram"),
+           "--baselines", "hf")
     # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
     compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
+    grow = ("--dtype", dtype, "--device", d, *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]))
     return [real_checkpoint(cfg),
-            Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), "--dtype", dtype, "--device", d,
-                                   *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]), "--out",
+            Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), *grow, "--out",
                                    str(out / "real-target")), makes="real-target/config.json",
                   needs=("real",), estimate_s=60),
-            Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", str(cfg.real_draft),
+            *[Stage("inflate-head", ("models", "inflate", "--src", str(cfg.real_draft), *grow, "--out",
+                                     str(out / "real-head")), makes="real-head/config.json", estimate_s=20)] * head,
+            Stage("export-real", ("export", "--target", str(out / "real-target"), "--draft", draft,
                                   "--out", bundle, "--dtype", dtype, "--no-onnx"),
-                  makes="bundle-real/manifest.json", needs=("inflate-real",), estimate_s=90),
+                  makes="bundle-real/manifest.json", needs=("inflate-real",) + ("inflate-head",) * head,
+                  estimate_s=90),
             *[Stage("prior-real", ("ngram", "prior", "--bundle", bundle, "--corpus", str(cfg.real_prior)),
                     makes="bundle-real/ngram-prior.json", needs=("export-real",), estimate_s=5)] * prior,
             # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)

@@ -80,3 +80,46 @@ def test_float16_inflation_writes_a_checkpoint_with_the_same_function(tmp_path):
     with torch.no_grad():
         a, b = small(ids).logits, big(ids).logits.float()
     assert (a - b).abs().max() < 0.1 and (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+
+
+def test_an_inflated_head_beside_its_inflated_target_computes_what_the_head_computes(eagle_head, tmp_path):
+    """An EAGLE head grown by the options that grow its target (the demo target's head, as call real grows a real
+    target's): fed the inflated target's hidden states it gives the head's logits, and hidden states of the head's
+    first d dims, the rest exactly zero; its record, head vocabulary and held-out prompts come along."""
+    import json
+
+    from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
+    from specrt.model.eagle import assemble_eagle
+
+    head_dir = eagle_head[0].dest
+    sizes = dict(hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6, device="cpu")
+    inflate(InflateConfig(src=DEMO_DIR / "target", out=tmp_path / "target", **sizes))
+    inflate(InflateConfig(src=head_dir, out=tmp_path / "head", **sizes))
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config[EAGLE_HEAD]["hidden_size"] == 384 and config[EAGLE_HEAD]["inflated_from"] == str(head_dir)
+    assert config[HEAD_VOCABULARY] == json.loads((head_dir / "config.json").read_text())[HEAD_VOCABULARY]
+    assert {"eagle.json", "validation-prompts.jsonl", "inflate.json"} <= {f.name for f in (tmp_path / "head").iterdir()}
+    heads = []
+    for target_dir, head in ((DEMO_DIR / "target", head_dir), (tmp_path / "target", tmp_path / "head")):
+        target = load_checkpoint(target_dir)
+        heads.append((target, assemble_eagle(head, target)))
+    d = heads[0][0].config.hidden_size
+    ids = torch.randint(0, heads[0][0].config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(0))
+    out = []
+    with torch.no_grad():
+        for target, head in heads:
+            features = target.model(ids).last_hidden_state  # after the final norm: contract.HIDDEN
+            rows = head.fc(torch.cat([head.model.embed_tokens(ids[:, 1:]), features[:, :-1]], dim=-1))
+            hidden = head.model(inputs_embeds=rows).last_hidden_state
+            out.append((features, head.lm_head(hidden), hidden))
+    (f_small, logits_small, h_small), (f_big, logits_big, h_big) = out
+    assert torch.allclose(f_big[..., :d], f_small, atol=1e-4) and not f_big[..., d:].any()
+    assert (logits_big - logits_small).abs().max() < 1e-4 * logits_small.abs().max()
+    assert torch.allclose(h_big[..., :d], h_small, atol=1e-4) and not h_big[..., d:].any()
+    assert heads[1][1].model.layers[0].mlp.down_proj.weight.abs().mean() > 1e-3  # added capacity real, not zero
+
+
+def test_a_head_is_refused_where_its_target_would_shrink(eagle_head, tmp_path):
+    with pytest.raises(SpecrtError, match="only grow"):
+        inflate(InflateConfig(src=eagle_head[0].dest, out=tmp_path / "head", hidden_size=64, num_heads=1,
+                              device="cpu"))

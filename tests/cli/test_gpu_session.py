@@ -163,6 +163,16 @@ def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_car
     assert list(distill) == ["real", "distill"] and distill["distill"].brings == "draft"
     assert distill["distill"].deadline == "--time-limit"  # the session gives it the seconds left
     assert ("--device", "cuda") == distill["distill"].argv[4:6] and "4096" in distill["distill"].argv
+    # an EAGLE head carried as the draft: grown as the target is, exported in the draft's place, run by sd's rows
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"specrt_eagle": {"hidden_size": 576}}')
+    real = {s.name: s for s in stages(dataclasses.replace(cfg, real_draft=head))}
+    assert list(real)[2:4] == ["inflate-head", "export-real"]
+    grown = real["inflate-real"].argv[4:-1]  # the shape, dtype and device of the target's inflation, and --out
+    assert real["inflate-head"].argv[3:] == (str(head), *grown, str(tmp_path / "real-head"))
+    assert str(tmp_path / "real-head") in real["export-real"].argv and "inflate-head" in real["export-real"].needs
+    assert "autoregressive,sd,anpd,anpd-noprior,sd-ngram" in real["e2e-real"].argv
     tuned = [s.name for s in stages(dataclasses.replace(cfg, call="tuned"))]
     assert tuned == ["inflate", "export", "copy-tuned", "build-tuned", "kernels-tuned", "e2e-tuned"]
 
