@@ -32,12 +32,12 @@ class MethodContext:
     prompt_tokens: object  # PPD's PromptTokens where the target holds them, else None
     prompt_tokens_refused: str  # why PPD cannot run where there are none
 
-    def draft_runner(self, method: str, head: bool = False):
-        """A runner of the draft model for `method`; `head`: the method also drafts with a feature-level head (EAGLE:
-        ModelEntry.features), which needs the target's hidden states and is refused by the others."""
-        if self.draft.entry.features and not head:
-            raise InvalidRequestError(f"{method} drafts with a draft model's own steps, and this bundle's draft is a "
-                                      "head on the target's hidden states (EAGLE): use sd or tree")
+    def draft_runner(self, method: Method):
+        """A runner of the draft model for `method`, refused where the draft is a feature-level head (EAGLE:
+        ModelEntry.features) and the method does not draft with one (Method.with_head)."""
+        if self.draft.entry.features and not method.with_head:
+            raise InvalidRequestError(f"{method.name} drafts with a draft model's own steps, and this bundle's draft "
+                                      "is a head on the target's hidden states (EAGLE): use sd or tree")
         return self.draft.runner()
 
     def ppd_tree(self, batch_size: int):
@@ -55,6 +55,9 @@ class Built:
 class Method(Config):
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for help texts
+    # it runs where the bundle's draft is a head on the target's hidden states (EAGLE; ModelEntry.features): all but
+    # the methods whose rounds step a draft model on its own outputs alone (dynamic trees, MTAD's beams)
+    with_head: ClassVar[bool] = True
 
     def __post_init__(self):
         super().__post_init__()

@@ -122,12 +122,13 @@ class MergeOptions(NgramOptions):
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
 
 
-def static_tree_built(ctx: MethodContext, spec: TreeSpec | dict[int, TreeSpec], params: SamplingParams) -> Built:
+def static_tree_built(method: Method, ctx: MethodContext, spec: TreeSpec | dict[int, TreeSpec],
+                      params: SamplingParams) -> Built:
     """The draft model filling a static tree (or, by live batch size, one of several: DraftModelDrafter)."""
     largest = max(map(len, spec.values())) if isinstance(spec, dict) else len(spec)
     # a draft head reads the target's hidden states beside its tokens (ModelEntry.features): EAGLE's drafter
     kind = EagleDrafter if ctx.draft.entry.features else DraftModelDrafter
-    return Built(kind(ctx.draft_runner("sd and tree", head=True), spec, ctx.bucket), make_verifier(params),
+    return Built(kind(ctx.draft_runner(method), spec, ctx.bucket), make_verifier(params),
                  largest + 1)
 
 
@@ -146,7 +147,7 @@ class Sd(MergeOptions):
         if self.ngram_tokens and not params.greedy:
             raise InvalidRequestError("ngram_tokens needs deterministic drafts, but sd samples its chain when "
                                       "temperature > 0: use method 'tree' or 'dynamic'")
-        return self._merge(static_tree_built(ctx, TreeSpec.chain(self.num_draft_tokens), params), ctx, params,
+        return self._merge(static_tree_built(self, ctx, TreeSpec.chain(self.num_draft_tokens), params), ctx, params,
                            batch_size)
 
 
@@ -186,7 +187,7 @@ class Tree(MergeOptions):
         return TreeSpec.from_paths(DEFAULT_TREE)
 
     def build(self, ctx, params, batch_size):
-        return self._merge(static_tree_built(ctx, self.spec(ctx, batch_size), params), ctx, params, batch_size)
+        return self._merge(static_tree_built(self, ctx, self.spec(ctx, batch_size), params), ctx, params, batch_size)
 
 
 @register
@@ -194,6 +195,7 @@ class Tree(MergeOptions):
 class Dynamic(MergeOptions):
     name: ClassVar[str] = "dynamic"
     summary: ClassVar[str] = "the likeliest nodes of the draft's beam search form a new tree each round (EAGLE-2)"
+    with_head: ClassVar[bool] = False
 
     @classmethod
     def from_point(cls, point):
@@ -221,7 +223,7 @@ class Dynamic(MergeOptions):
     def build(self, ctx, params, batch_size):
         width, depth = self.shape
         temperature = self.draft_temperature or ctx.evidence.draft_temperature()
-        drafter = DynamicTreeDrafter(ctx.draft_runner(self.name), self.num_draft_tokens, width, depth, ctx.bucket,
+        drafter = DynamicTreeDrafter(ctx.draft_runner(self), self.num_draft_tokens, width, depth, ctx.bucket,
                                      temperature)
         return self._merge(Built(drafter, make_verifier(params), self._own_round_tokens()), ctx, params, batch_size)
 
@@ -254,6 +256,7 @@ class Mtad(Method):
     name: ClassVar[str] = "mtad"
     summary: ClassVar[str] = ("beam drafts accepted by joint likelihood (MJSD when greedy, beam sampling when not); "
                               "not lossless by design")
+    with_head: ClassVar[bool] = False
 
     num_draft_tokens: int = option(4, "gamma: tokens per beam", ge=1)
     num_beams: int = option(4, "W: beams", ge=1)
@@ -271,7 +274,7 @@ class Mtad(Method):
         return max(self.verify_beams * gamma + 1, beams * (gamma - 1) + 2)
 
     def build(self, ctx, params, batch_size):
-        drafter = BeamDrafter(ctx.draft_runner(self.name), self.num_beams, self.num_draft_tokens, ctx.bucket,
+        drafter = BeamDrafter(ctx.draft_runner(self), self.num_beams, self.num_draft_tokens, ctx.bucket,
                               self.verify_beams)
         return Built(drafter, JointLikelihoodVerifier(self.tau), self.round_tokens())
 
@@ -371,5 +374,5 @@ class Auto(Method):
         the tree of the live batch size each round (a batch that drains or fills changes its tree)."""
         trees = trees_by_batch(ctx.evidence.plan(), batch_size)
         if trees is not None:
-            return static_tree_built(ctx, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
+            return static_tree_built(self, ctx, {b: TreeSpec.from_paths(t.paths) for b, t in trees.items()}, params)
         return self.resolve(ctx, batch_size).build(ctx, params, batch_size)

@@ -66,12 +66,16 @@ class SpeculationKind:
     host_profile: HostProfile | None = None  # how its host work is profiled, where its own is (else: see `host`)
     drafts: bool = True  # it drafts (all but autoregressive decoding)
     draft_model: bool = True  # its rounds step the draft model (not ANPD's n-grams, nor PPD's prompt tokens)
-    # it runs where the bundle's draft is a head on the target's hidden states (EAGLE; ModelEntry.features): all but
-    # the draft model's beam search (dynamic trees), which steps a draft on its own outputs alone
-    draft_head: bool = True
     # the generate keywords of a decode with a tree of this kind and size, as `specrt profile` and `specrt calibrate`
     # run it; None: neither runs it on its own
     decode: Callable[[int], dict] | None = None
+
+    @property
+    def draft_head(self) -> bool:
+        """It runs where the bundle's draft is a head (EAGLE): as its method does (Method.with_head)."""
+        from specrt.runtime.methods import METHODS  # importing the methods registers them
+
+        return METHODS[self.method].with_head
 
     def measured_trees(self, acceptance: Acceptance) -> tuple:
         return acceptance.measured.get(self.name, ()) if self.calibration else ()
@@ -153,15 +157,14 @@ SPECULATION: dict[str, SpeculationKind] = {k.name: k for k in (
                     Calibration("dynamic trees, by nodes", _dynamic_tree, "dynamic_sizes", temperature=True,
                                 by_position=False),
                     host_profile=HostProfile((2, 8, 16, 32), (8, 32)),
-                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n}, draft_head=False),
+                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n}),
     SpeculationKind("merged", "dynamic", _dynamic_words, _measured(measured_round_cost_ms),
                     _measured_points("merged"), ("merged", "dynamic", "tree"),
                     Calibration(f"dynamic trees with {MERGE_NGRAM_TOKENS} n-gram drafts merged in, by nodes",
                                 lambda pipe, n: _dynamic_tree(pipe, n, MERGE_NGRAM_TOKENS), "merged_sizes",
                                 temperature=True),
                     host_profile=HostProfile((2, 8, 16, 32), (8, 32), extra_rows=MERGE_NGRAM_TOKENS),
-                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS},
-                    draft_head=False),
+                    decode=lambda n: {"method": "dynamic", "num_draft_tokens": n, "ngram_tokens": MERGE_NGRAM_TOKENS}),
     SpeculationKind("ngram", "anpd", lambda n, g: f"ANPD: up to {n} n-gram drafted tokens (no draft model)",
                     _measured(ngram_round_cost_ms), _measured_points("ngram"), ("ngram", "tree"),
                     Calibration("ANPD, by K (n-gram drafted tokens)", lambda pipe, n: {"width": 1, "depth": n},
