@@ -121,7 +121,7 @@ def _convert(bundle: Path, role: str, work: Path, command, made: str, dest: Path
 
 def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool = True) -> dict[str, Path]:
     """{role: ORT GenAI model directory} of the bundle's target and draft at `precision`, converted once by the
-    model builder (`python -m onnxruntime_genai.models.builder`) and cached under `cache`."""
+    model builder (bench/ort_genai_builder.py) and cached under `cache`."""
     from tqdm import tqdm
 
     root = cache / f"ort-genai-{manifest_sha256(bundle)[:16]}-{precision}"
@@ -130,7 +130,7 @@ def ort_genai_models(bundle: Path, cache: Path, precision: str, progress: bool =
     for role in tqdm(todo, desc=f"ORT GenAI model builder ({precision})", unit="model", disable=not progress or not todo):
         src = bundle / "hf" / role
         _convert(bundle, role, root / f".{role}.tmp", lambda staged, made: [
-            sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(staged), "-o", str(made),
+            sys.executable, "-m", "specrt.bench.ort_genai_builder", "-i", str(staged), "-o", str(made),
             "-p", precision, "-e", "cpu", "-c", str(made.parent / "cache")],
             "model", out[role], f"ONNX Runtime GenAI's model builder could not convert {src} ({precision})",
             proof="genai_config.json")
@@ -291,6 +291,10 @@ class OrtGenAI:
             overlay["model"]["draft"] = {**draft, **session}
         config.overlay(json.dumps(overlay))
         self.model = og.Model(config)
+        # a model with sliding-window layers (Gemma 3) needs a cache of at least its window: its length is then no
+        # longer where the decode stops, the count of new tokens is
+        decoder = json.loads((models["target"] / "genai_config.json").read_text())["model"]["decoder"]
+        self.window = (decoder.get("sliding_window") or {}).get("window_size", 0)
         self.speculative = {"sd": {"max_draft_tokens": draft_tokens},
                             "ngram": {"ngram_size": NGRAM_SIZE, "max_draft_tokens": draft_tokens}}.get(mode)
 
@@ -298,7 +302,8 @@ class OrtGenAI:
         def one(p, clock):
             ids = self.encode(p)
             params = self.og.GeneratorParams(self.model)
-            params.set_search_options(max_length=len(ids) + self.max_new_tokens, do_sample=False)
+            length = len(ids) + self.max_new_tokens
+            params.set_search_options(max_length=max(length, self.window), do_sample=False)
             if self.speculative:
                 params.set_speculative_options(**self.speculative)
             generator = self.og.Generator(self.model, params)
@@ -306,7 +311,9 @@ class OrtGenAI:
             while not generator.is_done():
                 generator.generate_next_token()
                 clock.token()
-            out = [int(t) for t in generator.get_sequence(0)[len(ids):]]
+                if length < self.window and len(generator.get_sequence(0)) >= length:
+                    break
+            out = [int(t) for t in generator.get_sequence(0)[len(ids):length]]
             # its sequence leaves out the end token it stopped at, which ours keep (and which it generated and was
             # timed for): the same answer, counted alike
             if self.eos is not None and len(out) < self.max_new_tokens and (not out or out[-1] != self.eos):

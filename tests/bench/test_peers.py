@@ -168,3 +168,25 @@ def test_a_llama_cpp_row_runs_the_real_gguf_as_shipped(smollm2, smollm2_bundle, 
     assert row["tokens"] > 0 and row["tpot_ms"] > 0
     if row["divergence"]:  # its own 4-bit weights: other tokens are not a method's change
         assert row["divergence"]["other_weights"] == "Q4_1"
+
+
+@needs_ort_genai
+def test_ort_genai_decodes_a_gemma3_checkpoint_transformers_5_wrote(tmp_path):
+    """A Gemma 3 config as transformers 5 writes it (RoPE per layer type; onnxruntime-genai 0.18's own Gemma 3 builder
+    fails on it with KeyError 'rope_type') converts through bench/ort_genai_builder.py and decodes our AR's tokens,
+    though the whole text is shorter than the window its cache must hold (which was where its decode stopped)."""
+    from specrt.bench.e2e import E2EConfig, run_e2e
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.export.onnx_export import ExportConfig, export_bundle
+    from tests.export.test_architectures import _tiny
+
+    _tiny("gemma3", tmp_path / "gemma3", sliding_window=512, max_position_embeddings=1024)
+    assert "sliding_attention" in json.loads((tmp_path / "gemma3" / "config.json").read_text())["rope_parameters"]
+    export_bundle(ExportConfig(target=tmp_path / "gemma3", draft=tmp_path / "gemma3", out=tmp_path / "b",
+                               tokenizer=DEMO_DIR / "tokenizer"), progress=False)
+    cfg = E2EConfig(bundle=tmp_path / "b", threads=2, num_prompts=2, max_new_tokens=16, runs=1, warmup_runs=0,
+                    methods=("autoregressive",), baselines=("ort-genai",), out=tmp_path / "out", label="gemma3",
+                    peer_cache=tmp_path / "cache")
+    rows = {r["method"]: r for r in run_e2e(cfg)["rows"]}
+    assert rows["ort-genai (fp32)"]["same_tokens_as_ours_ar"] == 1, rows["ort-genai (fp32)"]
+    assert rows["ort-genai (fp32)"]["tokens"] == rows["autoregressive"]["tokens"] == 2 * 16
