@@ -238,7 +238,8 @@ class StepModule(nn.Module):
         # scores, bias and softmax are float32 whatever the weights' dtype (no fp16 overflow to -inf)
         bias = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)[:, None, None]  # [B, 1, 1, T, S + T]
         cached = past[0].shape[2] - (position_ids.shape[1] if room else 0)
-        biases = self._window_biases(bias, position_ids, cached) if self.family.layer_windows else {}
+        biases = {w: bias.masked_fill(far[:, None, None], torch.finfo(torch.float32).min)
+                  for w, far in self._far(position_ids, cached, new=True).items()}
         new_kv = []
         for layer_idx, layer in enumerate(self._layer_calls):
             window = self.family.layer_windows[layer_idx] if self.family.layer_windows else None
@@ -248,15 +249,15 @@ class StepModule(nn.Module):
         x = self.hf.model.norm(x)
         return (self._logits(x), *new_kv) + ((x,) if self.hidden else ())
 
-    def _window_biases(self, bias, position_ids, cached: int) -> dict:
-        """{window: bias} for the family's windowed layers: `bias` with every key `window` or more positions before
-        its query masked. A cache slot holds the position of its index (the runtime appends accepted rows in order,
-        from position 0), the new tokens theirs (position_ids)."""
-        slots = torch.arange(cached, device=position_ids.device)[None].expand(position_ids.shape[0], cached)
-        keys = torch.cat([slots, position_ids], dim=1)  # [B, S + T]
-        distance = position_ids[:, :, None] - keys[:, None, :]  # [B, T, S + T]
-        return {w: bias.masked_fill((distance >= w)[:, None, None], torch.finfo(torch.float32).min)
-                for w in set(self.family.layer_windows) if w is not None}
+    def _far(self, position_ids, slots: int, new: bool = False) -> dict:
+        """{window: [B, T, K] bool} of the family's windowed layers: True where a key is `window` or more positions
+        before its query. The keys: `slots` cache slots, each holding the position of its index (the runtime appends
+        accepted rows in order, from position 0), then with `new` the new tokens, at position_ids."""
+        if not self.family.layer_windows:
+            return {}
+        keys = torch.arange(slots, device=position_ids.device)[None].expand(position_ids.shape[0], slots)
+        distance = position_ids[:, :, None] - (torch.cat([keys, position_ids], dim=1) if new else keys)[:, None, :]
+        return {w: distance >= w for w in set(self.family.layer_windows) if w is not None}
 
     def _ropes(self, x, position_ids):
         """[(cos, sin) [B, 1, 1, T, D] of each layer] of the new tokens (x: their rows [B, T, hidden])."""
@@ -426,23 +427,23 @@ class InPlaceStepModule(StepModule):
 
     def __init__(self, hf_model, prompt_embeddings: torch.Tensor | None = None, hidden: bool = False):
         super().__init__(hf_model, prompt_embeddings, hidden)
-        f = self.family
-        if f.attn_softcap is not None or f.layer_windows:
+        if self.family.attn_softcap is not None:
             raise UnsupportedModelError(f"model_type={hf_model.config.model_type!r}: the in-graph KV update's Attention "
-                                        "node has no per-layer window or score soft-capping here: use the runtime's "
-                                        "KV update (the exported step graphs)")
+                                        "node has no score soft-capping: use the runtime's KV update (export's graphs)")
 
     def forward(self, input_ids, position_ids, attention_mask, write_indices, *past):
         return self._step_in_place(self.embed(input_ids), position_ids, attention_mask, write_indices, past)
 
     def _step_in_place(self, x, position_ids, attention_mask, write_indices, past):
         ropes, mask, present = self._ropes(x, position_ids), attention_mask[:, None], []  # mask: [B, 1, T, C]
+        masks = {w: mask & ~far[:, None] for w, far in self._far(position_ids, mask.shape[-1]).items()}
         for layer_idx, step in enumerate(self.layer_steps):
             q, k, v = step.qkv(x, *ropes[layer_idx], self.rotate_half)
             keys = scatter_rows(past[2 * layer_idx], k, write_indices)  # [B, Hkv, C, D]
             values = scatter_rows(past[2 * layer_idx + 1], v, write_indices)
             present += [keys, values]
-            out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, mask, scale=step.layer.self_attn.scaling,
+            seen = masks.get(self.family.layer_windows[layer_idx], mask) if masks else mask
+            out = torch.onnx.ops.attention(q.flatten(1, 2), keys, values, seen, scale=step.layer.self_attn.scaling,
                                            softmax_precision=1)[0]  # [B, H, T, D]; 1: ONNX's FLOAT
             x = step.end(x, out.transpose(1, 2))
         x = self.hf.model.norm(x)

@@ -83,7 +83,8 @@ def test_export_and_greedy_decoding_match_the_checkpoint(tmp_path, kind, extra):
         assert pipe.generate([prompt[0].tolist()], method="autoregressive", max_new_tokens=20)[0].token_ids != want
 
 
-@pytest.mark.parametrize("kind,extra", [("qwen3", {}), ("phi4-mini", {})]  # the kernel's rotation; ours (partial)
+@pytest.mark.parametrize("kind,extra", [("qwen3", {}), ("phi4-mini", {}),  # the kernel's rotation; ours (partial)
+                                        ("gemma3", {})]  # windows on some layers: each its own mask, in the graph
                          + [pytest.param(k, e, marks=pytest.mark.slow)  # ~40 s each: `pytest -m slow`
                             for k, e in [("qwen2", {}), ("olmo2", {}), ("granite", {}), ("llama3", {}),
                                          ("mistral", {"sliding_window": 8})]])
@@ -112,8 +113,8 @@ def test_the_in_graph_kv_update_decodes_the_checkpoints_tokens(tmp_path, kind, e
     # the kernel rotates whole heads (partial RoPE stays in the graph)
     assert pipe.target.kernel_rotary == (0 if kind == "phi4-mini" else 2)
     # q, k and v read as the merged projection's rows, biases merged too (Qwen2); not where q and k are normed
-    # after their projection (Qwen3, OLMo 2) or the checkpoint projects them as one (Phi-4-mini)
-    assert pipe.target.packed_qkv == (0 if kind in ("qwen3", "olmo2", "phi4-mini") else 2)
+    # after their projection (Qwen3, OLMo 2, Gemma 3) or the checkpoint projects them as one (Phi-4-mini)
+    assert pipe.target.packed_qkv == (0 if kind in ("qwen3", "olmo2", "phi4-mini", "gemma3") else 2)
     ids = [p[0].tolist() for p in prompts]
     for method in ("autoregressive", "sd", "tree", "anpd"):
         for batch_size in (1, 2):
@@ -198,7 +199,7 @@ def test_the_in_graph_kv_update_refuses_what_its_attention_node_cannot_do(tmp_pa
     from specrt.model.step import InPlaceStepModule
 
     with pytest.raises(UnsupportedModelError, match="'gemma2': the in-graph KV update's Attention node has no "
-                                                    "per-layer window or score soft-capping"):
+                                                    "score soft-capping"):
         InPlaceStepModule(_tiny("gemma2", tmp_path / "g"))
 
 
