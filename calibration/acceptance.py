@@ -64,6 +64,7 @@ from specrt.contract import UNSCORED_LOGIT
 from specrt.errors import SpecrtError
 from specrt.runtime.backends import BackendOptions
 from specrt.runtime.cost import best_trees, chain_expectation, tree_expectation
+from specrt.runtime.methods import runs_with
 from specrt.runtime.speculation import SPECULATION, SpeculationKind, speculation_kind
 from specrt.runtime.stats import POSITION_BUCKET
 
@@ -297,7 +298,7 @@ def calibrate(cfg: CalibrationConfig, progress: bool = True) -> Acceptance:
         draft_nll_at_draft_temperature=round(float(nll.min()) / positions, 6),
         trees=tuple(best_trees(p, cfg.max_nodes)),
         measured={kind.name: tuple(measure_kind(pipe, prompts, kind, sizes, cfg.new_tokens, temperature, progress))
-                  for kind in SPECULATION.values() if kind.calibration and (kind.draft_head or not head)
+                  for kind in SPECULATION.values() if kind.calibration and runs_with(kind, pipe.draft)
                   for sizes in [measured_sizes(cfg, kind, pipe)] if sizes},
         ppd_source=tokens.identity() if tokens else None,
         position_bucket=POSITION_BUCKET,

@@ -38,6 +38,7 @@ from specrt.checkpoints.corpus import validation_prompts
 from specrt.bundle.manifest import BundleOptions
 from specrt.config import config_dict, option
 from specrt.runtime.backends import BackendOptions
+from specrt.runtime.methods import runs_with
 from specrt.runtime.speculation import SPECULATION
 from specrt.runtime.step_inputs import PREFILL_CHUNK
 from specrt.errors import InvalidRequestError, SpecrtError
@@ -294,11 +295,10 @@ def host_configs(pipe, batch_sizes: list[int]) -> list[tuple[str, int, int]]:
     (SpeculationKind.host_profile; fewer above batch 1; PPD's only where the bundle's prompt tokens built those
     trees), none wider than the target's largest step."""
     largest = pipe.target.max_step_tokens  # a round's target step holds the root, the nodes and any n-gram drafts
-    head = pipe.draft.entry.features  # a draft head runs no draft model's beam search (SpeculationKind.draft_head)
     built = {t.budget for t in pipe.prompt_tokens.trees} if pipe.prompt_tokens is not None else set()
     out = []
     for b in batch_sizes:
-        for kind in (k for k in SPECULATION.values() if k.host_profile and (k.draft_head or not head)):
+        for kind in (k for k in SPECULATION.values() if k.host_profile and runs_with(k, pipe.draft)):
             h = kind.host_profile
             sizes = [n for n in (h.sizes if b == 1 else h.batched_sizes) if not h.prompt_tokens or n in built]
             out += [(kind.name, b, n) for n in sizes if not largest or n + 1 + h.extra_rows <= largest]

@@ -34,11 +34,11 @@ from specrt.runtime.drafters.dynamic import tree_shape
 from specrt.runtime.drafters.merge import MERGE_MIN_PROB
 from specrt.runtime.method_base import METHODS, Built, Method, MethodContext, make_method, register
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.speculation import trees_by_batch
+from specrt.runtime.speculation import SpeculationKind, trees_by_batch
 from specrt.runtime.tree import TreeSpec
 from specrt.runtime.verify import JointLikelihoodVerifier, TypicalVerifier, make_verifier
 
-__all__ = ["METHODS", "Built", "Method", "MethodContext", "make_method"]
+__all__ = ["METHODS", "Built", "Method", "MethodContext", "make_method", "runs_with"]
 
 # A 16-node tree: best child chains to depth 5, second and third choices near the root (where the
 # draft is least sure). The tuned plan's best static tree replaces it once `specrt tune` has run.
@@ -120,6 +120,12 @@ class MergeOptions(NgramOptions):
         ngram = self._ngram_drafter(ctx, self.ngram_tokens, self.ngram_min_prob, costs)
         # the merged tree holds up to every node of both; the draft cache needs no more than before
         return Built(MergedDrafter([built.drafter, ngram]), built.verifier, built.slack + self.ngram_tokens)
+
+
+def runs_with(kind: SpeculationKind, draft) -> bool:
+    """Whether a speculation kind runs with this draft backend: every kind, but where the draft is a head on the
+    target's hidden states (EAGLE: ModelEntry.features) only those whose method drafts with one (Method.with_head)."""
+    return not draft.entry.features or METHODS[kind.method].with_head
 
 
 def static_tree_built(method: Method, ctx: MethodContext, spec: TreeSpec | dict[int, TreeSpec],

@@ -70,13 +70,6 @@ class SpeculationKind:
     # run it; None: neither runs it on its own
     decode: Callable[[int], dict] | None = None
 
-    @property
-    def draft_head(self) -> bool:
-        """It runs where the bundle's draft is a head (EAGLE): as its method does (Method.with_head)."""
-        from specrt.runtime.methods import METHODS  # importing the methods registers them
-
-        return METHODS[self.method].with_head
-
     def measured_trees(self, acceptance: Acceptance) -> tuple:
         return acceptance.measured.get(self.name, ()) if self.calibration else ()
 
