@@ -129,7 +129,8 @@ def head_shape(config) -> dict:
     """The head's shape from a target's (text) config: its own layer's."""
     tc = config.get_text_config()
     rope = getattr(tc, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    rope = rope.get("full_attention", rope) if isinstance(rope, dict) else {}  # per layer type (Gemma 3): the global
+    theta = rope.get("rope_theta")  # layers', whose attention reads every position as the head's does
     heads = tc.num_attention_heads
     return {"hidden_size": tc.hidden_size, "num_attention_heads": heads,
             "num_key_value_heads": getattr(tc, "num_key_value_heads", None) or heads,

@@ -113,3 +113,18 @@ def test_neither_writer_replaces_a_directory_it_did_not_make(made, tmp_path):
     with pytest.raises(SpecrtError, match="is a non-empty directory that is not a head"):
         make_eagle(replace(cfg, out=mine), progress=False)
     assert (mine / "notes.txt").read_text() == "mine" and (cfg.dest / "eagle.json").is_file()
+
+
+def test_a_heads_rope_is_its_targets_and_a_gemma3_targets_global_layers(tmp_path):
+    """The head's RoPE base: a Llama target's; a Gemma 3 target's global layers' (transformers 5 keys its RoPE by layer
+    type), whose attention reads every position as the head's does, not the sliding layers'."""
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.checkpoints.eagle_head import head_shape
+    from specrt.model.checkpoint import load_config
+    from tests.export.test_architectures import _tiny
+
+    gemma3 = _tiny("gemma3", tmp_path / "g").config
+    assert gemma3.rope_parameters["sliding_attention"]["rope_theta"] == 100.0  # the test's local base
+    assert head_shape(gemma3)["rope_theta"] == gemma3.rope_parameters["full_attention"]["rope_theta"] != 100.0
+    demo = load_config(DEMO_DIR / "target")
+    assert head_shape(demo)["rope_theta"] == demo.rope_parameters["rope_theta"]
