@@ -89,7 +89,8 @@ def distill_stages(cfg: SessionConfig) -> list[Stage]:
 
 def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:
     """Call real: SmolLM2-135M-Instruct from its GGUF, inflated to the shape (its function kept), exported with its
-    distilled draft or its EAGLE head, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real model's acceptance."""
+    distilled draft or its EAGLE head, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real
+    model's acceptance."""
     out, d = cfg.out, cfg.device
     bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
     prior = cfg.real_prior.is_file()
