@@ -14,6 +14,7 @@ Requests are read and answered as serving/openai_api.py says.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 import time
@@ -84,14 +85,16 @@ class TritonStream:
                 yield out
                 if finished:
                     return
-        except asyncio.CancelledError:
-            if id(call) in self.lost:
+        except ServedError:
+            raise
+        except (asyncio.CancelledError, Exception) as e:
+            if isinstance(e, asyncio.CancelledError) and id(call) not in self.lost:
+                raise
+            if await self._lost(call):  # cancelled by fail_in_flight, or its stream broke as its stub died
                 raise ApiError(503, "the model's process died while this request ran: it has been reloaded, send the "
                                     "request again", kind="server_error") from None
-            raise
-        except Exception as e:
-            if isinstance(e, ServedError):
-                raise
+            if await self._live():
+                raise ApiError(503, f"the decode loop's stream broke: {e}", kind="server_error") from None
             raise ApiError(503, f"the Triton server cannot be reached: {e}", kind="server_error") from None
         finally:
             self.calls.pop(id(call), None)
@@ -99,6 +102,25 @@ class TritonStream:
             done.set()  # the request stream ends: an answered call closes by itself
             if not finished:  # left early: the request is cancelled in Triton (cancelling costs grpc a traceback)
                 call.cancel()
+
+    async def _lost(self, call, grace: float = 3) -> bool:
+        """Whether fail_in_flight marks the call lost within `grace` seconds of its stream breaking while the server
+        lives: a stub's death can break a stream before it is seen (serve.Revive looks twice a second)."""
+        if id(call) in self.lost:
+            return True
+        if not await self._live():
+            return False
+        for _ in range(round(grace / 0.05)):
+            await asyncio.sleep(0.05)
+            if id(call) in self.lost:
+                return True
+        return False
+
+    async def _live(self) -> bool:
+        try:
+            return await self.client.is_server_live()
+        except Exception:
+            return False
 
     async def ready(self) -> bool:
         try:
@@ -273,11 +295,19 @@ class OpenAIServer:
             time.sleep(0.05)
         return self
 
-    def fail_in_flight(self) -> None:
-        """End the requests in flight with a 503 (from any thread): their model's process died (serve.Revive)."""
+    def fail_in_flight(self, timeout: float = 5) -> None:
+        """End the requests in flight with a 503 (from any thread): their model's process died (serve.Revive). Returns
+        once they are marked lost, so that the reload that follows cannot break their streams first (a request whose
+        stream broke would say the server cannot be reached; one whose stub was replaced would wait forever)."""
         state = self.app.state.specrt
         if "loop" in state:
-            state["loop"].call_soon_threadsafe(state["triton"].fail_in_flight)
+            async def fail():
+                state["triton"].fail_in_flight()
+
+            try:
+                asyncio.run_coroutine_threadsafe(fail(), state["loop"]).result(timeout)
+            except (concurrent.futures.TimeoutError, RuntimeError):  # the loop is stuck or closed: reload all the same
+                pass
 
     def stop(self) -> None:
         self.server.should_exit = True
