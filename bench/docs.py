@@ -60,7 +60,7 @@ def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, 
     of the exported weights and each quantized variant apart (a run with --quant does not hide the float one), and
     with peer runtimes beside ours and without apart (an ablation run does not hide the comparison); a comparison with
     peers, per bundle, prompt set and the prompts of it (a run with another draft does not hide the demo pair's, nor
-    chat prompts code, nor all of a set its first few)."""
+    chat prompts code, nor all of a set its first few); our AR alone beside the peers' apart."""
     from specrt.bench.peers import PEERS
 
     latest = {}
@@ -68,8 +68,9 @@ def headline_results(results: list[tuple[Path, str, dict]]) -> list[tuple[Path, 
         gpu = (data.get("roofline") or {}).get("device", "cpu") != "cpu"
         config = data.get("config") or {}
         peers = bool(set(config.get("baselines") or ()) & set(PEERS))
+        alone = peers and config.get("methods") == ["autoregressive"]  # AR against theirs: it hides no speculation
         # GPU rows first, then with peers, float first
-        key = (verb, not gpu, not peers, config.get("quant") or "",
+        key = (verb, not gpu, not peers, alone, config.get("quant") or "",
                f"{config.get('bundle') or ''} {config.get('prompt_set') or ''} {config.get('num_prompts') or ''} "
                f"{config.get('first_prompt') or 0}"
                if peers else "")

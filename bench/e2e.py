@@ -426,12 +426,14 @@ def headline(data: dict) -> str:
     rows = speed_rows(data)
     _, best = best_lossless(rows)
     text = lossless_headline(rows)
-    if best is None:
-        return text
+    peers = data.get("summary", {}).get("peers", {}).values()
+    if best is None:  # our AR alone beside the peers' AR, where it was measured so
+        versus = [f"{p['our_ar_vs_its_ar']:.2f}x {p['title']}'s AR" for p in peers if p.get("our_ar_vs_its_ar")]
+        return f"our AR alone: {', '.join(versus)}" if versus else text
     hf = next((r for r in data["rows"] if r["method"] == "hf"), None)
     if hf and hf.get("speedup_vs_ours_ar"):
         text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x HF `generate`"
-    for peer in data.get("summary", {}).get("peers", {}).values():
+    for peer in peers:
         if peer.get("our_best_vs_its_best") is not None:
             text += f"; {peer['our_best_vs_its_best']:.2f}x {peer['title']}'s best speculative"
         if peer.get("our_ar_vs_its_ar") is not None:

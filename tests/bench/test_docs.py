@@ -30,12 +30,15 @@ def test_results_page_from_json(tmp_path):
     (results / "e2e-peers-chat.json").write_text(json.dumps(chat))  # the same bundle, chat prompts
     more = {**chat, "label": "peers-chat30", "config": {**chat["config"], "num_prompts": 30}}
     (results / "e2e-peers-chat30.json").write_text(json.dumps(more))  # the same prompt set, more of it
+    alone = {**peers, "label": "peers-alone", "date": "2099-01-01", "config": {**peers["config"],
+                                                                             "methods": ["autoregressive"]}}
+    (results / "e2e-peers-alone.json").write_text(json.dumps(alone))  # newer, our AR alone beside the peers
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{BEGIN}\n| stale |\n{END}\nafter\n")
     page = run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))
     assert page == (tmp_path / "docs" / "results.md").read_text()
     assert "## End to end" in page and "### e2e `t`" in page and "| sd | 200.0 | 2.00x |" in page
-    assert page.count("Command: `specrt bench e2e ") == 7 and "--num-prompts 3 --baselines ''" in page
+    assert page.count("Command: `specrt bench e2e ") == 8 and "--num-prompts 3 --baselines ''" in page
     assert "- `" + (results / "plan-x.json").as_posix() + "`" in page
     from specrt.bundle.machine import CPU_FEATURES, cpu_model
 
@@ -50,6 +53,7 @@ def test_results_page_from_json(tmp_path):
     assert text.index("[`e2e-peers`]") < text.index("[`e2e-t`]")  # so is a run beside peer runtimes, before
     assert "[`e2e-peers-other`]" in text and "[`e2e-peers-chat`]" in text  # ... each bundle's and prompt set's apart
     assert "[`e2e-peers-chat30`]" in text  # ... and each number of its prompts
+    assert "[`e2e-peers-alone`]" in text  # ... and our AR alone beside theirs does not hide their speculation
     readme.write_text("no markers")
     with pytest.raises(SpecrtError, match="has no results markers"):
         run_docs(DocsConfig(results=results, out=tmp_path / "docs" / "results.md", readme=readme))

@@ -196,6 +196,9 @@ def test_peer_rows_are_compared_with_ours_but_never_counted_as_ours(tmp_path):
     text = headline(data)
     assert text.startswith("best lossless `sd` **2.00x** our AR")
     assert "0.50x ONNX Runtime GenAI's best speculative, our AR 0.75x its AR" in text
+    alone = report(cfg, {r.name: r for r in [result("autoregressive", 4.0, 400, 400, ar),
+                                             result("ort-genai (fp32)", 3.0, 400, 0, ar)]})
+    assert headline(alone) == "our AR alone: 0.75x ONNX Runtime GenAI's AR"
 
 
 def test_ratios_pair_each_timed_run_so_a_slow_spell_of_one_row_does_not_decide_them(tmp_path):
