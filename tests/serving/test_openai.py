@@ -193,6 +193,24 @@ def test_without_a_chat_template_chat_is_refused_and_completions_still_answer(tr
         assert http.get("/health").json() == {"status": "ok"}
 
 
+def test_a_server_that_cannot_be_reached_is_a_503_saying_so():
+    """Nothing listens where the decode loop should: a 503 that says so, at once (not the wait for a stub's death)."""
+    import time
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from specrt.serving.openai_server import Served, make_app
+    from specrt.serving.tritonserver import free_ports
+
+    tokenizer = Path(__file__).resolve().parents[2] / "specrt" / "checkpoints" / "demo" / "tokenizer"
+    with TestClient(make_app(Served(NAME, f"127.0.0.1:{free_ports(1)[0]}", "sd", tokenizer))) as http:
+        t0 = time.monotonic()
+        r = http.post("/v1/completions", json={"model": NAME, "prompt": "def f(x):", "max_tokens": 4})
+        assert r.status_code == 503 and "the Triton server cannot be reached" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 2
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_place(client, triton, humaneval):
     before = quiet(triton)
     stream = client.completions.create(model=NAME, prompt=humaneval[6], max_tokens=1500, temperature=0, stream=True,
