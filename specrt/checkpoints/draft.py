@@ -60,10 +60,21 @@ class TargetTextConfig(TeacherConfig):
     head_vocab: int = option(8192, "the draft's LM head scores only this many token ids, those most frequent in the "
                                    "teacher's text (its output projection is most of what it costs); 0, or a "
                                    "vocabulary of no more ids: every id", ge=0)
+    device: str = option("cpu", "where the target writes its text and the draft (or head) trains: cpu, or cuda (a "
+                                "lent GPU: `specrt gpu-session --call distill`); recorded, not keyed")
 
     @property
     def tokenizer_dir(self) -> Path:
         return self.tokenizer if self.tokenizer is not None else self.target
+
+    def check_device(self) -> None:
+        """Refuse, in one line, a --device PyTorch cannot use here."""
+        import torch
+
+        try:
+            torch.empty(0, device=self.device)
+        except (RuntimeError, AssertionError) as e:
+            raise SpecrtError(f"--device {self.device}: PyTorch {torch.__version__} cannot use it here ({e})") from None
 
     def teacher(self, split: str) -> TeacherConfig:
         own = {f: getattr(self, f) for f in TeacherConfig.__dataclass_fields__}
@@ -84,8 +95,6 @@ class DraftConfig(TargetTextConfig):
     seq_len: int = option(256, "tokens per sequence at most (longer ones are cut)", ge=8)
     lr: float = option(2e-3, "peak learning rate", gt=0)
     warmup_steps: int = option(50, "linear warm-up steps", ge=0)
-    device: str = option("cpu", "where the target writes its text and the draft trains: cpu, or cuda (a lent GPU: "
-                                "`specrt gpu-session --call distill`); recorded, not keyed")
     time_limit: float | None = option(None, "seconds (from the start) by which training ends: the steps are cut "
                                             "to what the first ones' pace fits, the schedule with them; the record "
                                             "says so, and keys the draft by the steps it ran (gpu-session's budget)",
@@ -248,10 +257,7 @@ def make_draft(cfg: DraftConfig, progress: bool = True) -> dict:
     check_replaceable(cfg.dest, RECORD, "a draft `specrt models draft` made")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    try:
-        torch.empty(0, device=cfg.device)
-    except (RuntimeError, AssertionError) as e:
-        raise SpecrtError(f"--device {cfg.device}: PyTorch {torch.__version__} cannot use it here ({e})") from None
+    cfg.check_device()
     train, train_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
                                        cfg.threads, progress, cfg.device)
     val, val_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("validation"), cfg.cache, "validation",

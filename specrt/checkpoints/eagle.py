@@ -12,6 +12,9 @@ once more by the target teacher-forced for its hidden states n_p and greedy toke
     eval    on the held-out corpus, at the positions the target wrote: the share of the head's first guesses that are
             the target's greedy token, and the guesses a chain of `--eval-depth` gets accepted per round, by kind
 
+With `--device cuda` the target writes the text and gives its features, and the head trains, on a GPU (as `specrt
+models draft --device`: recorded, not keyed); the head is saved for any device.
+
 The directory holds `config.json` (the head's shape, its head vocabulary, what target it reads), `model.safetensors`
 (fc, model.layers.0.*, model.norm), `validation-prompts.jsonl` (the held-out prompts, for `specrt calibrate
 --prompts`) and `eagle.json` (the record, keyed by what made it: run again with the same
@@ -68,8 +71,9 @@ class Features:
     first: list
     kinds: list
 
-    def batch(self, picks, torch):
-        """(features [B, T, H], next tokens x_{p+1} [B, T], greedy [B, T] (-1 past the end), lengths) of `picks`."""
+    def batch(self, picks, torch, device="cpu"):
+        """(features [B, T, H], next tokens x_{p+1} [B, T], greedy [B, T] (-1 past the end)) of `picks` on `device`,
+        and their lengths."""
         width = max(len(self.ids[i]) for i in picks)
         size = self.hidden[picks[0]].shape[1]
         feats = torch.zeros(len(picks), width, size)
@@ -80,12 +84,12 @@ class Features:
             feats[b, :n] = torch.from_numpy(self.hidden[i])
             nxt[b, :n - 1] = torch.from_numpy(self.ids[i][1:].astype(np.int64))
             greedy[b, :n] = torch.from_numpy(self.greedy[i].astype(np.int64))
-        return feats, nxt, greedy, [len(self.ids[i]) for i in picks]
+        return feats.to(device), nxt.to(device), greedy.to(device), [len(self.ids[i]) for i in picks]
 
 
 def target_features(target, corpus: TeacherCorpus, seq_len: int, batch_size: int = 8, bar=None) -> Features:
     """The target's last hidden states and greedy tokens over each sequence of `corpus` (source windows, which the
-    target did not write, left out), teacher-forced in right-padded batches."""
+    target did not write, left out), teacher-forced in right-padded batches on the target's device."""
     import torch
 
     decoder, weight = target.base_model, target.get_output_embeddings().weight
@@ -100,12 +104,13 @@ def target_features(target, corpus: TeacherCorpus, seq_len: int, batch_size: int
             mask = torch.zeros(len(cut), width, dtype=torch.long)
             for b, c in enumerate(cut):
                 ids[b, :len(c)], mask[b, :len(c)] = torch.from_numpy(c), 1
-            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            hidden = decoder(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)
+                             ).last_hidden_state.float()
             for b, (c, (_, first, _)) in enumerate(zip(cut, seqs)):
                 h = hidden[b, :len(c)]
                 out.ids.append(c)
-                out.hidden.append(h.numpy().copy())
-                out.greedy.append((h @ weight.T.float()).argmax(-1).numpy().astype(np.int32))
+                out.hidden.append(h.cpu().numpy().copy())
+                out.greedy.append((h @ weight.T.float()).argmax(-1).cpu().numpy().astype(np.int32))
                 out.first.append(first)
                 out.kinds.append(corpus.kinds[keep[start + b]])
             if bar is not None:
@@ -118,9 +123,9 @@ def _depth_targets(feats, greedy, lengths, d: int, torch):
     batch, width, _ = feats.shape
     want = torch.zeros_like(feats)
     want[:, :width - d] = feats[:, d:]
-    label = torch.full((batch, width), -1, dtype=torch.long)
+    label = torch.full((batch, width), -1, dtype=torch.long, device=feats.device)
     label[:, :width - d] = greedy[:, d:]
-    valid = torch.zeros(batch, width, dtype=torch.bool)
+    valid = torch.zeros(batch, width, dtype=torch.bool, device=feats.device)
     for b, n in enumerate(lengths):
         valid[b, :max(0, n - d)] = True
     return want, label, valid
@@ -131,16 +136,16 @@ def acceptance(head, data: Features, embed, weight, kept, depth: int, batch_size
     right, and the guesses a chain of `depth` gets accepted per round, overall and by kind."""
     import torch
 
-    kept_t = torch.as_tensor(kept)
+    kept_t = torch.as_tensor(kept, device=weight.device)
     rows = weight[kept_t]
     tally: dict[str, list[float]] = {}
     head.eval()
     with torch.no_grad():
         for start in range(0, len(data.ids), batch_size):
             picks = list(range(start, min(len(data.ids), start + batch_size)))
-            feats, nxt, greedy, lengths = data.batch(picks, torch)
-            alive = torch.ones(feats.shape[:2], dtype=torch.bool)
-            accepted = torch.zeros(feats.shape[:2])
+            feats, nxt, greedy, lengths = data.batch(picks, torch, weight.device)
+            alive = torch.ones(feats.shape[:2], dtype=torch.bool, device=weight.device)
+            accepted = torch.zeros(feats.shape[:2], device=weight.device)
             for d, out in enumerate(head.chain(embed, feats, nxt, depth), 1):
                 _, label, _ = _depth_targets(feats, greedy, lengths, d, torch)
                 alive &= kept_t[(out @ rows.T).argmax(-1)] == label
@@ -166,7 +171,7 @@ def eagle_key(cfg: EagleConfig, teacher_key: str) -> str:
     """What the head's weights depend on: the training corpus's key (the target's weights among its inputs) and the
     settings (not where it goes, nor what it is measured on)."""
     settings = {k: v for k, v in asdict(cfg).items()
-                if k not in ("out", "cache", "threads", "target", "tokenizer", "val_prompts", "eval_depth")}
+                if k not in ("out", "cache", "threads", "device", "target", "tokenizer", "val_prompts", "eval_depth")}
     return hashlib.sha256(json.dumps({"eagle": teacher_key, **settings}, sort_keys=True, default=str).encode()
                           ).hexdigest()[:16]
 
@@ -187,15 +192,17 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
     check_replaceable(cfg.dest, RECORD, "a head `specrt models eagle` made")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    cfg.check_device()
     train_corpus, train_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
-                                              cfg.threads, progress)
+                                              cfg.threads, progress, cfg.device)
     val_corpus, val_record = build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("validation"), cfg.cache,
-                                          "validation", cfg.threads, progress)
+                                          "validation", cfg.threads, progress, cfg.device)
     key = eagle_key(cfg, train_record["key"])
     made = json.loads((cfg.dest / RECORD).read_text()) if (cfg.dest / RECORD).is_file() else {}
     if made.get("key") == key and made["teacher"]["validation"]["key"] == val_record["key"]:
         return made
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, local_files_only=True, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, local_files_only=True, dtype=torch.float32
+                                                  ).to(cfg.device).eval()
     embed = target.get_input_embeddings().weight.detach()
     weight = target.get_output_embeddings().weight.detach()
     t0 = time.perf_counter()
@@ -208,11 +215,11 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
     eos = target.config.get_text_config().eos_token_id
     kept = np.sort(head_vocabulary(train_corpus, vocab, min(cfg.head_vocab or vocab, vocab),
                                    eos if isinstance(eos, list) else [eos]))
-    column = torch.full((vocab,), -100, dtype=torch.long)
-    column[torch.as_tensor(kept)] = torch.arange(len(kept))
-    rows = weight[torch.as_tensor(kept)]
+    column = torch.full((vocab,), -100, dtype=torch.long, device=cfg.device)
+    column[torch.as_tensor(kept, device=cfg.device)] = torch.arange(len(kept), device=cfg.device)
+    rows = weight[torch.as_tensor(kept, device=cfg.device)]
     torch.manual_seed(cfg.seed)
-    head = EagleHead(head_shape(target.config))
+    head = EagleHead(head_shape(target.config)).to(cfg.device)
     with torch.no_grad():  # the final norm starts as the target's, so n^ starts on n's scale
         norm = getattr(target.base_model, "norm", None)
         if norm is not None and norm.weight.shape == head.model.norm.weight.shape:
@@ -225,7 +232,8 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
     for step in tqdm(range(cfg.steps), desc="train eagle head", unit="step", disable=not progress):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.steps, min_ratio=0.0)
-        feats, nxt, greedy, lengths = train.batch(rng.integers(0, len(train.ids), cfg.batch_size).tolist(), torch)
+        feats, nxt, greedy, lengths = train.batch(rng.integers(0, len(train.ids), cfg.batch_size).tolist(), torch,
+                                                  cfg.device)
         loss = 0.0
         for d, out in enumerate(head.chain(embed, feats, nxt, cfg.depth, cfg.noise), 1):
             want, label, valid = _depth_targets(feats, greedy, lengths, d, torch)
@@ -242,7 +250,7 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
               "teacher": {"train": train_record, "validation": val_record}, "sequences": len(train.ids),
               "before": before, "after": acceptance(head, val, embed, weight, kept, cfg.eval_depth),
               "feature_seconds": round(feature_seconds, 1), "train_seconds": round(time.perf_counter() - t0, 1),
-              "history": history, "threads": torch.get_num_threads()}
+              "history": history, "threads": torch.get_num_threads(), "device": str(cfg.device)}
     _write(head, kept, record, cfg)
     return record
 
@@ -269,7 +277,7 @@ def _write(head, kept: np.ndarray, record: dict, cfg: EagleConfig) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp-{record['key']}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(tmp / "model.safetensors"))
     write_json_atomic(tmp / "config.json", {EAGLE_HEAD: {**head.shape, "target": record["target"],
                                                          "key": record["key"]},
                                             HEAD_VOCABULARY: kept.tolist()})

@@ -97,6 +97,40 @@ def test_a_target_that_is_not_a_checkpoint_is_refused(tmp_path):
         make_eagle(EagleConfig(target=tmp_path, cache=tmp_path / "cache"), progress=False)
 
 
+def test_a_device_pytorch_cannot_use_is_refused_by_either_writer_in_one_line(tmp_path):
+    from specrt.checkpoints import DEMO_DIR
+    from specrt.checkpoints.draft import DraftConfig, make_draft
+    from specrt.checkpoints.eagle import EagleConfig, make_eagle
+    from specrt.errors import SpecrtError
+
+    for make, config in ((make_draft, DraftConfig), (make_eagle, EagleConfig)):
+        cfg = config(target=DEMO_DIR / "target", tokenizer=DEMO_DIR / "tokenizer", out=tmp_path / make.__name__,
+                     cache=tmp_path / "cache", device="nodevice")
+        with pytest.raises(SpecrtError, match="^--device nodevice: PyTorch .* cannot use it here"):
+            make(cfg, progress=False)
+        assert not (tmp_path / "cache").exists()  # refused before any text is written
+
+
+@pytest.mark.gpu
+def test_a_head_trains_on_a_gpu_and_is_saved_for_the_cpu(made, tmp_path):
+    """`specrt models eagle --device cuda` (a lent GPU's distill call): the target's text, its features and the head's
+    training on the device, the head it saves as good as the CPU's."""
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from specrt.checkpoints.eagle import make_eagle
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cfg, cpu = made
+    record = make_eagle(replace(cfg, out=tmp_path / "head", cache=tmp_path / "cache", device="cuda"), progress=False)
+    assert record["device"] == "cuda" and record["key"] == cpu["key"]  # the device is recorded, not keyed
+    assert record["after"]["first_guess"] > record["before"]["first_guess"] + 0.1, record
+    assert {t.device.type for t in load_file(str(tmp_path / "head" / "model.safetensors")).values()} == {"cpu"}
+
+
 def test_neither_writer_replaces_a_directory_it_did_not_make(made, tmp_path):
     from dataclasses import replace
 
