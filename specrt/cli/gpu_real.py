@@ -7,6 +7,8 @@ from its carried GGUF); specrt/cli/gpu_session.py runs them.
     distill  a draft distilled on the GPU (`specrt models draft --device cuda`): the target writes four times the
              text a 2-core CPU writes in 30 minutes, the draft trains on it, and the draft (float16) and its text come
              back beside the call's archive, split in parts a lent machine returns (docs/gpu.md says how to join them)
+    eagle    an EAGLE head trained on the GPU (`specrt models eagle --device cuda`) on the same text, read from the
+             cache call distill left on a warm machine (or written anew), brought back in parts the same way
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from specrt.config import Config, option
 from specrt.contract import eagle_shape
 from specrt.files import write_atomic
 
-CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "batch", "ppd", "quant", "export")
+CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "eagle", "batch", "ppd", "quant", "export")
 # call real at toy size: the least growth of SmolLM2-135M's shape (576 wide, 9 heads of 64 in groups of 3, 30 layers)
 REAL_TOY = ("--hidden", "768", "--intermediate", "1536", "--layers", "30", "--heads", "12")
 PART_BYTES = 15 << 20  # a directory brought back goes in parts of this size (a lent machine returns 16 MiB a file)
@@ -29,7 +31,7 @@ SHAPES = {"7b": ("--preset", "7b"), "1b": ("--preset", "1b"),
 
 @dataclass(frozen=True)
 class SessionConfig(Config):
-    call: str = option("1", "which call: 1, 2, compiled, tuned, real, distill, batch, ppd, quant or export",
+    call: str = option("1", "which call: 1, 2, compiled, tuned, real, distill, eagle, batch, ppd, quant or export",
                        choices=CALLS)
     out: Path = option(Path("build/gpu"), "the session's directory: target, bundle, results, logs, stamps")
     pack: Path | None = option(None, "a directory every result, log, stamp and small artifact is copied to after each "
@@ -42,13 +44,13 @@ class SessionConfig(Config):
     min_stage: float = option(20.0, "a stage starts only with this many seconds of the budget left", ge=0)
     quick: bool = option(False, "rehearsal sizes: 1 prompt, 16 new tokens, 1 timed run per bench")
     tests: bool = option(True, "call 1: the tests marked gpu, in the background")
-    real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "calls real and distill: "
+    real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "calls real, distill, eagle: "
                                                                                   "SmolLM2-135M-Instruct's GGUF file "
                                                                                   "(carried: docs/gpu.md)")
     real_draft: Path = option(Path("build/carry/draft"), "call real: its draft (`specrt models draft`), carried, or "
                                                          "OUT/draft after call distill on the same machine; or an "
-                                                         "EAGLE head (`specrt models eagle`), carried, inflated as the "
-                                                         "target is")
+                                                         "EAGLE head (`specrt models eagle`), carried or OUT/eagle "
+                                                         "after call eagle, inflated as the target is")
     real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
                                                                    "bundle's ngram-prior.npz), carried; none: no prior")
 
@@ -71,20 +73,38 @@ def real_checkpoint(cfg: SessionConfig) -> Stage:
                           str(cfg.out / "real")), makes="real/config.json", estimate_s=40)
 
 
+def teacher_sizes(cfg: SessionConfig) -> tuple[str, ...]:
+    """The target's text in calls distill and eagle, the same in both: the second reads the first's cached corpora."""
+    if cfg.quick:
+        return ("--prompts", "6", "--own-chats", "2", "--new-tokens", "16", "--source-windows", "2", "--window", "64",
+                "--gen-batch", "6", "--val-prompts", "3")
+    # 4x the CPU default's text: 4096 of the 10734 training prompts the mix has and 2048 requests the target asks
+    # itself, each continued 128 tokens
+    return "--prompts", "4096", "--own-chats", "2048", "--gen-batch", "192", "--source-windows", "1024"
+
+
 def distill_stages(cfg: SessionConfig) -> list[Stage]:
     """Call distill: the real target's checkpoint, then a draft distilled for it on the device."""
     out = cfg.out
-    if cfg.quick:
-        sizes = ("--prompts", "6", "--own-chats", "2", "--new-tokens", "16", "--source-windows", "2", "--window", "64",
-                 "--gen-batch", "6", "--steps", "3", "--batch-size", "2", "--val-prompts", "3")
-    else:  # 4x the CPU default's text: 4096 of the 10734 training prompts the mix has and 2048 requests the target
-        # asks itself, each continued 128 tokens
-        sizes = ("--prompts", "4096", "--own-chats", "2048", "--gen-batch", "192", "--source-windows", "1024",
-                 "--steps", "4000", "--batch-size", "64", "--positions", "48", "--warmup-steps", "100")
+    train = (("--steps", "3", "--batch-size", "2") if cfg.quick else
+             ("--steps", "4000", "--batch-size", "64", "--positions", "48", "--warmup-steps", "100"))
     return [real_checkpoint(cfg),
             Stage("distill", ("models", "draft", "--target", str(out / "real"), "--device", cfg.device, "--out",
-                              str(out / "draft"), "--cache", str(out / "teacher"), "--save-dtype", "float16", *sizes),
+                              str(out / "draft"), "--cache", str(out / "teacher"), "--save-dtype", "float16",
+                              *teacher_sizes(cfg), *train),
                   makes="draft/draft.json", needs=("real",), estimate_s=420, brings="draft", deadline="--time-limit")]
+
+
+def eagle_stages(cfg: SessionConfig) -> list[Stage]:
+    """Call eagle: the real target's checkpoint, then an EAGLE head trained for it on the device, on call distill's
+    text (about as many passes over 4x the text as the CPU's head made over its own)."""
+    out = cfg.out
+    train = ("--steps", "3", "--batch-size", "2", "--eval-depth", "2") if cfg.quick else ("--steps", "4000",
+                                                                                          "--batch-size", "24")
+    return [real_checkpoint(cfg),
+            Stage("eagle", ("models", "eagle", "--target", str(out / "real"), "--device", cfg.device, "--out",
+                            str(out / "eagle"), "--cache", str(out / "teacher"), *teacher_sizes(cfg), *train),
+                  makes="eagle/eagle.json", needs=("real",), estimate_s=240, brings="eagle")]
 
 
 def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> list[Stage]:

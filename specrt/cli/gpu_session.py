@@ -2,7 +2,7 @@
 
     python -m specrt gpu-session --call 1 --pack $OUT      # engines, e2e against HF baselines, roofline, J/token, tests
     python -m specrt gpu-session --call 2 --pack $OUT      # calibrate, profile, tune, auto, HF static cache + compile
-    python -m specrt gpu-session --call compiled|tuned|real|distill|batch|ppd|quant|export --pack $OUT   # each alone
+    python -m specrt gpu-session --call compiled|tuned|real|distill|eagle|batch|ppd|quant|export --pack $OUT
 
 A call runs its stages in order, each a `python -m specrt ...` process of its own with its log in OUT/logs: a stage
 that fails is logged and the next one runs; one that needs a stage that did not end well is skipped, saying which. A
@@ -34,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specrt.checkpoints import DEMO_DIR
-from specrt.cli.gpu_real import SHAPES, SessionConfig, Stage, distill_stages, real_stages, split_tar
+from specrt.cli.gpu_real import SHAPES, SessionConfig, Stage, distill_stages, eagle_stages, real_stages, split_tar
 from specrt.errors import SpecrtError
 from specrt.files import atomic_file, replace_dir
 
@@ -119,6 +119,8 @@ def stages(cfg: SessionConfig) -> list[Stage]:
         return real_stages(cfg, kernels, sizes, tag)
     if cfg.call == "distill":
         return distill_stages(cfg)
+    if cfg.call == "eagle":
+        return eagle_stages(cfg)
     if cfg.call == "batch":  # engines of four batch buckets, in a hard-linked copy of the bundle: its own engines.json
         batch = str(out / "bundle-batch")
         return made[:2] + [

@@ -199,10 +199,10 @@ def test_a_directory_brought_back_is_split_in_parts_that_join_and_stale_parts_go
         assert tar.extractfile("draft/draft.json").read() == b'{"key": "k"}'
 
 
-def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_and_its_text(smollm2, tmp_path):
+def test_calls_distill_and_eagle_rehearsed_on_the_cpu_bring_back_a_draft_its_text_and_a_head(smollm2, tmp_path):
     """Call distill at rehearsal sizes: the real target's checkpoint (made before), a draft distilled on the device
     within the time the session gives it, and the draft (float16) with the text it learnt from packed beside the
-    archive in parts that join."""
+    archive in parts that join; then call eagle: a head trained on that same cached text, brought back alike."""
     import io
     import tarfile
 
@@ -232,3 +232,15 @@ def test_call_distill_rehearsed_on_the_cpu_brings_back_a_half_precision_draft_an
         assert len(z["offsets"]) == 6 + 2 + 2 + 1 and z["offsets"][-1] == len(z["ids"])  # 6 prompts, 2 own, 2 source
     with tarfile.open(tmp_path / "out" / "gpu-distill.tar.gz") as tar:
         assert {"done/real.json", "done/distill.json", "logs/distill.log"} <= set(tar.getnames())
+    # then call eagle on the same (warm) machine: a head trained on the text call distill left in the cache
+    from specrt.checkpoints.eagle import RECORD as HEAD
+
+    cached = sorted(p.name for p in (tmp_path / "gpu" / "teacher").iterdir())
+    record = run_session(dataclasses.replace(cfg, call="eagle", pack=tmp_path / "out" / "gpu-eagle.tar.gz"))
+    assert [(s["stage"], s["status"]) for s in record["stages"]] == [("real", "made before"), ("eagle", "ok")]
+    assert sorted(p.name for p in (tmp_path / "gpu" / "teacher").iterdir()) == cached  # no text written anew
+    parts = sorted((tmp_path / "out").glob("gpu-eagle-eagle.tar.part*"))
+    with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    head = json.loads((tmp_path / "back" / "eagle" / HEAD).read_text())
+    assert head["device"] == "cpu" and head["teacher"]["train"]["key"] == made["teacher"]["train"]["key"]
