@@ -296,9 +296,10 @@ class OpenAIServer:
         return self
 
     def fail_in_flight(self, timeout: float = 5) -> None:
-        """End the requests in flight with a 503 (from any thread): their model's process died (serve.Revive). Returns
-        once they are marked lost, so that the reload that follows cannot break their streams first (a request whose
-        stream broke would say the server cannot be reached; one whose stub was replaced would wait forever)."""
+        """End the requests in flight with a 503 (from any thread but the server's event loop, which it waits on):
+        their model's process died (serve.Revive). Returns once they are marked lost, so that the reload that follows
+        cannot break their streams first (a request whose stream broke would say the server cannot be reached; one
+        whose stub was replaced would wait forever)."""
         state = self.app.state.specrt
         if "loop" in state:
             async def fail():
