@@ -51,6 +51,7 @@ class TritonStream:
     def __init__(self, url: str):
         from tritonclient.grpc.aio import InferenceServerClient
 
+        self.url = url
         self.client = InferenceServerClient(url)
         self.calls: dict[int, object] = {}  # the gRPC calls in flight, by id
         self.lost: set[int] = set()  # of those, the ones whose model's process died (fail_in_flight)
@@ -117,10 +118,17 @@ class TritonStream:
         return False
 
     async def _live(self) -> bool:
+        """Whether the server answers liveness, asked on a channel of its own: the shared one can be down for a while
+        with the stream it carried ("Stream removed (Socket closed)" as a stub died: its reconnection backs off)."""
+        from tritonclient.grpc.aio import InferenceServerClient
+
+        probe = InferenceServerClient(self.url)
         try:
-            return await self.client.is_server_live()
+            return await probe.is_server_live()
         except Exception:
             return False
+        finally:
+            await probe.close()
 
     async def ready(self) -> bool:
         try:
