@@ -9,8 +9,11 @@ decode-loop model whose stub process died is reloaded (Revive).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -91,14 +94,17 @@ class Revive:
     """Watches the decode-loop model's stub processes (one per instance) and, where one has died (the OOM killer, a
     crash), reloads the model through Triton's repository API: readiness turns false at once (the model unloaded), the
     requests in flight end with an error, and the next ones are answered once it is loaded again. Triton itself keeps
-    answering ready over a dead stub, failing every request."""
+    answering ready over a dead stub, failing every request. Where the server's own process has exited (a stub's death
+    can abort it: TritonServer.restart), it is started again, unless it exits again before it is ready: then Revive
+    gives up (`gave_up` says why) and ends."""
 
     def __init__(self, server: TritonServer, model: str = DECODE_MODEL, interval: float = 0.5, log=sys.stderr):
         self.server, self.model, self.interval, self.log = server, model, interval, log
-        self.on_death: list = []  # called (from this thread) when a stub is found dead, before the reload
+        self.on_death: list = []  # called (from this thread) as a stub or the server is found dead, before the reload
         self.known = server.stubs(model)  # the stubs' process ids, looked at alone while they all live
         self.expected = len(self.known)
-        self.revived = 0
+        self.revived = self.restarts = 0  # reloads and restarts, and restarts alone
+        self.gave_up: str | None = None
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="specrt-revive", daemon=True)
 
@@ -108,6 +114,10 @@ class Revive:
 
     def _run(self) -> None:
         while not self.stopping.wait(self.interval):
+            if self._dead():
+                if not self._restart():
+                    return
+                continue
             if len(self.server.stubs(self.model, among=self.known)) >= self.expected:
                 continue
             self.known = self.server.stubs(self.model)  # every process looked at: one may have been started anew
@@ -115,18 +125,63 @@ class Revive:
                 continue
             print(f"{self.expected - len(self.known)} of the {self.model} model's {self.expected} stub process(es) died: "
                   "reloading it ...", file=self.log, flush=True)
-            for callback in self.on_death:
-                callback()
-            t0 = time.monotonic()
+            self._revived(self._reload, self.model, "reloaded")
+
+    def _dead(self) -> bool:
+        """Whether the server's process has exited, or crashed and hangs (then it is killed, its stubs with it)."""
+        if self.server.process.poll() is None and self.server.crashed():
+            self.server.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.process.wait(30)
+        return self.server.process.poll() is not None
+
+    def _reload(self) -> None:
+        """server.reload() on a thread of its own, watched: where the server dies meanwhile (a stub's death can crash
+        it as its model unloads), SpecrtError at once rather than a load that waits on a hung server."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def reload():
             try:
-                self.server.reload(self.model)
-            except SpecrtError as e:
-                print(f"the reload failed: {e}", file=self.log, flush=True)
-                continue  # tried again at the next look
-            self.revived += 1
-            self.known = self.server.stubs(self.model)
-            self.expected = max(self.expected, len(self.known))
-            print(f"{self.model} reloaded in {time.monotonic() - t0:.1f} s", file=self.log, flush=True)
+                done.set_result(self.server.reload(self.model))
+            except BaseException as e:  # noqa: BLE001 - raised where the result is read
+                done.set_exception(e)
+
+        threading.Thread(target=reload, name="specrt-reload", daemon=True).start()
+        while not self.stopping.is_set():
+            try:
+                return done.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                if self._dead():
+                    raise SpecrtError("tritonserver died during the reload") from None
+
+    def _restart(self) -> bool:
+        """The server's process exited: start it again and wait for its models; False where it could not be."""
+        code = self.server.process.returncode
+        how = "crashed" if self.server.crashed() else "exited"
+        print(f"tritonserver {how} (status {code}; its log: {self.server.log}): restarting it ...", file=self.log,
+              flush=True)
+        if not self._revived(lambda: self.server.restart().wait_ready(cancel=self.stopping), "tritonserver",
+                             "restarted"):
+            self.gave_up = f"tritonserver {how} (status {code}) and did not start again; {self.server.log}"
+            return False
+        self.restarts += 1
+        return True
+
+    def _revived(self, revive, what: str, done: str) -> bool:
+        """Fail the requests in flight (on_death), then revive(); counted and logged where it ends well."""
+        for callback in self.on_death:
+            callback()
+        t0 = time.monotonic()
+        try:
+            revive()
+        except SpecrtError as e:
+            print(f"{what} was not {done}: {e}", file=self.log, flush=True)
+            return False  # a reload is tried again at the next look
+        self.revived += 1
+        self.known = self.server.stubs(self.model)
+        self.expected = max(self.expected, len(self.known))
+        print(f"{what} {done} in {time.monotonic() - t0:.1f} s", file=self.log, flush=True)
+        return True
 
     def stop(self) -> None:
         self.stopping.set()
@@ -171,11 +226,10 @@ def serve(cfg: ServeConfig) -> None:
         print(f"try: curl -s -X POST http://{host}:{cfg.http_port}/v2/models/{DECODE_MODEL}/generate -d '{body}'")
         print("Ctrl-C stops it.", flush=True)
         ready.set()
-        while not stopping.is_set() and server.process.poll() is None:
+        while not stopping.is_set() and revive.thread.is_alive():  # Revive restarts a server that exits
             stopping.wait(0.5)
         if not stopping.is_set():
-            raise SpecrtError(f"tritonserver exited (status {server.process.returncode}); {server.log}:\n"
-                              f"{server.log_tail()}")
+            raise SpecrtError(f"{revive.gave_up}:\n{server.log_tail()}")
     except KeyboardInterrupt:
         pass
     finally:  # under this process's own handlers still: a signal now hurries the stop rather than cutting it short

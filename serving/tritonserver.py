@@ -21,13 +21,17 @@ a .pth file. The stub links libpython3.X.so.1.0, taken from this Python's own LI
 
 A server runs in a session of its own: stop() asks it to exit (SIGINT: Triton unloads its models and their stubs
 exit), waits `exit_timeout` seconds, then kills whatever is left of its process group, stubs included. On Linux a
-server started from the main thread is also sent SIGTERM when the process that started it dies, stopped or not.
+server is also sent SIGTERM when the process that started it dies, stopped or not. restart() starts a server whose
+process exited again, on the same ports (serve.Revive does, after a crash).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import queue
+import re
 import shutil
 import signal
 import socket
@@ -169,9 +173,9 @@ def locate(server_dir: Path = Path("build/tritonserver"), tritonserver: Path | N
 def _dies_with(parent: int):
     """What the server's process runs before it execs (Linux): it gets SIGTERM (Triton's graceful exit) when the
     thread that started it ends, so a process that dies without stopping its server (killed, or a script that never
-    called stop()) leaves none behind; stubs exit with their server. Only from the main thread, whose end is the
-    process's; elsewhere, and off Linux, nothing."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    called stop()) leaves none behind; stubs exit with their server. Called on the launcher's thread (_launch), which
+    ends with the process only; off Linux, nothing."""
+    if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
@@ -183,6 +187,33 @@ def _dies_with(parent: int):
             os.kill(os.getpid(), signal.SIGKILL)  # exec'd, keeps the parent's handlers: only SIGKILL is sure)
 
     return child
+
+
+_launches: queue.SimpleQueue = queue.SimpleQueue()
+_launcher: list[threading.Thread] = []
+_launcher_lock = threading.Lock()
+
+
+def _launch(cmd: list[str], **popen) -> subprocess.Popen:
+    """subprocess.Popen(cmd, **popen) on a thread that lives as long as this process: the kernel's parent-death signal
+    (_dies_with) follows the thread that started a child, not its process, so a server started from any thread (a
+    fixture's, serve.Revive's) still dies with this process and not before."""
+    with _launcher_lock:
+        if not _launcher:
+            _launcher.append(threading.Thread(target=_launch_forever, name="specrt-launcher", daemon=True))
+            _launcher[0].start()
+    started: concurrent.futures.Future = concurrent.futures.Future()
+    _launches.put((cmd, popen, started))
+    return started.result()
+
+
+def _launch_forever() -> None:
+    while True:
+        cmd, popen, started = _launches.get()
+        try:
+            started.set_result(subprocess.Popen(cmd, preexec_fn=_dies_with(os.getpid()), **popen))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+            started.set_exception(e)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -211,6 +242,7 @@ class TritonServer:
         self.log = Path(log) if log is not None else self.repository.parent / f"{self.repository.name}-tritonserver.log"
         self.exit_timeout, self.verbose = exit_timeout, verbose
         self.process: subprocess.Popen | None = None
+        self._log_read, self._crashed = 0, False
 
     @property
     def http_url(self) -> str:
@@ -235,14 +267,46 @@ class TritonServer:
             cmd += ["--load-model", m]
         return cmd
 
-    def start(self) -> "TritonServer":
+    def start(self, append: bool = False) -> "TritonServer":
         if self.process is not None:
             raise SpecrtError("this server was started already")
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.files.env(),
-                                            start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+        if not append:
+            self.log.write_bytes(b"")
+        with open(self.log, "ab") as out:  # appended to (O_APPEND): the server's lines and specrt's interleave whole
+            self._log_read = out.tell()  # crashed() reads the log from here on
+            self.process = _launch(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.files.env(),
+                                   start_new_session=True)
+        self._crashed = False
         return self
+
+    def crashed(self) -> bool:
+        """Whether the server's crash handler has logged a fatal signal since it started ("Signal (6) received."): it
+        may then hang for minutes, its process alive and its requests unanswered, before it exits."""
+        if not self._crashed and self.process is not None:
+            try:
+                with open(self.log, "rb") as f:
+                    f.seek(self._log_read)
+                    new = f.read()
+            except OSError:
+                return False
+            cut = new.rfind(b"\n") + 1  # whole lines only
+            self._log_read += cut
+            self._crashed = re.search(rb"^Signal \(\d+\) received\.", new[:cut], re.M) is not None
+        return self._crashed
+
+    def restart(self) -> "TritonServer":
+        """Start the server again after its process exited (Triton's Python backend can abort the whole server as a
+        stub dies holding a lock of their shared memory: boost::interprocess::lock_exception), on the same ports and
+        models; what is left of the old process group goes first, and the log goes on in the same file. Returns at
+        once: wait_ready() waits for the models."""
+        if self.process is None or self.process.poll() is None:
+            raise SpecrtError("restart() starts a server whose process has exited")
+        self.kill()
+        self.process = None
+        with open(self.log, "ab") as out:
+            out.write(b"\n-- specrt: tritonserver restarted --\n")
+        return self.start(append=True)
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -315,10 +379,11 @@ class TritonServer:
         except (urllib.error.URLError, OSError) as e:
             raise SpecrtError(f"Triton did not answer {action}: {e}") from None
 
-    def wait_ready(self, timeout: float = 300) -> None:
-        """Wait until ready; raises SpecrtError with the log's tail if the server exits or `timeout` s pass."""
+    def wait_ready(self, timeout: float = 300, cancel: threading.Event | None = None) -> None:
+        """Wait until ready (or `cancel` is set); raises SpecrtError with the log's tail if the server exits or
+        `timeout` s pass."""
         deadline = time.monotonic() + timeout
-        while not self.ready():
+        while not self.ready() and not (cancel is not None and cancel.is_set()):
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 why = self.fatal_error()

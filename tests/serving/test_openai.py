@@ -227,7 +227,8 @@ def test_a_killed_stub_is_reloaded_and_readiness_says_so_meanwhile(client, api, 
     """The decode loop's process killed, as the OOM killer would, a request in flight: readiness false within 5 s, the
     request ends with a 503 event, and the next requests are answered again, by themselves, within 60 s. Three times:
     whether Triton still counts the old model ready when the load comes (it then loads in the background, ready all
-    along) is a race (runs last: the model is reloaded)."""
+    along) is a race. Then the server's own process is killed, and started again (runs last: the model is reloaded and
+    the server restarted)."""
     import os
     import signal
     import threading
@@ -255,17 +256,36 @@ def test_a_killed_stub_is_reloaded_and_readiness_says_so_meanwhile(client, api, 
 
             watcher = threading.Thread(target=watch)
             watcher.start()
-            with pytest.raises(openai.APIError, match="process died"):
+            restarts = revive.restarts
+            with pytest.raises(openai.APIError) as lost:
                 for _ in stream:
                     pass
             watcher.join()
             assert unready and unready[0] < 5, f"kill {n}: readiness stayed true over a dead stub"
-            while not triton.ready():
+            while not (triton.ready() and revive.revived >= n):  # counted once the reload (or a restart) returned
                 assert time.monotonic() < killed + 60, f"kill {n}: not reloaded within 60 s"
                 time.sleep(0.2)
+            # a stub's death can crash the server with it (Triton's bug): its streams break before anyone knows why
+            crashed = revive.restarts > restarts and "the Triton server cannot be reached" in str(lost.value)
+            assert "process died" in str(lost.value) or crashed, lost.value
             want = pipelines["ort"].generate(humaneval[0], method="sd", max_new_tokens=16).text
             got = client.completions.create(model=NAME, prompt=humaneval[0], max_tokens=16, temperature=0)
             assert got.choices[0].text == want
-            assert revive.revived == n and triton.stubs("specrt") != [stub]
+            assert triton.stubs("specrt") != [stub]
+        # the server itself killed (Triton's Python backend can abort it as a stub dies): started again, on its ports
+        stream = iter(client.completions.create(model=NAME, prompt=humaneval[7], max_tokens=1900, temperature=0,
+                                                stream=True, extra_body={"method": "autoregressive"}))
+        assert next(stream).choices[0].text
+        old, killed, restarts = triton.process.pid, time.monotonic(), revive.restarts
+        os.kill(old, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="process died|cannot be reached"):
+            for _ in stream:
+                pass
+        while not (triton.ready() and revive.restarts > restarts):
+            assert time.monotonic() < killed + 60, "the server was not started again within 60 s"
+            time.sleep(0.2)
+        got = client.completions.create(model=NAME, prompt=humaneval[0], max_tokens=16, temperature=0)
+        assert got.choices[0].text == want and triton.process.pid != old
+        assert revive.thread.is_alive() and revive.gave_up is None
     finally:
         revive.stop()

@@ -292,7 +292,8 @@ def test_a_second_ctrl_c_stops_serve_at_once_and_leaves_nothing_behind(files, de
 
 def test_a_server_whose_starter_dies_exits_too(files, demo_bundle, tmp_path):
     """The process that started a TritonServer killed (SIGKILL: no stop(), no atexit): the server and its stubs exit
-    on their own."""
+    on their own, though the thread that started it had ended long before (the kernel's parent-death signal follows a
+    thread: the launcher's lives as long as its process)."""
     import signal
     import subprocess
     import sys
@@ -301,10 +302,11 @@ def test_a_server_whose_starter_dies_exits_too(files, demo_bundle, tmp_path):
 
     repo = tmp_path / "repo"
     write_repository(TritonConfig(bundle=demo_bundle, out=repo, method="sd", threads=2))
-    script = ("import sys; from pathlib import Path; from tests.serving.triton_helpers import start_server; "
-              "from specrt.serving.tritonserver import locate; "
-              f"start_server(locate(Path({str(ROOT / 'build' / 'tritonserver')!r})), Path({str(repo)!r}), "
-              f"Path({str(tmp_path)!r})); print('ready', flush=True); sys.stdin.read()")
+    script = ("import sys, threading, time; from pathlib import Path; from tests.serving.triton_helpers import "
+              "start_server; from specrt.serving.tritonserver import locate; "
+              f"t = threading.Thread(target=start_server, args=(locate(Path({str(ROOT / 'build' / 'tritonserver')!r})),"
+              f" Path({str(repo)!r}), Path({str(tmp_path)!r}))); t.start(); t.join(); time.sleep(1); "
+              "print('ready', flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     try:
@@ -314,6 +316,52 @@ def test_a_server_whose_starter_dies_exits_too(files, demo_bundle, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert _gone(repo, 30), "the server outlived the process that started it"
+
+
+def test_serve_starts_a_server_that_died_again_and_exits_where_it_cannot(files, demo_bundle, tmp_path):
+    """tritonserver killed under `specrt serve` (Triton's Python backend can abort it as a stub dies): started again
+    on its ports, and it answers; its log saying that its crash handler caught a signal (after which it may hang,
+    alive, for minutes): killed and started again; killed with its repository broken, so that it cannot start: serve
+    exits 2 saying so, nothing left running."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from specrt.serving.client import http_generate
+
+    repo = tmp_path / "repo"
+    proc = _serve(demo_bundle, repo, "--openai-port", "0")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in proc.stderr])
+    reader.start()
+    try:
+        url = next(f"http://127.0.0.1:{a.split('=')[1]}" for a in proc.args if a.startswith("--http-port="))
+        want = http_generate(url, "def f(x):", MAX_NEW_TOKENS=8)["TOKEN_IDS"]
+        gone = []
+        for n, death in enumerate(("killed", "crashed"), 1):
+            gone += _stubs_of(repo, b"tritonserver")
+            if death == "killed":
+                os.kill(gone[-1], signal.SIGKILL)
+            else:
+                with open(tmp_path / "repo-tritonserver.log", "ab") as log:
+                    log.write(b"Signal (6) received.\n")
+            deadline = time.monotonic() + 60
+            while sum("tritonserver restarted in" in line for line in lines) < n:  # seen by specrt serve as well
+                assert time.monotonic() < deadline and proc.poll() is None, f"{death}: the server was not started again"
+                time.sleep(0.2)
+            (again,) = [p for p in _stubs_of(repo, b"tritonserver") if p not in gone]
+            assert http_generate(url, "def f(x):", MAX_NEW_TOKENS=8)["TOKEN_IDS"] == want
+        (repo / "specrt" / "config.pbtxt").write_text("not a model configuration")
+        os.kill(again, signal.SIGKILL)
+        proc.wait(120)
+    finally:
+        proc.kill()
+        reader.join()
+    err = "".join(lines)
+    assert err.count("tritonserver restarted in") == 2 and "tritonserver crashed (status -9" in err, err
+    assert proc.returncode == 2 and "specrt: error: tritonserver exited (status -9) and did not start again" in err
+    assert _gone(repo, 10)
 
 
 def test_specrt_serve_runs_until_ctrl_c_and_leaves_nothing_behind(files, demo_bundle, humaneval, reference, tmp_path):
