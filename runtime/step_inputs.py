@@ -49,9 +49,11 @@ def feed_rows(runner, cache: KVCache, rows: Sequence[np.ndarray], head="logits",
 
 
 def pack_features(features: Sequence[np.ndarray], num_tokens: int) -> np.ndarray:
-    """[B, num_tokens, H] float32 of one [n_b, H] array per sequence (n_b <= num_tokens), zeros in the holes."""
+    """[B, num_tokens, H] float32 of one [n_b, H] array per sequence (n_b <= num_tokens), zeros in the holes; of one
+    tensor per sequence (a head's own hidden outputs on a torch backend), a tensor where they lie."""
     width = max(f.shape[-1] for f in features)
-    out = np.zeros((len(features), num_tokens, width), np.float32)
+    out = np.zeros((len(features), num_tokens, width), np.float32) if isinstance(features[0], np.ndarray) else \
+        features[0].new_zeros((len(features), num_tokens, width))
     for b, f in enumerate(features):
         out[b, :len(f)] = f
     return out

@@ -256,10 +256,13 @@ class StaticTorchBackend(EngineBackend):
             copy_input(torch, shape.ids[:batch, :num_tokens], input_ids)
         copy_input(torch, shape.pos, pos)
         copy_input(torch, shape.mask, mask, np.bool_)
-        if features is not None:  # holes read zeros
+        if features is not None and isinstance(features, np.ndarray):  # holes read zeros
             fed = np.zeros(shape.features[0].shape, np.float32)
-            fed[:batch, :num_tokens] = features if isinstance(features, np.ndarray) else features.cpu().numpy()
+            fed[:batch, :num_tokens] = features
             copy_input(torch, shape.features[0], fed, np.float32)
+        elif features is not None:  # a head's own hidden outputs: copied where they lie, behind the step before
+            shape.features[0].zero_()
+            copy_input(torch, shape.features[0][:batch, :num_tokens], features)
         logits, new_kv, hidden = shape.run()
         return (logits[:batch, :num_tokens], new_kv[:, :, :batch, :, :num_tokens],
                 None if hidden is None else hidden[:batch, :num_tokens])

@@ -9,8 +9,10 @@ true hidden states, and its pending entries are the next ones, at least one (at 
 held back, as a draft model holds back the last prompt token).
 
 A round feeds the pending entries (the last one's guesses are the root's children), then each level of the tree as
-the draft model does (DraftModelDrafter), each node fed beside its parent's hidden output. The scratch entries are
-guesses: `commit` drops them all, and the accepted tokens come back next round with the target's true hidden states.
+the draft model does (DraftModelDrafter), each node fed beside its parent's hidden output, which stays where the
+backend holds it (on a GPU, a greedy chain waits for the device once a round, as a draft model's does). The scratch
+entries are guesses: `commit` drops them all, and the accepted tokens come back next round with the target's true
+hidden states.
 """
 
 from __future__ import annotations
@@ -20,6 +22,27 @@ import numpy as np
 from specrt.runtime.drafters.draft_model import DraftModelDrafter
 from specrt.runtime.step_inputs import admit, feed_rows, prefill
 from specrt.runtime.tree import DraftTree
+
+
+def own_rows(hidden, first, count: int) -> list:
+    """hidden [B, T, H] -> rows first[b] .. first[b] + count - 1 of each sequence b, copies of their own (the runner's
+    buffer is reused by its next step) where hidden lies: float32 host arrays, or tensors on a torch backend's device,
+    copied there behind the step without waiting for it (a draft chain's steps queue one behind another)."""
+    if isinstance(hidden, np.ndarray):
+        return [np.array(hidden[b, f:f + count], dtype=np.float32) for b, f in enumerate(first)]
+    import torch
+
+    with torch.inference_mode():
+        return [hidden[b, f:f + count].clone() for b, f in enumerate(first)]
+
+
+def _joined(parts: list):
+    """Rows [n, H] end to end, where they lie."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    import torch
+
+    return torch.cat(parts)
 
 
 def host_rows(hidden, rows) -> list[np.ndarray]:
@@ -91,7 +114,7 @@ class EagleDrafter(DraftModelDrafter):
         tokens, features = self._entries(seqs, 0, hold_last=False)
         counts = [len(t) for t in tokens]
         root = feed_rows(self.runner, self.cache, tokens, head, last=True, features=features)
-        self._hidden = {-1: host_rows(self.runner.last_hidden, [[max(n, 1) - 1] for n in counts])}
+        self._hidden = {-1: own_rows(self.runner.last_hidden, [max(n, 1) - 1 for n in counts], 1)}
         self._anchor = self.cache.lengths.copy()
         return root
 
@@ -101,11 +124,11 @@ class EagleDrafter(DraftModelDrafter):
         parents = self._layout.spec.parents[expand]
         self._fed = expand
         batch = len(self._hidden[-1])
-        return {"features": [np.concatenate([self._hidden[int(p)][b] for p in parents]) for b in range(batch)]}
+        return {"features": [_joined([self._hidden[int(p)][b] for p in parents]) for b in range(batch)]}
 
     def _step_nodes(self, rows, depths, vis, blocks, head: str = "logits", features=None):
         out = super()._step_nodes(rows, depths, vis, blocks, head, features)
-        hidden = host_rows(self.runner.last_hidden, [np.arange(len(self._fed))] * len(features))
+        hidden = own_rows(self.runner.last_hidden, [0] * len(features), len(self._fed))
         for i, node in enumerate(self._fed):
             self._hidden[int(node)] = [h[i:i + 1] for h in hidden]
         return out

@@ -105,6 +105,85 @@ def test_the_head_and_its_target_run_with_the_in_graph_kv_update(eagle_bundle, t
         assert sum(r.stats.accepted for r in got) > 0
 
 
+def _host_copies_while_drafting(torch, monkeypatch, run) -> tuple[list, object]:
+    """The tensors brought to the host (Tensor.cpu) while each round drafts, and what run() returned."""
+    from specrt.runtime.drafters.eagle import EagleDrafter
+
+    copies, real_cpu, real_propose = [], torch.Tensor.cpu, EagleDrafter._propose
+
+    def cpu(self, *args, **kw):
+        if copies and copies[-1] is not None:
+            copies[-1] += 1
+        return real_cpu(self, *args, **kw)
+
+    def propose(self, seqs, params, rng):
+        copies.append(0)
+        try:
+            return real_propose(self, seqs, params, rng)
+        finally:
+            copies.append(None)  # the verification's copies, and the target's hidden rows, are not the drafter's
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    monkeypatch.setattr(EagleDrafter, "_propose", propose)
+    try:
+        return copies, run()
+    finally:
+        monkeypatch.undo()
+
+
+def test_a_heads_greedy_chain_keeps_its_hidden_states_where_they_lie(loaded, monkeypatch):
+    """Each draft step's hidden output feeds the next step beside its argmax on the device: the chain brings its
+    tokens to the host once a round, as a draft model's does (what it drafts: the chain-ranks test below)."""
+    import torch
+
+    p = loaded["torch"]
+    copies, got = _host_copies_while_drafting(torch, monkeypatch, lambda: p.generate(
+        PROMPTS[:3], method="sd", max_new_tokens=24, batch_size=3, num_draft_tokens=3))
+    rounds = copies[::2]
+    assert len(rounds) > 2 and rounds == [1] * len(rounds) and copies[1::2] == [None] * len(rounds)
+    ar = p.generate(PROMPTS[:3], method="autoregressive", max_new_tokens=24)
+    assert [r.token_ids for r in got] == [r.token_ids for r in ar] and sum(r.stats.accepted for r in got) > 0
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_heads_greedy_chain_waits_for_the_device_only_for_its_tokens(eagle_bundle, monkeypatch):
+    """On CUDA, under PyTorch's sync debug mode, a head's chain synchronises only in Runner.to_host."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from specrt.runtime.backends.base import Runner
+    from specrt.runtime.drafters.eagle import EagleDrafter
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.load(eagle_bundle, backend="torch", device="cuda")
+    real_to_host, real_propose = Runner.to_host, EagleDrafter._propose
+    waits = []
+
+    def to_host(self, tokens):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            waits.append(1)
+            return real_to_host(self, tokens)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def propose(self, seqs, params, rng):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_propose(self, seqs, params, rng)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(Runner, "to_host", to_host)
+    monkeypatch.setattr(EagleDrafter, "_propose", propose)
+    out = pipe.generate(PROMPTS[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=3)
+    monkeypatch.undo()
+    assert waits
+    ar = pipe.generate(PROMPTS[:2], method="autoregressive", max_new_tokens=16, batch_size=2)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ar]
+
+
 def test_the_heads_steps_are_timed_as_a_drafts(loaded):
     from specrt.calibration.latency import prefill_times, step_times
 
