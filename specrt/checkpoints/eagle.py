@@ -17,8 +17,9 @@ models draft --device`: recorded, not keyed); the head is saved for any device.
 
 The directory holds `config.json` (the head's shape, its head vocabulary, what target it reads), `model.safetensors`
 (fc, model.layers.0.*, model.norm), `validation-prompts.jsonl` (the held-out prompts, for `specrt calibrate
---prompts`) and `eagle.json` (the record, keyed by what made it: run again with the same
-inputs, it is kept), written whole or not at all.
+--prompts`), `teacher-text.npz` (the text it learnt from, as a draft's: `specrt ngram prior --corpus` makes a bundle's
+n-gram prior of it) and `eagle.json` (the record, keyed by what made it: run again with the same inputs, it is kept),
+written whole or not at all.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.checkpoints.draft import TargetTextConfig, head_vocabulary, write_held_out
+from specrt.checkpoints.draft import TEXT, TargetTextConfig, head_vocabulary, save_text, write_held_out
 from specrt.checkpoints.teacher import TeacherCorpus, build_corpus
 from specrt.config import option
 from specrt.contract import EAGLE_HEAD, HEAD_VOCABULARY
@@ -199,7 +200,8 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
                                           "validation", cfg.threads, progress, cfg.device)
     key = eagle_key(cfg, train_record["key"])
     made = json.loads((cfg.dest / RECORD).read_text()) if (cfg.dest / RECORD).is_file() else {}
-    if made.get("key") == key and made["teacher"]["validation"]["key"] == val_record["key"]:
+    if made.get("key") == key and made["teacher"]["validation"]["key"] == val_record["key"] and \
+            (cfg.dest / TEXT).is_file():  # a head made before heads kept their text is made again, whole
         return made
     target = AutoModelForCausalLM.from_pretrained(cfg.target, local_files_only=True, dtype=torch.float32
                                                   ).to(cfg.device).eval()
@@ -251,7 +253,7 @@ def make_eagle(cfg: EagleConfig, progress: bool = True) -> dict:
               "before": before, "after": acceptance(head, val, embed, weight, kept, cfg.eval_depth),
               "feature_seconds": round(feature_seconds, 1), "train_seconds": round(time.perf_counter() - t0, 1),
               "history": history, "threads": torch.get_num_threads(), "device": str(cfg.device)}
-    _write(head, kept, record, cfg)
+    _write(head, kept, record, cfg, train_corpus)
     return record
 
 
@@ -265,8 +267,9 @@ def summary(record: dict) -> str:
             f"{b['accepted_per_round']:.3f} -> {a['accepted_per_round']:.3f}")
 
 
-def _write(head, kept: np.ndarray, record: dict, cfg: EagleConfig) -> None:
-    """The head's weights, its config, its held-out prompts and its record into cfg.dest, whole or not at all."""
+def _write(head, kept: np.ndarray, record: dict, cfg: EagleConfig, text: TeacherCorpus) -> None:
+    """The head's weights, its config, its held-out prompts, the text it learnt from and its record into cfg.dest,
+    whole or not at all."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
@@ -282,5 +285,6 @@ def _write(head, kept: np.ndarray, record: dict, cfg: EagleConfig) -> None:
                                                          "key": record["key"]},
                                             HEAD_VOCABULARY: kept.tolist()})
     write_held_out(tmp, AutoTokenizer.from_pretrained(cfg.tokenizer_dir, local_files_only=True), cfg, record)
+    save_text(tmp, text)
     write_json_atomic(tmp / RECORD, record)
     replace_dir(tmp, dest)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrt.config import Config, option
-from specrt.contract import eagle_shape
+from specrt.contract import TORCH_COMPILE_MODES, eagle_shape
 from specrt.files import write_atomic
 
 CALLS = ("1", "2", "compiled", "tuned", "real", "distill", "eagle", "batch", "ppd", "quant", "export")
@@ -43,7 +43,7 @@ class SessionConfig(Config):
                                   "600)", gt=0)
     min_stage: float = option(20.0, "a stage starts only with this many seconds of the budget left", ge=0)
     quick: bool = option(False, "rehearsal sizes: 1 prompt, 16 new tokens, 1 timed run per bench")
-    tests: bool = option(True, "call 1: the tests marked gpu, in the background")
+    tests: bool = option(True, "calls 1 and real: the tests marked gpu, in the background")
     real_gguf: Path = option(Path("build/carry/SmolLM2-135M-Instruct.Q4_1.gguf"), "calls real, distill, eagle: "
                                                                                   "SmolLM2-135M-Instruct's GGUF file "
                                                                                   "(carried: docs/gpu.md)")
@@ -52,7 +52,10 @@ class SessionConfig(Config):
                                                          "EAGLE head (`specrt models eagle`), carried or OUT/eagle "
                                                          "after call eagle, inflated as the target is")
     real_prior: Path = option(Path("build/carry/ngram-prior.npz"), "call real: its n-gram prior's sequences (a real "
-                                                                   "bundle's ngram-prior.npz), carried; none: no prior")
+                                                                   "bundle's ngram-prior.npz, or a draft's or head's "
+                                                                   "teacher-text.npz), carried; none: no prior")
+    real_compile: str = option("default", "call real on CUDA: how its engines' decoder layers compile (`specrt build "
+                                          "--compile`)", choices=TORCH_COMPILE_MODES)
 
 
 @dataclass(frozen=True)
@@ -112,17 +115,21 @@ def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> l
     distilled draft or its EAGLE head, compiled engines (CUDA), kernels, and e2e on code and chat prompts: a real
     model's acceptance."""
     out, d = cfg.out, cfg.device
-    bundle, label = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2"
+    cuda = d.startswith("cuda")
+    # a non-default build (--real-compile tuned): engines of its own in a hard-linked copy of the bundle, its stages
+    # and labels named for it, so that on a warm machine it follows a default call's run and reuses its artifacts
+    mode = f"-{cfg.real_compile}" if cuda and cfg.real_compile != "default" else ""
+    bundle, label, measured = str(out / "bundle-real"), f"{tag}-{cfg.shape}-smollm2{mode}", f"bundle-real{mode}"
     prior = cfg.real_prior.is_file()
     # a head reads the target's hidden states: grown as the target is, and drafting in sd's chains (with the n-gram
     # drafts merged in: sd-ngram) where a draft model also drafts dynamic trees
     head = eagle_shape(cfg.real_draft) is not None
     draft = str(out / "real-head") if head else str(cfg.real_draft)
-    e2e = ("bench", "e2e", "--bundle", bundle, "--backend", "static", "--out", str(out / "results"), *sizes,
-           "--methods", "autoregressive,sd,anpd," + "anpd-noprior," * prior + ("sd-ngram" if head else "dynamic-ngram"),
-           "--baselines", "hf")
+    e2e = ("bench", "e2e", "--bundle", str(out / measured), "--backend", "static", "--out", str(out / "results"),
+           *sizes, "--methods",
+           "autoregressive,sd,anpd," + "anpd-noprior," * prior + ("sd-ngram" if head else "dynamic-ngram"))
     # a CPU compiles every shape for minutes, and runs a 0.2B float16 model slowly: float32 there
-    compiled, dtype = (("--compile", "default"), "float16") if d.startswith("cuda") else ((), "float32")
+    compiled, dtype = (("--compile", cfg.real_compile), "float16") if cuda else ((), "float32")
     grow = ("--dtype", dtype, "--device", d, *(REAL_TOY if cfg.shape == "toy" else SHAPES[cfg.shape]))
     return [real_checkpoint(cfg),
             Stage("inflate-real", ("models", "inflate", "--src", str(out / "real"), *grow, "--out",
@@ -136,15 +143,21 @@ def real_stages(cfg: SessionConfig, kernels: tuple, sizes: tuple, tag: str) -> l
                   estimate_s=90),
             *[Stage("prior-real", ("ngram", "prior", "--bundle", bundle, "--corpus", str(cfg.real_prior)),
                     makes="bundle-real/ngram-prior.json", needs=("export-real",), estimate_s=5)] * prior,
+            *[Stage(f"copy-real{mode}", ("copy", bundle, str(out / measured)), makes=f"{measured}/manifest.json",
+                    needs=("export-real",), estimate_s=5)] * bool(mode),
             # the profiles AR, sd (5 rows), dynamic-ngram (<= 16) and prefill chunks of 64 use (a compile per shape)
-            Stage("build-real", ("build", "--bundle", bundle, "--device", d, "--batch-buckets", "1", "--spans", "512",
-                                 "--token-profiles", "1,8,16,64", *compiled), makes="bundle-real/engines.json",
-                  needs=("export-real",), estimate_s=150),
-            Stage("kernels-real", (*kernels, "--bundle", bundle, "--label", label), needs=("build-real",),
-                  estimate_s=60),
-            Stage("e2e-real", (*e2e, "--label", label), needs=("build-real",), estimate_s=200),
-            Stage("e2e-real-chat", (*e2e, "--prompt-set", "chat", "--label", f"{label}-chat"), needs=("build-real",),
-                  estimate_s=200)]
+            Stage(f"build-real{mode}", ("build", "--bundle", str(out / measured), "--device", d, "--batch-buckets",
+                                        "1", "--spans", "512", "--token-profiles", "1,8,16,64", *compiled),
+                  makes=f"{measured}/engines.json", needs=(f"copy-real{mode}" if mode else "export-real",),
+                  estimate_s=300 if mode else 150),
+            Stage(f"kernels-real{mode}", (*kernels, "--bundle", str(out / measured), "--label", label),
+                  needs=(f"build-real{mode}",), estimate_s=60),
+            # code against HF's static-cache compiled generate (issue 57's baseline: a compile of its decode step, a
+            # minute and a half on a 7B model), chat against none (HF's eager generate at 7B: a minute of the budget)
+            Stage(f"e2e-real{mode}", (*e2e, "--baselines", "hf-compile", "--label", label),
+                  needs=(f"build-real{mode}",), estimate_s=240),
+            Stage(f"e2e-real-chat{mode}", (*e2e, "--baselines", "", "--prompt-set", "chat", "--label",
+                                           f"{label}-chat"), needs=(f"build-real{mode}",), estimate_s=120)]
 
 
 def split_tar(src: Path, dest: Path, part_bytes: int = PART_BYTES) -> list[Path]:

@@ -13,8 +13,8 @@ to be repeated). The call keeps to `--budget` seconds: a stage starts only with 
 stopped at the budget (logged, not stamped). After every stage, OUT/results, OUT/logs, OUT/done, the session record
 and the bundle's small artifacts (manifest, engines, latency, acceptance, plan) are copied to `--pack`: what was
 measured comes back even when a later stage fails or the call is cut off; a stage that makes a directory to bring back
-(call distill's draft) packs it whole beside the archive, in parts a lent machine returns. Call 1 also runs the
-tests marked `gpu` in the background, beside the disk-bound inflate and export.
+(call distill's draft) packs it whole beside the archive, in parts a lent machine returns. Calls 1 and real also run
+the tests marked `gpu` in the background, beside the disk-bound stages that make their artifacts.
 
 `--device cpu --shape toy --quick` rehearses a call on the CPU at toy size (tests/cli/test_gpu_session.py runs call
 1 that way in CI); docs/gpu.md has the expected device-minutes of each call.
@@ -164,6 +164,13 @@ def stages(cfg: SessionConfig) -> list[Stage]:
                              needs=("inflate",), estimate_s=480)]
 
 
+def times_the_device(stage: Stage) -> bool:
+    """Whether a stage's results hang on the device's timings: a bench, or a build whose compile picks kernels by
+    timing them (`--compile tuned` or `max-autotune`)."""
+    argv = stage.argv
+    return argv[0] == "bench" or (argv[0] == "build" and bool({"tuned", "max-autotune"} & set(argv)))
+
+
 def gpu_tag(device: str) -> str:
     """A short name of the GPU `device` for result labels: "h200" for an NVIDIA H200, "h100" for an "NVIDIA H100 80GB
     HBM3", "4090" for a GeForce RTX 4090; "gpu" where the name has no model number."""
@@ -198,9 +205,9 @@ class Session:
             (self.out / d).mkdir(parents=True, exist_ok=True)
         self.log(f"call {self.cfg.call} on {self.cfg.device}, budget {self.cfg.budget:.0f} s")
         self.environment()
-        tests = self.start_tests() if self.cfg.call == "1" and self.cfg.tests else None
+        tests = self.start_tests() if self.cfg.call in ("1", "real") and self.cfg.tests else None
         for stage in stages(self.cfg):
-            if tests is not None and stage.argv[0] == "bench":  # timings never share the GPU with the tests
+            if tests is not None and times_the_device(stage):  # timings never share the GPU with the tests
                 self.finish_tests(*tests, until=self.deadline - stage.estimate_s, before=stage.name)
                 tests = None
             self.stage(stage)

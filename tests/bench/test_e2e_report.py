@@ -245,3 +245,17 @@ def test_our_rows_say_where_their_time_goes(demo_bundle, tmp_path):
     table = md[md.index("Where the time goes"):]
     assert "| prefill | target steps | draft model | host | outside rounds |" in table
     assert all(f"| {m} | " in table for m in rows)
+
+
+def test_a_gpu_run_names_its_engines_compile_and_puts_our_ar_beside_hfs_compiled_generate(tmp_path):
+    """Issue 57's baseline: HF's static-cache compiled generate, in the same run as our AR on compiled engines."""
+    from specrt.bench.e2e import headline
+
+    ar = [[1, 2, 3, 4]]
+    roofline = {"device": "NVIDIA H200", "weight_bytes": 12e9, "copy_bandwidth_gb_s": 4200.0, "ms_per_token": 2.857,
+                "tokens_per_s": 350.0, "energy": "NVML", "compiled": "tuned"}
+    data = report(E2EConfig(out=tmp_path, label="gpu"), {r.name: r for r in [
+        result("autoregressive", 2.0, 400, 400, ar), result("anpd", 1.0, 400, 180, ar),
+        result("hf-compile", 2.6, 400, 0, ar)]}, roofline=roofline)
+    assert "backend ort (layers compiled: tuned), NVIDIA H200" in (tmp_path / "e2e-gpu.md").read_text()
+    assert "our AR 1.30x HF's static-cache compiled `generate`" in headline(data)

@@ -61,6 +61,20 @@ def test_the_head_learns_to_guess_the_targets_tokens_and_is_kept(made):
     assert (cfg.dest / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_the_head_keeps_the_text_it_learnt_from_for_the_ngram_prior(made):
+    import numpy as np
+
+    from specrt.checkpoints import teacher
+    from specrt.checkpoints.draft import TEXT
+
+    cfg, record = made
+    corpus, train = teacher.build_corpus(cfg.target, cfg.tokenizer_dir, cfg.teacher("train"), cfg.cache, "train",
+                                         progress=False)
+    assert train["key"] == record["teacher"]["train"]["key"]
+    with np.load(cfg.dest / TEXT) as z:  # what a bundle's prior is made of (call real carries it with the head)
+        assert (z["ids"] == corpus.ids).all() and (z["offsets"] == corpus.offsets).all()
+
+
 def test_the_saved_head_is_the_trained_one_by_hugging_face_names(made):
     import torch
     from safetensors.torch import load_file

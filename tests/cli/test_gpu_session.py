@@ -82,10 +82,16 @@ def test_the_budget_is_kept(tmp_path, monkeypatch):
     assert not (tmp_path / "s" / "done" / "slow.json").exists()
 
 
-def test_the_tests_are_stopped_before_a_stage_that_measures(tmp_path, monkeypatch):
+@pytest.mark.parametrize("call, first", [("1", ("bench", "e2e", "--help")),
+                                         ("real", ("build", "--help", "--compile", "tuned"))])
+def test_the_tests_are_stopped_before_a_stage_that_times_the_device(call, first, tmp_path, monkeypatch):
+    """Calls 1 and real test beside the stages that make their artifacts, never beside a bench or a tuning build."""
     import subprocess
 
-    session = _session(tmp_path, [Stage("e2e", ("bench", "e2e", "--help"), estimate_s=100)], monkeypatch, budget=103)
+    from specrt.cli.gpu_session import times_the_device
+
+    assert not times_the_device(Stage("build", ("build", "--bundle", "b", "--compile", "default")))
+    session = _session(tmp_path, [Stage("e2e", first, estimate_s=100)], monkeypatch, budget=103)
     log = tmp_path / "s" / "logs" / "gpu-test.log"
 
     def start():  # tests that would outlast the budget left to the bench
@@ -93,7 +99,7 @@ def test_the_tests_are_stopped_before_a_stage_that_measures(tmp_path, monkeypatc
         return subprocess.Popen(["sleep", "60"], start_new_session=True), open(log, "ab")
 
     monkeypatch.setattr(session, "start_tests", start)
-    session.cfg = dataclasses.replace(session.cfg, call="1")  # call 1 starts the tests
+    session.cfg = dataclasses.replace(session.cfg, call=call)  # the call starts the tests
     t0 = time.monotonic()
     record = session.run()
     assert time.monotonic() - t0 < 30
@@ -159,6 +165,18 @@ def test_the_real_and_tuned_calls_profile_before_they_bench_and_use_what_was_car
     assert ("--preset", "7b") == real["inflate-real"].argv[-4:-2]  # fitted to SmolLM2's heads by inflate
     assert str(tmp_path / "d") in real["export-real"].argv and "default" in real["build-real"].argv
     assert ("--prompt-set", "chat") == real["e2e-real-chat"].argv[-4:-2]
+    # code against HF's compiled static-cache generate (issue 57's baseline), chat against no HF row
+    assert ("--baselines", "hf-compile") == real["e2e-real"].argv[-4:-2]
+    assert ("--baselines", "") == real["e2e-real-chat"].argv[-6:-4]
+    # tuned engines on a warm machine after the default's run: the same artifacts, a bundle copy and stages of its own
+    tuned = {s.name: s for s in stages(dataclasses.replace(cfg, real_compile="tuned"))}
+    assert list(tuned)[:4] == list(real)[:4] and list(tuned)[4:] == [
+        "copy-real-tuned", "build-real-tuned", "kernels-real-tuned", "e2e-real-tuned", "e2e-real-chat-tuned"]
+    assert tuned["copy-real-tuned"].argv == ("copy", str(tmp_path / "bundle-real"), str(tmp_path / "bundle-real-tuned"))
+    assert ("--compile", "tuned") == tuned["build-real-tuned"].argv[-2:]
+    assert str(tmp_path / "bundle-real-tuned") in tuned["e2e-real-tuned"].argv
+    assert tuned["e2e-real-tuned"].argv[-1] == "h200-7b-smollm2-tuned"
+    assert real["e2e-real"].argv[-1] == "h200-7b-smollm2"
     distill = {s.name: s for s in stages(dataclasses.replace(cfg, call="distill"))}
     assert list(distill) == ["real", "distill"] and distill["distill"].brings == "draft"
     assert distill["distill"].deadline == "--time-limit"  # the session gives it the seconds left

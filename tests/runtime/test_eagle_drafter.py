@@ -146,12 +146,13 @@ def test_a_heads_greedy_chain_keeps_its_hidden_states_where_they_lie(loaded, mon
 
 
 @pytest.mark.gpu
-def test_on_cuda_a_heads_greedy_chain_waits_for_the_device_only_for_its_tokens(eagle_bundle, monkeypatch):
+def test_on_cuda_a_heads_greedy_chain_waits_for_the_device_only_for_its_tokens(request, monkeypatch):
     """On CUDA, under PyTorch's sync debug mode, a head's chain synchronises only in Runner.to_host."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    eagle_bundle = request.getfixturevalue("eagle_bundle")  # trained and exported only where the test runs
     from specrt.runtime.backends.base import Runner
     from specrt.runtime.drafters.eagle import EagleDrafter
     from specrt.runtime.pipeline import Pipeline
