@@ -105,39 +105,14 @@ def test_the_head_and_its_target_run_with_the_in_graph_kv_update(eagle_bundle, t
         assert sum(r.stats.accepted for r in got) > 0
 
 
-def _host_copies_while_drafting(torch, monkeypatch, run) -> tuple[list, object]:
-    """The tensors brought to the host (Tensor.cpu) while each round drafts, and what run() returned."""
-    from specrt.runtime.drafters.eagle import EagleDrafter
-
-    copies, real_cpu, real_propose = [], torch.Tensor.cpu, EagleDrafter._propose
-
-    def cpu(self, *args, **kw):
-        if copies and copies[-1] is not None:
-            copies[-1] += 1
-        return real_cpu(self, *args, **kw)
-
-    def propose(self, seqs, params, rng):
-        copies.append(0)
-        try:
-            return real_propose(self, seqs, params, rng)
-        finally:
-            copies.append(None)  # the verification's copies, and the target's hidden rows, are not the drafter's
-
-    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
-    monkeypatch.setattr(EagleDrafter, "_propose", propose)
-    try:
-        return copies, run()
-    finally:
-        monkeypatch.undo()
-
-
 def test_a_heads_greedy_chain_keeps_its_hidden_states_where_they_lie(loaded, monkeypatch):
     """Each draft step's hidden output feeds the next step beside its argmax on the device: the chain brings its
     tokens to the host once a round, as a draft model's does (what it drafts: the chain-ranks test below)."""
-    import torch
+    from specrt.runtime.drafters.eagle import EagleDrafter
+    from tests.drafting_syncs import host_copies_while_drafting
 
     p = loaded["torch"]
-    copies, got = _host_copies_while_drafting(torch, monkeypatch, lambda: p.generate(
+    copies, got = host_copies_while_drafting(monkeypatch, EagleDrafter, lambda: p.generate(
         PROMPTS[:3], method="sd", max_new_tokens=24, batch_size=3, num_draft_tokens=3))
     rounds = copies[::2]
     assert len(rounds) > 2 and rounds == [1] * len(rounds) and copies[1::2] == [None] * len(rounds)
@@ -153,33 +128,13 @@ def test_on_cuda_a_heads_greedy_chain_waits_for_the_device_only_for_its_tokens(r
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     eagle_bundle = request.getfixturevalue("eagle_bundle")  # trained and exported only where the test runs
-    from specrt.runtime.backends.base import Runner
     from specrt.runtime.drafters.eagle import EagleDrafter
     from specrt.runtime.pipeline import Pipeline
+    from tests.drafting_syncs import device_waits_while_drafting
 
     pipe = Pipeline.load(eagle_bundle, backend="torch", device="cuda")
-    real_to_host, real_propose = Runner.to_host, EagleDrafter._propose
-    waits = []
-
-    def to_host(self, tokens):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            waits.append(1)
-            return real_to_host(self, tokens)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    def propose(self, seqs, params, rng):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return real_propose(self, seqs, params, rng)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-
-    monkeypatch.setattr(Runner, "to_host", to_host)
-    monkeypatch.setattr(EagleDrafter, "_propose", propose)
-    out = pipe.generate(PROMPTS[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=3)
-    monkeypatch.undo()
+    waits, out = device_waits_while_drafting(monkeypatch, EagleDrafter, lambda: pipe.generate(
+        PROMPTS[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=3))
     assert waits
     ar = pipe.generate(PROMPTS[:2], method="autoregressive", max_new_tokens=16, batch_size=2)
     assert [g.token_ids for g in out] == [g.token_ids for g in ar]

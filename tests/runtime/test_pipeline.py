@@ -261,31 +261,18 @@ def test_a_greedy_draft_chain_brings_its_tokens_to_the_host_once_a_round(pipelin
     """A greedy chain (sd) on a backend whose logits lie on a device feeds each draft step's argmax to the next step
     where it lies: one copy to the host per round, for all its tokens, not one per draft step; and each chain is the
     draft model's own greedy continuation, as an independent rollout (one host argmax a step) computes it."""
-    import torch
-
     from specrt.runtime.drafters.draft_model import DraftModelDrafter
     from specrt.runtime.step_inputs import sequence_logits
+    from tests.drafting_syncs import host_copies_while_drafting
 
     pipe = pipelines["torch"]
-    copies, rounds = [], []  # copies: tensors brought to the host while each round drafts
-    real_cpu, real_propose = torch.Tensor.cpu, DraftModelDrafter._propose
+    rounds = []
 
-    def cpu(self, *args, **kw):
-        if copies and copies[-1] is not None:
-            copies[-1] += 1
-        return real_cpu(self, *args, **kw)
+    def on_round(drafter, seqs, trees):
+        rounds.append(([s.tokens.copy() for s in seqs], [t.tokens.copy() for t in trees], drafter.num_calls))
 
-    def propose(self, seqs, params, rng):
-        copies.append(0)
-        trees = real_propose(self, seqs, params, rng)
-        copies.append(None)  # the verification's own copy is not the drafter's
-        rounds.append(([s.tokens.copy() for s in seqs], [t.tokens.copy() for t in trees], self.num_calls))
-        return trees
-
-    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
-    monkeypatch.setattr(DraftModelDrafter, "_propose", propose)
-    out = pipe.generate(humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4)
-    monkeypatch.undo()
+    copies, out = host_copies_while_drafting(monkeypatch, DraftModelDrafter, lambda: pipe.generate(
+        humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4), on_round)
     assert len(rounds) > 2 and copies == [1, None] * len(rounds)
     assert max(n for *_, n in rounds) == 4  # draft steps a round: up to 4, one copy
     with pipe.draft.runner() as runner:
@@ -308,34 +295,14 @@ def test_on_cuda_a_greedy_draft_chain_waits_for_the_device_only_for_its_tokens(d
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from specrt.runtime.backends.base import Runner
     from specrt.runtime.drafters.draft_model import DraftModelDrafter
     from specrt.runtime.pipeline import Pipeline
+    from tests.drafting_syncs import device_waits_while_drafting
 
     pipe = Pipeline.load(demo_bundle, backend="torch", device="cuda")
-    real_to_host, real_propose = Runner.to_host, DraftModelDrafter._propose
-    waits = []
-
-    def to_host(self, tokens):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            waits.append(1)
-            return real_to_host(self, tokens)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    def propose(self, seqs, params, rng):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return real_propose(self, seqs, params, rng)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-
-    monkeypatch.setattr(Runner, "to_host", to_host)
-    monkeypatch.setattr(DraftModelDrafter, "_propose", propose)
-    out = pipe.generate(humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4)
-    monkeypatch.undo()
-    assert waits and sum(g.stats.rounds for g in out) >= len(waits)
+    waits, out = device_waits_while_drafting(monkeypatch, DraftModelDrafter, lambda: pipe.generate(
+        humaneval[:2], method="sd", max_new_tokens=16, batch_size=2, num_draft_tokens=4))
+    assert waits and sum(g.stats.rounds for g in out) >= waits
     ar = pipe.generate(humaneval[:2], method="autoregressive", max_new_tokens=16, batch_size=2)
     assert [g.token_ids for g in out] == [g.token_ids for g in ar]
 
